@@ -1,0 +1,1 @@
+"""The anarchon testbed: servers, simulator, nemeses, histories, checkers and reports."""
