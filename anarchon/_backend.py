@@ -1,0 +1,277 @@
+"""RedisBackend and ValkeyBackend: where the store is, which strategy picks winners, and the key prefix.
+
+The type parameter records whether the strategy gives leases (:class:`Leased`) or only claims
+(:class:`ClaimOnly`), so that a :class:`~anarchon.Scheduler` can refuse lease options at type-check time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Generic, Protocol, TypedDict, TypeVar, overload
+from urllib.parse import urlsplit, urlunsplit
+
+from ._adapters import RedisPyAsync, adapt
+from ._config import (
+    STRATEGY_NAMES,
+    VALKEY_STRATEGY_NAMES,
+    ClaimOnlyStrategy,
+    LeaseStrategy,
+    StrategyConfig,
+    ValkeyClaimOnlyStrategy,
+    parse_strategy,
+)
+from ._errors import ConfigError, ConfigTypeError, SchedulerStateError, StoreFormatError, UnknownOptionError
+from ._keys import STORE_FORMAT, KeySpace, check_prefix
+from ._store import Connection, Script, ServerInfo, Store
+from ._strategies import Strategy, make_strategy
+
+FORMAT = Script.load("format")
+DEFAULT_URL = "redis://localhost:6379/0"
+
+
+class Leased:
+    """Type marker: the backend's strategy (``lease``) gives the scheduler leases."""
+
+
+class ClaimOnly:
+    """Type marker: the backend's strategy only decides who runs each slot (no lease options)."""
+
+
+M = TypeVar("M", Leased, ClaimOnly)
+
+
+class RedisOptions(TypedDict, total=False):
+    """Connection options for a client anarchon opens itself (redis-py, RESP2)."""
+
+    host: str
+    port: int
+    db: int
+    username: str
+    password: str
+    ssl: bool
+    ssl_ca_certs: str
+    ssl_certfile: str
+    ssl_keyfile: str
+    ssl_check_hostname: bool
+    socket_timeout: float
+    socket_connect_timeout: float
+    client_name: str
+
+
+_OPTION_TYPES: dict[str, type | tuple[type, ...]] = {
+    "host": str,
+    "port": int,
+    "db": int,
+    "username": str,
+    "password": str,
+    "ssl": bool,
+    "ssl_ca_certs": str,
+    "ssl_certfile": str,
+    "ssl_keyfile": str,
+    "ssl_check_hostname": bool,
+    "socket_timeout": (int, float),
+    "socket_connect_timeout": (int, float),
+    "client_name": str,
+}
+
+
+class SupportsExecuteCommand(Protocol):
+    """redis-py, valkey-py and fakeredis clients (sync, asyncio, cluster)."""
+
+    def execute_command(self, *args: Any, **options: Any) -> Any: ...
+
+
+class SupportsCustomCommand(Protocol):
+    """Valkey GLIDE clients."""
+
+    def custom_command(self, command_args: Any, /) -> Any: ...
+
+
+class SupportsSend(Protocol):
+    """Any client with ``send(command, args)`` returning the reply (or an awaitable of it)."""
+
+    def send(self, command: str, args: list[str], /) -> Any: ...
+
+
+ConnectionOption = str | RedisOptions | SupportsExecuteCommand | SupportsCustomCommand | SupportsSend
+
+
+class RedisBackend(Generic[M]):
+    """Claims runs in Redis 5+ (or Valkey) with one of four strategies; ``lease`` is the default."""
+
+    _connection_option = "redis"
+    _allowed_strategies: tuple[str, ...] = STRATEGY_NAMES
+
+    @overload
+    def __init__(
+        self: RedisBackend[Leased],
+        *,
+        redis: ConnectionOption | None = None,
+        strategy: LeaseStrategy = "lease",
+        prefix: str = "cron:",
+    ) -> None: ...
+
+    @overload
+    def __init__(
+        self: RedisBackend[ClaimOnly],
+        *,
+        redis: ConnectionOption | None = None,
+        strategy: ClaimOnlyStrategy,
+        prefix: str = "cron:",
+    ) -> None: ...
+
+    def __init__(
+        self, *, redis: object = None, strategy: object = "lease", prefix: object = "cron:", **unknown: object
+    ) -> None:
+        self._configure(redis, strategy, prefix, unknown)
+
+    def _configure(self, connection: object, strategy: object, prefix: object, unknown: dict[str, object]) -> None:
+        where = type(self).__name__
+        for option in unknown:
+            hint = ""
+            if option in ("redis", "valkey"):
+                hint = f"{where} takes its connection as {self._connection_option}="
+            elif option in ("window_ms", "duration_sec", "max_size"):
+                hint = f'strategy settings go inside the strategy: strategy={{"name": …, "{option}": …}}'
+            raise UnknownOptionError(option, where, (self._connection_option, "strategy", "prefix"), hint)
+        self.config: StrategyConfig = parse_strategy(strategy, self._allowed_strategies, where)
+        self.keys = KeySpace(check_prefix(prefix))
+        self.strategy: Strategy = make_strategy(self.config, self.keys)
+        self._spec = _connection_spec(self._connection_option, connection)
+        self._store: Store | None = None
+        self.server: ServerInfo | None = None
+
+    @property
+    def leases(self) -> bool:
+        return self.config.leases
+
+    @property
+    def store(self) -> Store:
+        if self._store is None:
+            raise SchedulerStateError("the backend is not started: call start() (or use the scheduler)")
+        return self._store
+
+    async def start(self, jobs: Sequence[str] = ()) -> None:
+        """Connect, detect the server, check the store format and prepare the strategy for ``jobs``."""
+        if self._store is not None:
+            return
+        store = _open(self._spec)
+        try:
+            self.server = await store.server_info()
+            self.strategy.check_server(self.server)
+            await _check_format(store, self.keys.format)
+            await self.strategy.prepare(store, jobs)
+        except BaseException:
+            await store.close()
+            raise
+        self._store = store
+
+    async def stop(self) -> None:
+        """Close the connection if anarchon opened it; a client passed in is left open."""
+        store, self._store = self._store, None
+        if store is not None:
+            await store.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}({self._connection_option}={_describe(self._spec)}, "
+            f"strategy={self.config!r}, prefix={self.keys.prefix!r})"
+        )
+
+
+class ValkeyBackend(RedisBackend[M]):
+    """A RedisBackend for Valkey: the connection option is ``valkey``, and there is no ``idmp`` strategy."""
+
+    _connection_option = "valkey"
+    _allowed_strategies = VALKEY_STRATEGY_NAMES
+
+    @overload
+    def __init__(
+        self: ValkeyBackend[Leased],
+        *,
+        valkey: ConnectionOption | None = None,
+        strategy: LeaseStrategy = "lease",
+        prefix: str = "cron:",
+    ) -> None: ...
+
+    @overload
+    def __init__(
+        self: ValkeyBackend[ClaimOnly],
+        *,
+        valkey: ConnectionOption | None = None,
+        strategy: ValkeyClaimOnlyStrategy,
+        prefix: str = "cron:",
+    ) -> None: ...
+
+    def __init__(
+        self,
+        *,
+        valkey: object = None,
+        strategy: object = "lease",
+        prefix: object = "cron:",
+        **unknown: object,
+    ) -> None:
+        self._configure(valkey, strategy, prefix, unknown)
+
+
+# --- connections -------------------------------------------------------------------------------------------
+
+
+def _connection_spec(option: str, value: object) -> str | dict[str, Any] | Connection:
+    """Validate the connection option now, so a bad one fails when the backend is created."""
+    if value is None:
+        return DEFAULT_URL
+    if isinstance(value, str):
+        parts = urlsplit(value)
+        if parts.scheme not in ("redis", "rediss", "unix"):
+            raise ConfigError(option, f"URL scheme {parts.scheme!r} is not supported", "redis://, rediss://, unix://")
+        return value
+    if isinstance(value, Mapping):
+        options = dict(value)
+        for key, item in options.items():
+            if key not in _OPTION_TYPES:
+                raise UnknownOptionError(f"{option}.{key}", f"the {option} options", _OPTION_TYPES)
+            expected = _OPTION_TYPES[key]
+            if (isinstance(item, bool) and expected is not bool) or not isinstance(item, expected):
+                raise ConfigTypeError(f"{option}.{key}", f"has type {type(item).__name__}", _type_name(expected))
+        return options
+    return adapt(value)
+
+
+def _type_name(expected: type | tuple[type, ...]) -> str:
+    types = expected if isinstance(expected, tuple) else (expected,)
+    return " or ".join(t.__name__ for t in types)
+
+
+def _open(spec: str | dict[str, Any] | Connection) -> Store:
+    if isinstance(spec, str | dict):
+        import redis.asyncio
+
+        # RESP2: Redis 5 refuses HELLO 3, and every reply shape anarchon reads is RESP2's.
+        if isinstance(spec, str):
+            client = redis.asyncio.Redis.from_url(spec, protocol=2)
+        else:
+            client = redis.asyncio.Redis(**spec, protocol=2)
+        return Store(RedisPyAsync(client), owned=True)
+    return Store(spec, owned=False)
+
+
+def _describe(spec: str | dict[str, Any] | Connection) -> str:
+    """The connection for reprs and logs, with any password masked."""
+    if isinstance(spec, str):
+        parts = urlsplit(spec)
+        if parts.password is not None:
+            host = parts.netloc.rpartition("@")[2]
+            user = parts.username or ""
+            return repr(urlunsplit(parts._replace(netloc=f"{user}:***@{host}")))
+        return repr(spec)
+    if isinstance(spec, dict):
+        return repr({k: ("***" if k == "password" else v) for k, v in spec.items()})
+    client = getattr(spec, "client", spec)
+    return f"<{type(client).__module__}.{type(client).__name__}>"
+
+
+async def _check_format(store: Store, key: str) -> None:
+    stored = str(await store.run(FORMAT, (key,), (STORE_FORMAT,)))
+    if not stored.isdigit() or int(stored) > STORE_FORMAT:
+        raise StoreFormatError(key, stored, STORE_FORMAT)

@@ -1,0 +1,35 @@
+"""What a job function receives about the run it is executing."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunContext:
+    """One attempt of one run, as seen by the job function.
+
+    ``slot`` is the scheduled time in epoch ms (the same on every instance); ``fence`` grows with every attempt
+    the store accepts for this job, so a downstream system can refuse writes from an older attempt. Under the
+    lease strategy ``lease_lost`` is set, and the job cancelled, when this instance can no longer be sure it holds
+    the run (a backup took over, or the store was unreachable past the lease end); a job running in a thread
+    cannot be cancelled and should check :attr:`lease_is_lost` between steps.
+    """
+
+    job: str
+    slot: int
+    attempt: int
+    token: str
+    fence: int
+    manual: bool
+    lease_lost: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
+
+    @property
+    def scheduled_at(self) -> datetime:
+        return datetime.fromtimestamp(self.slot / 1000, tz=UTC)
+
+    @property
+    def lease_is_lost(self) -> bool:
+        return self.lease_lost.is_set()

@@ -1,0 +1,106 @@
+"""Cron schedules as pure functions of time: which slots fall after a moment, or between two.
+
+Parsing and matching are cronsim's (5 fields, or 6 with seconds first). Slots are epoch milliseconds, so every
+instance computes the same slot whatever its clock and its local time zone.
+
+Daylight saving time, in the job's ``timezone``:
+- clocks go forward: if any of a job's times fall in the skipped hour, the job runs once at the first instant
+  after the jump (its run is late, never lost);
+- clocks go back: a run at a fixed time in the repeated hour runs once, on the first pass; a job that fires
+  every minute or every few minutes keeps firing through both passes, as wall time keeps going for it.
+The second rule is Debian cron's (and cronsim's); the first is stricter than Debian's, which drops the skipped
+times of jobs like ``*/15 2 * * *``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from cronsim import CronSim, CronSimError
+
+from ._errors import ConfigError, ConfigTypeError
+
+DAY_MS = 86_400_000
+CRON_RULE = 'five fields "min hour day month weekday", or six with seconds first, e.g. "*/5 * * * *"'
+
+
+def load_timezone(name: object) -> ZoneInfo:
+    if not isinstance(name, str):
+        raise ConfigTypeError("timezone", f"must be a string, got {type(name).__name__}", "an IANA name")
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError) as error:
+        raise ConfigError("timezone", f"unknown time zone {name!r}", 'an IANA name like "Europe/Berlin"') from error
+
+
+@dataclass(frozen=True, slots=True)
+class CronSchedule:
+    expression: str
+    timezone: ZoneInfo = field(default_factory=lambda: ZoneInfo("UTC"))
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.expression, str):
+            raise ConfigTypeError("cron", f"must be a string, got {type(self.expression).__name__}", CRON_RULE)
+        fields = self.expression.split()
+        if len(fields) not in (5, 6):
+            raise ConfigError("cron", f"{self.expression!r} has {len(fields)} fields", CRON_RULE)
+        try:
+            next(self._iterate(0))
+        except CronSimError as error:
+            raise ConfigError("cron", f"{self.expression!r} is not valid ({error})", CRON_RULE) from error
+        except StopIteration as error:
+            raise ConfigError("cron", f"{self.expression!r} never matches", CRON_RULE) from error
+
+    @property
+    def has_seconds(self) -> bool:
+        return len(self.expression.split()) == 6
+
+    def _iterate(self, after_ms: int) -> Iterator[datetime]:
+        start = datetime.fromtimestamp(after_ms // 1000, tz=UTC).astimezone(self.timezone)
+        return iter(CronSim(self.expression, start))
+
+    def next_after(self, after_ms: int) -> int | None:
+        """The first slot strictly after ``after_ms`` (None if the expression never matches again)."""
+        candidate = next((ms for ms in self._matches(after_ms) if ms > after_ms), None)
+        horizon = candidate if candidate is not None else after_ms + 366 * DAY_MS
+        for jump_ms, first_skipped, first_after in self._forward_jumps(after_ms, horizon):
+            if self._matches_local(first_skipped, first_after):
+                return jump_ms
+        return candidate
+
+    def _matches(self, after_ms: int) -> Iterator[int]:
+        return (int(moment.timestamp()) * 1000 for moment in self._iterate(after_ms))
+
+    def _offset(self, ms: int) -> timedelta:
+        offset = datetime.fromtimestamp(ms / 1000, tz=self.timezone).utcoffset()
+        return offset or timedelta(0)
+
+    def _forward_jumps(self, start_ms: int, end_ms: int) -> Iterator[tuple[int, datetime, datetime]]:
+        """Clocks going forward in ``(start_ms, end_ms]``: (instant, first skipped and first real local time)."""
+        low, offset = start_ms, self._offset(start_ms)
+        while low < end_ms:
+            high = min(low + DAY_MS // 4, end_ms)  # zones change offset at most a few times a year
+            later = self._offset(high)
+            if later > offset:
+                a, b = low, high  # offset(a) is the old one, offset(b) the new one; close in on the instant
+                while b - a > 1000:
+                    middle = (a + b) // 2
+                    a, b = (a, middle) if self._offset(middle) == later else (middle, b)
+                wall = datetime.fromtimestamp(b // 1000, tz=UTC).replace(tzinfo=None)
+                yield b // 1000 * 1000, wall + offset, wall + later
+            low, offset = high, later
+
+    def _matches_local(self, start: datetime, end: datetime) -> bool:
+        """Whether the expression matches a wall time in ``[start, end)``, time zones aside."""
+        moment = next(iter(CronSim(self.expression, start - timedelta(seconds=1))), None)
+        return moment is not None and moment < end
+
+    def slots_between(self, start_ms: int, end_ms: int) -> Iterator[int]:
+        """Slots in ``(start_ms, end_ms]``, oldest first."""
+        slot = self.next_after(start_ms)
+        while slot is not None and slot <= end_ms:
+            yield slot
+            slot = self.next_after(slot)

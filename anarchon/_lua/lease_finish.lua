@@ -1,0 +1,14 @@
+-- lease finish: record how the caller's attempt ended and release the run.
+-- KEYS[1..5]  the job's state, active, slots, runs, results keys (see lease_lib)
+-- ARGV[1] run id    ARGV[2] token of the caller's attempt
+-- ARGV[3] status: "ok" | "error" | "interrupted"    ARGV[4] message as a JSON literal ('null' or "…")
+-- ARGV[5] history_size    ARGV[6] keep_ms    ARGV[7] history_ttl_ms ("0": none)
+-- returns 1 if recorded, 0 if refused (not the current attempt's token, or the run already ended)
+local run, token = ARGV[1], ARGV[2]
+if get(run, 'status') ~= 'running' or get(run, 'token') ~= token then
+  return 0
+end
+local now = server_now()
+close_run(run, ARGV[3], now, ARGV[4])
+trim(now, tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]))
+return 1

@@ -1,0 +1,11 @@
+-- lease heartbeat: push the lease end of the caller's attempt forward.
+-- KEYS[1..5]  the job's state, active, slots, runs, results keys (see lease_lib)
+-- ARGV[1] run id    ARGV[2] token of the caller's attempt    ARGV[3] lease_ms
+-- returns the lease ms left after the extension, or 0 when refused: the token is not the current attempt's
+-- (a backup took over) or the run is no longer running.
+local run, token, lease_ms = ARGV[1], ARGV[2], tonumber(ARGV[3])
+if get(run, 'status') ~= 'running' or get(run, 'token') ~= token then
+  return 0
+end
+redis.call('HSET', STATE, run .. ':lease_end', server_now() + lease_ms)
+return lease_ms

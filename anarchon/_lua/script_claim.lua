@@ -1,0 +1,37 @@
+-- script claim: append a claim for a run unless the job's recent entries already hold one.
+-- KEYS[1]  the job's runs stream
+-- ARGV[1] slot (epoch ms)    ARGV[2] token    ARGV[3] runner    ARGV[4] window_ms
+-- ARGV[5] history_size       ARGV[6] history_ttl_ms ("0": none)
+-- returns {answer, entry id}
+--   "won"   this call appended the claim, or the caller's own token already holds it (a retried claim)
+--   "lost"  another token claimed the run within the window
+-- Entries older than window_ms are not looked at: a claim arriving later than that wins again.
+if redis.replicate_commands then redis.replicate_commands() end -- TIME before writes; a no-op from Redis 5
+
+local runs = KEYS[1]
+local slot, token, runner = ARGV[1], ARGV[2], ARGV[3]
+local window_ms, history_size, ttl_ms = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local oldest = now - window_ms
+
+-- Entries are written as: slot, token, runner, so fields[2] is the slot and fields[4] the token.
+for _, entry in ipairs(redis.call('XREVRANGE', runs, '+', oldest)) do
+  local fields = entry[2]
+  if fields[2] == slot then
+    if fields[4] == token then return { 'won', entry[1] } end
+    return { 'lost', entry[1] }
+  end
+end
+local id = redis.call('XADD', runs, '*', 'slot', slot, 'token', token, 'runner', runner)
+
+-- Trim to about history_size entries (and history_ttl_ms), never inside the window a claim still reads.
+local function delete_before(cutoff, count)
+  for _, entry in ipairs(redis.call('XRANGE', runs, '-', cutoff - 1, 'COUNT', count)) do
+    redis.call('XDEL', runs, entry[1])
+  end
+end
+local excess = redis.call('XLEN', runs) - history_size
+if excess > 0 then delete_before(oldest, math.min(excess, 100)) end
+if ttl_ms > 0 then delete_before(math.min(oldest, now - ttl_ms), 100) end
+return { 'won', id }

@@ -1,0 +1,678 @@
+"""The scheduler: computes each job's slots, claims them through the backend, runs what it wins.
+
+One dispatcher task per scheduler sleeps until the earliest due claim, then claims everything due in one round
+trip (a burst of jobs due in the same second costs one pipeline, not one round trip each). Under the lease
+strategy the winner keeps its lease alive with heartbeats, instances that got ``running`` stand by as backups
+and claim again when the lease ends, and missed slots are caught up at start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import inspect
+import logging
+import os
+import random
+import signal
+import socket
+import threading
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, Generic, Literal, TypeVar, overload
+
+from ._backend import ClaimOnly, Leased, M, RedisBackend
+from ._clock import Clock, SystemClock
+from ._config import check_int
+from ._context import RunContext
+from ._errors import (
+    ConfigError,
+    ConfigTypeError,
+    JobNotFoundError,
+    SchedulerStateError,
+    StoreError,
+    StoreUnavailableError,
+    UnknownOptionError,
+)
+from ._job import DAY_MS, LEASE_OPTIONS, Job, JobFunction, JobOptions, check_memory
+from ._keys import check_job_name
+from ._records import RunRecord, Status
+from ._strategies import Claim, JobPolicy, Outcome, RunRequest
+
+log = logging.getLogger("anarchon")
+
+F = TypeVar("F", bound=JobFunction)
+RunStartHook = Callable[[RunContext], object]
+RunEndHook = Callable[[RunContext, RunRecord], object]
+
+RETRY_MIN_S = 0.5
+RETRY_MAX_S = 30.0
+MAX_SLEEP_S = 60.0  # wake at least this often, so a wall clock that jumps is noticed
+CLAIM_MARGIN_MS = 60_000  # kept beyond a job's claim horizon, for clock differences between instances
+
+
+@dataclass(order=True, slots=True)
+class _Due:
+    """A claim to make at ``at_ms`` (this instance's wall clock)."""
+
+    at_ms: int
+    seq: int
+    job: str = field(compare=False)
+    slot: int = field(compare=False)
+    kind: Literal["scheduled", "backup", "retry"] = field(compare=False)
+    failures: int = field(default=0, compare=False)
+
+
+@dataclass(slots=True)
+class _Running:
+    context: RunContext
+    request: RunRequest
+    work: asyncio.Task[object] | None = None
+    reason: str | None = None  # why the work was cancelled
+
+    def interrupt(self, reason: str) -> None:
+        if self.reason is None:
+            self.reason = reason
+        if self.work is not None:
+            self.work.cancel()
+
+
+class Scheduler(Generic[M]):
+    """Runs cron jobs exactly once across every instance that shares the backend's store."""
+
+    @overload
+    def __init__(
+        self: Scheduler[Leased],
+        backend: RedisBackend[Leased] | None = None,
+        *,
+        lease_ms: int = 30_000,
+        heartbeat_ms: int | None = None,
+        history_size: int = 1000,
+        history_ttl_ms: int | None = None,
+        clock: Clock | None = None,
+        instance_id: str | None = None,
+        random: random.Random | None = None,
+        on_run_start: RunStartHook | None = None,
+        on_run_end: RunEndHook | None = None,
+    ) -> None: ...
+
+    @overload
+    def __init__(
+        self: Scheduler[ClaimOnly],
+        backend: RedisBackend[ClaimOnly],
+        *,
+        history_size: int = 1000,
+        history_ttl_ms: int | None = None,
+        clock: Clock | None = None,
+        instance_id: str | None = None,
+        random: random.Random | None = None,
+        on_run_start: RunStartHook | None = None,
+        on_run_end: RunEndHook | None = None,
+    ) -> None: ...
+
+    def __init__(
+        self,
+        backend: RedisBackend[Any] | None = None,
+        *,
+        lease_ms: int | None = None,
+        heartbeat_ms: int | None = None,
+        history_size: int = 1000,
+        history_ttl_ms: int | None = None,
+        clock: Clock | None = None,
+        instance_id: str | None = None,
+        random: random.Random | None = None,
+        on_run_start: RunStartHook | None = None,
+        on_run_end: RunEndHook | None = None,
+        **unknown: object,
+    ) -> None:
+        known = (
+            "backend", "lease_ms", "heartbeat_ms", "history_size", "history_ttl_ms", "clock", "instance_id",
+            "random", "on_run_start", "on_run_end",
+        )  # fmt: skip
+        for option in unknown:
+            raise UnknownOptionError(option, "Scheduler", known)
+        self.backend: RedisBackend[Any] = RedisBackend() if backend is None else backend
+        if not isinstance(self.backend, RedisBackend):
+            raise ConfigTypeError("backend", f"got {type(backend).__name__}", "a RedisBackend or ValkeyBackend")
+        leases = self.backend.leases
+        if not leases:
+            for option, value in (("lease_ms", lease_ms), ("heartbeat_ms", heartbeat_ms)):
+                if value is not None:
+                    raise _lease_only(option, self.backend.config.name)
+        self.lease_ms = check_int("lease_ms", 30_000 if lease_ms is None else lease_ms, 10, DAY_MS)
+        default_heartbeat = max(1, self.lease_ms // 3)
+        self.heartbeat_ms = check_int(
+            "heartbeat_ms", default_heartbeat if heartbeat_ms is None else heartbeat_ms, 1, self.lease_ms - 1
+        )
+        self.history_size = check_int("history_size", history_size, 1, 1_000_000)
+        self.history_ttl_ms = (
+            None if history_ttl_ms is None else check_int("history_ttl_ms", history_ttl_ms, 1, 365 * DAY_MS)
+        )
+        self.clock: Clock = SystemClock() if clock is None else clock
+        if not isinstance(self.clock, Clock):
+            raise ConfigTypeError("clock", f"got {type(clock).__name__}", "an object with wall_ms, monotonic, sleep")
+        self.random = _new_random() if random is None else random
+        default_id = f"{socket.gethostname()}-{os.getpid()}-{self.random.getrandbits(16):04x}"
+        self.instance_id = _check_instance_id(default_id if instance_id is None else instance_id)
+        for name, hook in (("on_run_start", on_run_start), ("on_run_end", on_run_end)):
+            if hook is not None and not callable(hook):
+                raise ConfigTypeError(name, f"got {type(hook).__name__}", "a function, or None")
+        self.on_run_start = on_run_start
+        self.on_run_end = on_run_end
+        self._jobs: dict[str, Job] = {}
+        self._policies: dict[str, JobPolicy] = {}
+        self._queue: list[_Due] = []
+        self._seq = 0
+        self._running: dict[str, _Running] = {}  # by token
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._dispatcher: asyncio.Task[None] | None = None
+        self._sleeper: asyncio.Task[None] | None = None
+        self._started = False
+
+    # --- jobs ----------------------------------------------------------------------------------------------
+
+    @overload
+    def job(
+        self: Scheduler[Leased],
+        name: str,
+        cron: str,
+        *,
+        overlap: bool = False,
+        max_attempts: int = 3,
+        catch_up_ms: int = 0,
+        jitter_ms: int = 0,
+        max_late_ms: int = 60_000,
+        timezone: str = "UTC",
+    ) -> Callable[[F], F]: ...
+
+    @overload
+    def job(
+        self: Scheduler[ClaimOnly],
+        name: str,
+        cron: str,
+        *,
+        jitter_ms: int = 0,
+        max_late_ms: int = 60_000,
+        timezone: str = "UTC",
+    ) -> Callable[[F], F]: ...
+
+    def job(self, name: str, cron: str, **options: Any) -> Callable[[F], F]:
+        """Register the decorated function as a job (see :meth:`add_job` for the options)."""
+
+        def register(function: F) -> F:
+            self.add_job(name, cron, function, **options)
+            return function
+
+        return register
+
+    @overload
+    def add_job(
+        self: Scheduler[Leased],
+        name: str,
+        cron: str,
+        func: JobFunction,
+        *,
+        overlap: bool = False,
+        max_attempts: int = 3,
+        catch_up_ms: int = 0,
+        jitter_ms: int = 0,
+        max_late_ms: int = 60_000,
+        timezone: str = "UTC",
+    ) -> None: ...
+
+    @overload
+    def add_job(
+        self: Scheduler[ClaimOnly],
+        name: str,
+        cron: str,
+        func: JobFunction,
+        *,
+        jitter_ms: int = 0,
+        max_late_ms: int = 60_000,
+        timezone: str = "UTC",
+    ) -> None: ...
+
+    def add_job(self, name: str, cron: str, func: JobFunction, **options: Any) -> None:
+        """Register ``func`` to run on the cron schedule, once per slot across all instances.
+
+        Options: ``jitter_ms`` (claim up to this much after the slot, at random), ``max_late_ms`` (skip a run
+        whose claim would come later than this after its slot), ``timezone`` (IANA name for the cron fields);
+        lease strategy only: ``overlap`` (allow a run to start while the previous one is still going),
+        ``max_attempts`` (attempts per run, counting backups' takeovers), ``catch_up_ms`` (at start, run the
+        slots of this last period that no instance ran).
+        """
+        known = ("overlap", "max_attempts", "catch_up_ms", "jitter_ms", "max_late_ms", "timezone")
+        for option in options:
+            if option not in known:
+                raise UnknownOptionError(option, f"job {name!r}", known)
+            if option in LEASE_OPTIONS and not self.backend.leases:
+                raise _lease_only(option, self.backend.config.name)
+        job = Job.create(name, cron, func, JobOptions(**options))
+        if job.name in self._jobs:
+            raise ConfigError("name", f"a job named {job.name!r} is already registered", "a unique name per job")
+        config = self.backend.config
+        if config.name == "script":
+            check_memory(job, config.name, config.window_ms, "strategy.window_ms")
+        elif config.name == "idmp":
+            check_memory(job, config.name, config.duration_sec * 1000, "strategy.duration_sec")
+        self._jobs[job.name] = job
+        self._policies[job.name] = JobPolicy(
+            lease_ms=self.lease_ms,
+            max_attempts=job.options.max_attempts,
+            overlap=job.options.overlap,
+            history_size=self.history_size,
+            history_ttl_ms=self.history_ttl_ms,
+            keep_ms=job.claim_horizon_ms(self.lease_ms) + CLAIM_MARGIN_MS,
+        )
+        if self._started:
+            self._schedule_next(job, self.clock.wall_ms())
+            self._wake()
+
+    @property
+    def jobs(self) -> tuple[str, ...]:
+        return tuple(self._jobs)
+
+    def _job(self, name: str) -> Job:
+        try:
+            return self._jobs[name]
+        except KeyError:
+            raise JobNotFoundError(name, self._jobs) from None
+
+    # --- lifecycle -----------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Connect, check the store and the strategy, catch up missed runs (lease), and start scheduling."""
+        if self._started:
+            raise SchedulerStateError("the scheduler is already started")
+        await self.backend.start(list(self._jobs))
+        self._started = True
+        now = self.clock.wall_ms()
+        for job in self._jobs.values():
+            self._schedule_next(job, now)
+            if job.options.catch_up_ms and self.backend.leases:
+                self._spawn(self._catch_up(job, now), "anarchon-catch-up")
+        self._dispatcher = asyncio.create_task(self._dispatch(), name="anarchon-dispatcher")
+        log.info("scheduler %s started with %d jobs on %s", self.instance_id, len(self._jobs), self.backend.server)
+
+    async def stop(self, timeout: float = 30.0) -> None:
+        """Stop claiming; wait up to ``timeout`` seconds for running jobs, then cancel them (recorded as
+        interrupted); close the connections anarchon opened."""
+        if not self._started:
+            return
+        self._started = False
+        if self._dispatcher is not None:
+            self._dispatcher.cancel()
+            await asyncio.gather(self._dispatcher, return_exceptions=True)
+            self._dispatcher = None
+        for task in [t for t in self._tasks if t.get_name() == "anarchon-catch-up"]:
+            task.cancel()
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=timeout)
+        for running in list(self._running.values()):
+            running.interrupt("the scheduler stopped")
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._queue.clear()
+        await self.backend.stop()
+        log.info("scheduler %s stopped", self.instance_id)
+
+    async def __aenter__(self) -> Scheduler[M]:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.stop()
+
+    def run(self) -> None:
+        """Block, running the scheduler until SIGINT or SIGTERM (for scripts and worker processes)."""
+        asyncio.run(self._serve_until_signal())
+
+    async def _serve_until_signal(self) -> None:
+        stopping = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        installed = []
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                loop.add_signal_handler(sig, stopping.set)
+                installed.append(sig)
+        try:
+            async with self:
+                await stopping.wait()
+        finally:
+            for sig in installed:
+                loop.remove_signal_handler(sig)
+
+    def run_in_thread(self) -> SchedulerThread:
+        """Start the scheduler on its own event loop in a daemon thread (for sync apps such as Django, Flask)."""
+        return SchedulerThread(self)
+
+    # --- manual runs and history ---------------------------------------------------------------------------
+
+    async def run_now(self, name: str) -> RunRecord:
+        """Run a job now, on this instance, outside its schedule; returns how the run ended.
+
+        Under the lease strategy the manual run takes a lease like any run, and is skipped (``skipped-overlap``)
+        while another run of the job holds a live lease, unless the job allows overlap.
+        """
+        job = self._job(name)
+        if not self._started:
+            raise SchedulerStateError("run_now needs a started scheduler: call start() or use 'async with'")
+        now = self.clock.wall_ms()
+        token = self._token()
+        request = RunRequest(job.name, f"m{now}-{token[:8]}", now, token, self.instance_id, manual=True)
+        [claim] = await self.backend.strategy.claim(self.backend.store, [(request, self._policies[job.name])])
+        if isinstance(claim, StoreError):
+            raise claim
+        if claim.outcome is Outcome.WON:
+            return await self._track(self._execute(job, request, claim))
+        message = "another run of the job was still running"
+        return self._local_record(request, "skipped-overlap", message)
+
+    async def history(self, name: str, limit: int = 50) -> list[RunRecord]:
+        """The job's recorded attempts, newest first."""
+        job = self._job(name)
+        check_int("limit", limit, 1, 1_000_000)
+        if not self._started:
+            raise SchedulerStateError("history needs a started scheduler: call start() or use 'async with'")
+        return await self.backend.strategy.history(self.backend.store, job.name, limit)
+
+    # --- dispatching ---------------------------------------------------------------------------------------
+
+    def _push(
+        self, at_ms: int, job: str, slot: int, kind: Literal["scheduled", "backup", "retry"], failures: int = 0
+    ) -> None:
+        self._seq += 1
+        heapq.heappush(self._queue, _Due(at_ms, self._seq, job, slot, kind, failures))
+
+    def _schedule_next(self, job: Job, after_ms: int) -> None:
+        slot = job.schedule.next_after(after_ms)
+        if slot is None:
+            log.warning("job %s: cron %r has no further slot", job.name, job.schedule.expression)
+            return
+        jitter = self.random.randint(0, job.options.jitter_ms) if job.options.jitter_ms else 0
+        self._push(slot + jitter, job.name, slot, "scheduled")
+
+    def _wake(self) -> None:
+        if self._sleeper is not None:
+            self._sleeper.cancel()
+
+    async def _dispatch(self) -> None:
+        while True:
+            now = self.clock.wall_ms()
+            due: list[_Due] = []
+            while self._queue and self._queue[0].at_ms <= now:
+                entry = heapq.heappop(self._queue)
+                if entry.job not in self._jobs:
+                    continue
+                due.append(entry)
+                if entry.kind == "scheduled":
+                    self._schedule_next(self._jobs[entry.job], entry.slot)
+            if due:
+                await self._claim(due, now)
+                continue
+            delay = MAX_SLEEP_S if not self._queue else (self._queue[0].at_ms - now) / 1000
+            self._sleeper = asyncio.ensure_future(self.clock.sleep(min(delay, MAX_SLEEP_S)))
+            await asyncio.wait([self._sleeper])  # returns early when _wake cancels the sleep
+            self._sleeper = None
+
+    async def _claim(self, due: list[_Due], now: int) -> None:
+        batch: list[tuple[_Due, RunRequest]] = []
+        late: list[tuple[_Due, RunRequest]] = []
+        for entry in due:
+            job = self._jobs[entry.job]
+            request = RunRequest(job.name, str(entry.slot), entry.slot, self._token(), self.instance_id)
+            is_late = entry.kind != "backup" and now > entry.slot + job.options.max_late_ms
+            (late if is_late else batch).append((entry, request))
+        if late:
+            self._spawn(self._skip_late(late, now))
+        if not batch:
+            return
+        strategy, store = self.backend.strategy, self.backend.store
+        try:
+            claims = await strategy.claim(store, [(request, self._policies[request.job]) for _, request in batch])
+        except StoreError as error:
+            claims = [error] * len(batch)
+        for (entry, request), claim in zip(batch, claims, strict=True):
+            self._settle(entry, request, claim, now)
+
+    def _settle(self, entry: _Due, request: RunRequest, claim: Claim | StoreError, now: int) -> None:
+        job = self._jobs[request.job]
+        if isinstance(claim, StoreError):
+            delay_s = min(RETRY_MAX_S, RETRY_MIN_S * 2**entry.failures)
+            log.warning(
+                "job %s: claim of slot %d failed (%s); retrying in %.1f s", job.name, entry.slot, claim, delay_s,
+                extra={"job": job.name, "slot": entry.slot},
+            )  # fmt: skip
+            retry_kind: Literal["backup", "retry"] = "backup" if entry.kind == "backup" else "retry"
+            self._push(now + int(delay_s * 1000), job.name, entry.slot, retry_kind, entry.failures + 1)
+            return
+        extra = {"job": job.name, "slot": entry.slot, "attempt": claim.attempt}
+        if claim.outcome is Outcome.WON:
+            self._spawn(self._execute(job, request, claim))
+        elif claim.outcome is Outcome.RUNNING:
+            log.debug("job %s slot %d: running elsewhere; standing by", job.name, entry.slot, extra=extra)
+            self._push(now + claim.lease_ms_left + 1, job.name, entry.slot, "backup")
+        else:
+            log.debug("job %s slot %d: %s", job.name, entry.slot, claim.outcome.value, extra=extra)
+
+    async def _skip_late(self, late: list[tuple[_Due, RunRequest]], now: int) -> None:
+        for entry, request in late:
+            job = self._jobs[request.job]
+            message = f"claim came {now - entry.slot} ms after the slot; max_late_ms is {job.options.max_late_ms}"
+            log.warning(
+                "job %s slot %d skipped: %s", job.name, entry.slot, message, extra={"job": job.name, "slot": entry.slot}
+            )
+            try:
+                await self.backend.strategy.skip(
+                    self.backend.store, request, self._policies[job.name], "skipped-late", message
+                )
+            except StoreError as error:
+                log.warning("job %s: could not record the skip of slot %d: %s", job.name, entry.slot, error)
+
+    async def _catch_up(self, job: Job, now: int) -> None:
+        """Run, one after another, the slots of the last ``catch_up_ms`` that no instance ran."""
+        for slot in job.schedule.slots_between(now - job.options.catch_up_ms, now):
+            request = RunRequest(job.name, str(slot), slot, self._token(), self.instance_id)
+            while True:
+                [claim] = await self.backend.strategy.claim(self.backend.store, [(request, self._policies[job.name])])
+                if isinstance(claim, StoreUnavailableError):
+                    await self.clock.sleep(RETRY_MIN_S)
+                    continue
+                if isinstance(claim, StoreError):
+                    log.warning("job %s: catch-up claim of slot %d failed: %s", job.name, slot, claim)
+                    break
+                if claim.outcome is Outcome.RUNNING:
+                    await self.clock.sleep((claim.lease_ms_left + 1) / 1000)
+                    continue
+                if claim.outcome is Outcome.WON:
+                    log.info("job %s: catching up slot %d", job.name, slot, extra={"job": job.name, "slot": slot})
+                    await self._execute(job, request, claim)
+                break
+
+    # --- running -------------------------------------------------------------------------------------------
+
+    def _spawn(self, coroutine: Coroutine[Any, Any, Any], name: str = "anarchon-run") -> None:
+        task = asyncio.create_task(coroutine, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _track(self, coroutine: Coroutine[Any, Any, RunRecord]) -> RunRecord:
+        task = asyncio.create_task(coroutine, name="anarchon-run")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return await asyncio.shield(task)
+
+    async def _execute(self, job: Job, request: RunRequest, claim: Claim) -> RunRecord:
+        context = RunContext(
+            job=job.name, slot=request.slot, attempt=claim.attempt, token=request.token, fence=claim.fence,
+            manual=request.manual,
+        )  # fmt: skip
+        running = _Running(context, request)
+        self._running[request.token] = running
+        extra = {"job": job.name, "slot": request.slot, "attempt": claim.attempt}
+        log.info("job %s slot %d attempt %d: started", job.name, request.slot, claim.attempt, extra=extra)
+        started = self.clock.wall_ms()
+        await self._hook(self.on_run_start, context)
+        running.work = asyncio.create_task(self._call(job, context), name=f"anarchon-job-{job.name}")
+        keeper = None
+        if self.backend.leases:
+            keeper = asyncio.create_task(self._keep_lease(running, claim.lease_ms_left))
+        status: Status = "ok"
+        message: str | None = None
+        try:
+            await running.work
+        except asyncio.CancelledError:
+            status, message = "interrupted", running.reason or "cancelled"
+        except Exception as error:
+            status, message = "error", f"{type(error).__name__}: {error}"
+            log.exception("job %s slot %d attempt %d failed", job.name, request.slot, claim.attempt, extra=extra)
+        finally:
+            if keeper is not None:
+                keeper.cancel()
+            del self._running[request.token]
+        record = self._local_record(request, status, message, attempt=claim.attempt, fence=claim.fence, started=started)
+        try:
+            accepted = await self.backend.strategy.finish(
+                self.backend.store, request, claim, self._policies[job.name], record
+            )
+            if not accepted:
+                log.warning(
+                    "job %s slot %d attempt %d: the store refused the result (lease lost)",
+                    job.name,
+                    request.slot,
+                    claim.attempt,
+                    extra=extra,
+                )
+        except StoreError as error:
+            log.warning("job %s slot %d: could not record the result: %s", job.name, request.slot, error, extra=extra)
+        log.info("job %s slot %d attempt %d: %s", job.name, request.slot, claim.attempt, status, extra=extra)
+        await self._hook(self.on_run_end, context, record)
+        return record
+
+    async def _call(self, job: Job, context: RunContext) -> object:
+        if job.is_async:
+            return await job.call(context)  # type: ignore[misc]
+        result = await asyncio.to_thread(job.call, context)
+        if inspect.isawaitable(result):  # a sync function that returned a coroutine
+            return await result
+        return result
+
+    async def _keep_lease(self, running: _Running, lease_ms_left: int) -> None:
+        """Heartbeat until the job ends; declare the lease lost when refused or when it ran out unrenewed."""
+        clock, strategy = self.clock, self.backend.strategy
+        policy = self._policies[running.request.job]
+        deadline = clock.monotonic() + lease_ms_left / 1000
+        while True:
+            left_s = deadline - clock.monotonic()
+            if left_s <= 0:
+                return self._lose(running, "the lease ran out before a heartbeat reached the store")
+            await clock.sleep(min(self.heartbeat_ms / 1000, left_s))
+            if deadline - clock.monotonic() <= 0:
+                continue
+            sent = clock.monotonic()
+            try:
+                ms = await asyncio.wait_for(
+                    strategy.heartbeat(self.backend.store, running.request, policy), timeout=deadline - sent
+                )
+            except (StoreError, TimeoutError) as error:
+                log.warning("job %s: heartbeat failed: %s", running.request.job, error or "timed out")
+                continue
+            if ms <= 0:
+                return self._lose(running, "the heartbeat was refused: another attempt holds the run")
+            deadline = sent + ms / 1000
+
+    def _lose(self, running: _Running, reason: str) -> None:
+        request = running.request
+        log.warning(
+            "job %s slot %d: lease lost: %s",
+            request.job,
+            request.slot,
+            reason,
+            extra={"job": request.job, "slot": request.slot, "attempt": running.context.attempt},
+        )
+        running.context.lease_lost.set()
+        running.interrupt(f"lease lost: {reason}")
+
+    async def _hook(self, hook: Callable[..., object] | None, *args: Any) -> None:
+        if hook is None:
+            return
+        try:
+            result = hook(*args)
+            if inspect.isawaitable(result):
+                await result
+        except Exception:
+            log.exception("hook %r failed", hook)
+
+    def _local_record(
+        self,
+        request: RunRequest,
+        status: Status,
+        message: str | None,
+        *,
+        attempt: int = 1,
+        fence: int = 0,
+        started: int | None = None,
+    ) -> RunRecord:
+        now = self.clock.wall_ms()
+        return RunRecord(
+            job=request.job, run=request.run, slot=request.slot, attempt=attempt, status=status,
+            runner=request.runner, token=request.token, fence=fence, manual=request.manual,
+            started=now if started is None else started, ended=now, message=message,
+        )  # fmt: skip
+
+    def _token(self) -> str:
+        return f"{self.random.getrandbits(64):016x}"
+
+    def __repr__(self) -> str:
+        return f"Scheduler(backend={self.backend!r}, jobs={list(self._jobs)}, instance_id={self.instance_id!r})"
+
+
+class SchedulerThread:
+    """A scheduler running on its own event loop in a daemon thread, driven from sync code."""
+
+    def __init__(self, scheduler: Scheduler[Any]) -> None:
+        self.scheduler = scheduler
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="anarchon", daemon=True)
+        self._thread.start()
+        self._call(scheduler.start())
+
+    def _call(self, coroutine: Awaitable[Any], timeout: float | None = None) -> Any:
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout)  # type: ignore[arg-type]
+
+    def run_now(self, name: str) -> RunRecord:
+        return self._call(self.scheduler.run_now(name))  # type: ignore[no-any-return]
+
+    def history(self, name: str, limit: int = 50) -> list[RunRecord]:
+        return self._call(self.scheduler.history(name, limit))  # type: ignore[no-any-return]
+
+    def stop(self, timeout: float = 30.0) -> None:
+        try:
+            self._call(self.scheduler.stop(timeout))
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join()
+            self._loop.close()
+
+
+def _lease_only(option: str, strategy: str) -> ConfigError:
+    return ConfigError(
+        option,
+        f"is a lease option, and the backend's strategy is {strategy!r}",
+        'leave it unset, or use strategy="lease"',
+    )
+
+
+def _check_instance_id(value: object) -> str:
+    try:
+        return check_job_name(value)
+    except ConfigError as error:
+        raise ConfigError("instance_id", error.problem, error.allowed) from None
+
+
+def _new_random() -> random.Random:
+    return random.Random(int.from_bytes(os.urandom(8), "big"))

@@ -1,0 +1,100 @@
+"""The protocol every claim strategy implements, and the values that cross it."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from .._errors import StoreError
+from .._records import RunRecord, Status, decode_record
+from .._store import ServerInfo, Store, as_list, as_text
+
+
+class Outcome(enum.StrEnum):
+    WON = "won"  # this instance runs the attempt
+    RUNNING = "running"  # lease: another attempt holds a live lease; stand by as a backup
+    OVERLAP = "overlap"  # lease: another run of the job is live; this run was recorded as skipped-overlap
+    DONE = "done"  # lease: finished, skipped, or out of attempts
+    LOST = "lost"  # claim-only: another instance claimed the run
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    outcome: Outcome
+    attempt: int = 0
+    fence: int = 0
+    lease_ms_left: int = 0  # lease: how long the holder's lease lasts from the server's point of view
+
+
+@dataclass(frozen=True, slots=True)
+class RunRequest:
+    """One instance asking for one run. ``run`` is the store's id of the run (see RunRecord)."""
+
+    job: str
+    run: str
+    slot: int
+    token: str
+    runner: str
+    manual: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobPolicy:
+    """What a strategy needs to know about a job besides its name."""
+
+    lease_ms: int = 30_000
+    max_attempts: int = 3
+    overlap: bool = False
+    history_size: int = 1000
+    history_ttl_ms: int | None = None
+    keep_ms: int = 3_600_000  # how long after its slot a run may still be claimed (late claims, catch-up)
+
+
+class Strategy(Protocol):
+    """How one winner is picked for each run. One module per strategy; one contract test suite for all."""
+
+    name: str
+    leases: bool
+
+    def check_server(self, server: ServerInfo) -> None:
+        """Raise UnsupportedStrategyError if the server cannot run this strategy. Called before any write."""
+        ...
+
+    async def prepare(self, store: Store, jobs: Sequence[str]) -> None:
+        """Configure per-job server state (after the store format was checked). Called by start()."""
+        ...
+
+    async def claim(self, store: Store, requests: Sequence[tuple[RunRequest, JobPolicy]]) -> list[Claim | StoreError]:
+        """Claim runs in one round trip where possible; a failed claim's error is returned in its place."""
+        ...
+
+    async def heartbeat(self, store: Store, request: RunRequest, policy: JobPolicy) -> int:
+        """Extend the lease of the caller's attempt; lease ms left, 0 if refused (not the current token)."""
+        ...
+
+    async def finish(
+        self, store: Store, request: RunRequest, claim: Claim, policy: JobPolicy, record: RunRecord
+    ) -> bool:
+        """Record how an attempt ended; False if the store refused (the attempt is no longer current)."""
+        ...
+
+    async def skip(self, store: Store, request: RunRequest, policy: JobPolicy, status: Status, message: str) -> bool:
+        """Record a run that was not claimed (too late); False if the run already has an outcome."""
+        ...
+
+    async def history(self, store: Store, job: str, limit: int) -> list[RunRecord]:
+        """Attempts newest first."""
+        ...
+
+
+async def read_history(store: Store, job: str, results_key: str, limit: int) -> list[RunRecord]:
+    members = as_list(await store.execute("ZREVRANGE", results_key, 0, limit - 1))
+    return [decode_record(job, as_text(member)) for member in members]
+
+
+def fence_of(entry_id: str) -> int:
+    """A number that grows with stream entry ids ("<ms>-<seq>"), for claim-only strategies' fencing."""
+    ms, _, seq = entry_id.partition("-")
+    return int(ms) * 1000 + int(seq or 0)

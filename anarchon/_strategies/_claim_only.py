@@ -1,0 +1,96 @@
+"""What the three claim-only strategies share: manual runs, results and history.
+
+They only decide who runs each scheduled run; a manual run (``run_now``) always runs where it was asked for and
+is appended to the job's ``manual`` stream. Results are written by the instance that ran the attempt, with its
+own clock for start and end.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .._errors import StoreError
+from .._keys import KeySpace
+from .._records import RunRecord, Status, encode_record, result_score
+from .._store import ServerInfo, Store, as_text
+from ._base import Claim, JobPolicy, Outcome, RunRequest, fence_of, read_history
+
+
+class ClaimOnlyStrategy:
+    name: str
+    leases = False
+
+    def __init__(self, keys: KeySpace) -> None:
+        self.keys = keys
+
+    def check_server(self, server: ServerInfo) -> None:
+        return None  # Redis 5+ and Valkey
+
+    async def prepare(self, store: Store, jobs: Sequence[str]) -> None:
+        return None
+
+    async def claim(self, store: Store, requests: Sequence[tuple[RunRequest, JobPolicy]]) -> list[Claim | StoreError]:
+        manual = [i for i, (request, _) in enumerate(requests) if request.manual]
+        scheduled = [i for i, (request, _) in enumerate(requests) if not request.manual]
+        results: list[Claim | StoreError] = [Claim(Outcome.LOST)] * len(requests)
+        for i, claim in zip(
+            scheduled, await self.claim_scheduled(store, [requests[i] for i in scheduled]), strict=True
+        ):
+            results[i] = claim
+        for i, claim in zip(manual, await self.claim_manual(store, [requests[i] for i in manual]), strict=True):
+            results[i] = claim
+        return results
+
+    async def claim_scheduled(
+        self, store: Store, requests: Sequence[tuple[RunRequest, JobPolicy]]
+    ) -> list[Claim | StoreError]:
+        raise NotImplementedError
+
+    async def claim_manual(
+        self, store: Store, requests: Sequence[tuple[RunRequest, JobPolicy]]
+    ) -> list[Claim | StoreError]:
+        commands = [
+            (
+                "XADD", self.keys.claim(r.job).manual, "MAXLEN", "~", policy.history_size, "*",
+                "slot", r.slot, "token", r.token, "runner", r.runner,
+            )
+            for r, policy in requests
+        ]  # fmt: skip
+        replies = await store.execute_many(commands)
+        return [
+            reply if isinstance(reply, StoreError) else Claim(Outcome.WON, 1, fence_of(as_text(reply)))
+            for reply in replies
+        ]
+
+    async def heartbeat(self, store: Store, request: RunRequest, policy: JobPolicy) -> int:
+        return 0  # no leases: nothing to extend
+
+    async def finish(
+        self, store: Store, request: RunRequest, claim: Claim, policy: JobPolicy, record: RunRecord
+    ) -> bool:
+        await self._record(store, record, policy)
+        return True
+
+    async def skip(self, store: Store, request: RunRequest, policy: JobPolicy, status: Status, message: str) -> bool:
+        # Written without runner and token, so the same skip reported by several instances is stored once.
+        record = RunRecord(
+            job=request.job, run=request.run, slot=request.slot, attempt=1, status=status, runner="",
+            token="", fence=0, manual=False, started=request.slot, ended=request.slot, message=message,
+        )  # fmt: skip
+        return await self._record(store, record, policy)
+
+    async def _record(self, store: Store, record: RunRecord, policy: JobPolicy) -> bool:
+        key = self.keys.claim(record.job).results
+        score = result_score(record.slot, record.attempt)
+        commands: list[tuple[str | int, ...]] = [("ZADD", key, score, encode_record(record))]
+        commands.append(("ZREMRANGEBYRANK", key, 0, -(policy.history_size + 1)))
+        if policy.history_ttl_ms:
+            cutoff = result_score(record.ended - policy.history_ttl_ms, 0)
+            commands.append(("ZREMRANGEBYSCORE", key, "-inf", f"({cutoff}"))
+        added, *_ = await store.execute_many(commands)
+        if isinstance(added, StoreError):
+            raise added
+        return added == 1
+
+    async def history(self, store: Store, job: str, limit: int) -> list[RunRecord]:
+        return await read_history(store, job, self.keys.claim(job).results, limit)

@@ -1,0 +1,85 @@
+"""idmp: Redis 8.6's idempotent XADD; the job is the producer id and the run's slot the idempotent id.
+
+The server keeps the first entry for an idempotent id and answers repeats with that entry's ID, without an
+error, so every claimer reads the entry back and compares tokens. A run is remembered for ``duration_sec`` (and
+up to ``max_size`` runs per job); a claim arriving later than that wins again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .._errors import StoreError, StoreReplyError, UnsupportedStrategyError
+from .._keys import KeySpace
+from .._store import ServerInfo, Store, as_list, as_text
+from ._base import Claim, JobPolicy, Outcome, RunRequest, fence_of
+from ._claim_only import ClaimOnlyStrategy
+
+OTHER_STRATEGIES = ("lease", "stream-id", "script")
+
+
+class IdmpStrategy(ClaimOnlyStrategy):
+    name = "idmp"
+
+    def __init__(self, keys: KeySpace, duration_sec: int, max_size: int) -> None:
+        super().__init__(keys)
+        self.duration_sec = duration_sec
+        self.max_size = max_size
+
+    def check_server(self, server: ServerInfo) -> None:
+        if server.kind != "redis" or not server.at_least(8, 6):
+            raise UnsupportedStrategyError(self.name, str(server), OTHER_STRATEGIES)
+
+    async def prepare(self, store: Store, jobs: Sequence[str]) -> None:
+        for job in jobs:
+            await self.configure(store, self.keys.claim(job).runs)
+
+    async def configure(self, store: Store, key: str) -> None:
+        """Set the stream's IDMP duration and size, only when they differ: XCFGSET clears what it tracks."""
+        try:
+            reply = await store.execute("XINFO", "STREAM", key)
+        except StoreReplyError as error:
+            if "no such key" not in error.reply:
+                raise
+            # XCFGSET needs the stream to exist; this makes it, empty.
+            await store.execute("XADD", key, "MAXLEN", 0, "*", "created", 1)
+            reply = await store.execute("XINFO", "STREAM", key)
+        fields = as_list(reply)
+        info = dict(zip(fields[::2], fields[1::2], strict=True))
+        wanted = {"idmp-duration": self.duration_sec, "idmp-maxsize": self.max_size}
+        if any(str(info.get(name)) != str(value) for name, value in wanted.items()):
+            await store.execute("XCFGSET", key, "IDMP-DURATION", self.duration_sec, "IDMP-MAXSIZE", self.max_size)
+
+    async def claim_scheduled(
+        self, store: Store, requests: Sequence[tuple[RunRequest, JobPolicy]]
+    ) -> list[Claim | StoreError]:
+        adds = [
+            (
+                "XADD", self.keys.claim(r.job).runs, "IDMP", r.job, r.slot, "MAXLEN", "~", policy.history_size,
+                "*", "slot", r.slot, "token", r.token, "runner", r.runner,
+            )
+            for r, policy in requests
+        ]  # fmt: skip
+        ids = await store.execute_many(adds)
+        reads = [
+            ("XRANGE", self.keys.claim(r.job).runs, as_text(entry_id), as_text(entry_id))
+            for (r, _), entry_id in zip(requests, ids, strict=True)
+            if not isinstance(entry_id, StoreError)
+        ]
+        entries = iter(await store.execute_many(reads))
+        claims: list[Claim | StoreError] = []
+        for (request, _), entry_id in zip(requests, ids, strict=True):
+            if isinstance(entry_id, StoreError):
+                claims.append(entry_id)
+                continue
+            entry = next(entries)
+            if isinstance(entry, StoreError):
+                claims.append(entry)
+                continue
+            # [[id, [field, value, …]]]; empty when the original entry was trimmed (then it is not ours).
+            found = as_list(entry)
+            fields = as_list(as_list(found[0], 2)[1]) if found else []
+            token = dict(zip(fields[::2], fields[1::2], strict=True)).get("token")
+            won = token == request.token
+            claims.append(Claim(Outcome.WON, 1, fence_of(as_text(entry_id))) if won else Claim(Outcome.LOST))
+        return claims

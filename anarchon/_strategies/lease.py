@@ -1,0 +1,92 @@
+"""lease: Lua scripts keep each run's attempt, token and lease end in the job's state hash.
+
+The only strategy with leases: the winner heartbeats, backups take over an expired lease with attempt + 1 up
+to ``max_attempts``, a live run blocks another (overlap protection), and the state is kept for as long as a late
+claim or a catch-up could ask for the run. Lease ends come from the server's ``TIME`` inside the scripts.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+from .._errors import StoreError, StoreReplyError
+from .._keys import KeySpace
+from .._records import RunRecord, Status
+from .._store import Reply, Script, ScriptCall, ServerInfo, Store, as_list, as_text
+from ._base import Claim, JobPolicy, Outcome, RunRequest, read_history
+
+CLAIM = Script.load("lease_claim", prelude="lease_lib")
+HEARTBEAT = Script.load("lease_heartbeat", prelude="lease_lib")
+FINISH = Script.load("lease_finish", prelude="lease_lib")
+SKIP = Script.load("lease_skip", prelude="lease_lib")
+
+
+def _flag(value: bool) -> str:
+    return "1" if value else "0"
+
+
+def _trim_args(policy: JobPolicy) -> tuple[int, int, int]:
+    return (policy.history_size, policy.keep_ms, policy.history_ttl_ms or 0)
+
+
+def _parse_claim(reply: Reply | StoreReplyError) -> Claim | StoreError:
+    if isinstance(reply, StoreError):
+        return reply
+    answer, attempt, fence, left = (as_text(item) for item in as_list(reply, 4))
+    return Claim(Outcome(answer), int(attempt), int(fence), max(0, int(left)))
+
+
+class LeaseStrategy:
+    name = "lease"
+    leases = True
+
+    def __init__(self, keys: KeySpace) -> None:
+        self.keys = keys
+
+    def check_server(self, server: ServerInfo) -> None:
+        return None  # Redis 5+ and Valkey
+
+    async def prepare(self, store: Store, jobs: Sequence[str]) -> None:
+        return None
+
+    def claim_call(self, request: RunRequest, policy: JobPolicy) -> ScriptCall:
+        return ScriptCall(
+            CLAIM,
+            self.keys.lease(request.job).all(),
+            (
+                request.run,
+                request.slot,
+                request.token,
+                request.runner,
+                policy.lease_ms,
+                1 if request.manual else policy.max_attempts,
+                _flag(policy.overlap),
+                _flag(request.manual),
+                *_trim_args(policy),
+            ),
+        )
+
+    async def claim(self, store: Store, requests: Sequence[tuple[RunRequest, JobPolicy]]) -> list[Claim | StoreError]:
+        replies = await store.run_many([self.claim_call(request, policy) for request, policy in requests])
+        return [_parse_claim(reply) for reply in replies]
+
+    async def heartbeat(self, store: Store, request: RunRequest, policy: JobPolicy) -> int:
+        keys = self.keys.lease(request.job).all()
+        reply = await store.run(HEARTBEAT, keys, (request.run, request.token, policy.lease_ms))
+        return int(as_text(reply))
+
+    async def finish(
+        self, store: Store, request: RunRequest, claim: Claim, policy: JobPolicy, record: RunRecord
+    ) -> bool:
+        keys = self.keys.lease(request.job).all()
+        args = (request.run, request.token, record.status, json.dumps(record.message), *_trim_args(policy))
+        return await store.run(FINISH, keys, args) == 1
+
+    async def skip(self, store: Store, request: RunRequest, policy: JobPolicy, status: Status, message: str) -> bool:
+        keys = self.keys.lease(request.job).all()
+        args = (request.run, request.slot, request.token, request.runner, status, json.dumps(message))
+        return await store.run(SKIP, keys, (*args, *_trim_args(policy))) == 1
+
+    async def history(self, store: Store, job: str, limit: int) -> list[RunRecord]:
+        return await read_history(store, job, self.keys.lease(job).results, limit)
