@@ -36,10 +36,22 @@ def load_timezone(name: object) -> ZoneInfo:
         raise ConfigError("timezone", f"unknown time zone {name!r}", 'an IANA name like "Europe/Berlin"') from error
 
 
+@dataclass(slots=True)
+class _Cursor:
+    """Where the last cronsim iteration stopped: no match lies in ``(low, pending)``."""
+
+    matches: Iterator[int]
+    low: int
+    pending: int | None
+
+
 @dataclass(frozen=True, slots=True)
 class CronSchedule:
     expression: str
     timezone: ZoneInfo = field(default_factory=lambda: ZoneInfo("UTC"))
+    # Building a cronsim iterator costs far more than stepping one; consecutive queries (the common case: each
+    # slot asks for the next) reuse it. A cache, not state: results never depend on it.
+    _cursor: list[_Cursor] = field(default_factory=list, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.expression, str):
@@ -64,15 +76,27 @@ class CronSchedule:
 
     def next_after(self, after_ms: int) -> int | None:
         """The first slot strictly after ``after_ms`` (None if the expression never matches again)."""
-        candidate = next((ms for ms in self._matches(after_ms) if ms > after_ms), None)
+        candidate = self._next_match(after_ms)
         horizon = candidate if candidate is not None else after_ms + 366 * DAY_MS
         for jump_ms, first_skipped, first_after in self._forward_jumps(after_ms, horizon):
             if self._matches_local(first_skipped, first_after):
                 return jump_ms
         return candidate
 
-    def _matches(self, after_ms: int) -> Iterator[int]:
-        return (int(moment.timestamp()) * 1000 for moment in self._iterate(after_ms))
+    def _next_match(self, after_ms: int) -> int | None:
+        cursor = self._cursor[0] if self._cursor else None
+        if (
+            cursor is None
+            or after_ms < cursor.low
+            or (cursor.pending is not None and after_ms - cursor.pending > DAY_MS)
+        ):
+            matches = (int(moment.timestamp()) * 1000 for moment in self._iterate(after_ms))
+            cursor = _Cursor(matches, after_ms, next(matches, None))
+            self._cursor[:] = [cursor]
+        while cursor.pending is not None and cursor.pending <= after_ms:
+            cursor.pending = next(cursor.matches, None)
+        cursor.low = after_ms
+        return cursor.pending
 
     def _offset(self, ms: int) -> timedelta:
         offset = datetime.fromtimestamp(ms / 1000, tz=self.timezone).utcoffset()

@@ -1,0 +1,68 @@
+"""A store under test (fake or a real server of the matrix) that makes backends on fresh connections."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import fakeredis
+import redis.asyncio
+
+from anarchon import RedisBackend, ValkeyBackend
+from anarchon._adapters import RedisPyAsync
+from anarchon._store import Reply, Store
+
+
+class StoreTarget:
+    """One store under test: `fake` (fakeredis) or a real server of the matrix."""
+
+    def __init__(self, server: Any) -> None:
+        self.server = server
+        self.name: str = server.target
+        self.is_fake: bool = server.is_fake
+        self.is_valkey = self.name.startswith("valkey") or (
+            self.is_fake and getattr(server.fake_server, "server_type", "redis") == "valkey"
+        )
+        self.describe = f"version {server.version}"
+        version = tuple(int(p) for p in str(server.version).split(".")[:2])
+        self.supports_idmp = not self.is_fake and not self.is_valkey and version >= (8, 6)
+        self._clients: list[Any] = []
+        self._backends: list[RedisBackend[Any]] = []
+        self.admin = Store(RedisPyAsync(self.new_client()), owned=False)
+
+    def new_client(self) -> Any:
+        """A fresh asyncio client with its own connection pool (RESP2)."""
+        if self.is_fake:
+            client: Any = fakeredis.FakeAsyncRedis(server=self.server.fake_server)
+        else:
+            client = redis.asyncio.Redis.from_url(self.server.url(), protocol=2)
+        self._clients.append(client)
+        return client
+
+    def backend(self, strategy: Any = "lease", prefix: str = "cron:", *, as_redis: bool = False) -> RedisBackend[Any]:
+        """A backend on a fresh connection: ValkeyBackend on Valkey unless ``as_redis``."""
+        backend: RedisBackend[Any]
+        if self.is_valkey and not as_redis:
+            backend = ValkeyBackend(valkey=self.new_client(), strategy=strategy, prefix=prefix)
+        else:
+            backend = RedisBackend(redis=self.new_client(), strategy=strategy, prefix=prefix)
+        self._backends.append(backend)
+        return backend
+
+    async def started_backend(self, strategy: Any = "lease", prefix: str = "cron:") -> RedisBackend[Any]:
+        backend = self.backend(strategy, prefix)
+        await backend.start(["sync"])
+        return backend
+
+    async def raw(self, *command: Any) -> Any:
+        reply: Reply = await self.admin.execute(*command)
+        return reply
+
+    async def server_ms(self) -> int:
+        seconds, micros = await self.raw("TIME")
+        return int(seconds) * 1000 + int(micros) // 1000
+
+    async def close(self) -> None:
+        for backend in self._backends:
+            await backend.stop()
+        for client in self._clients:
+            await client.aclose()

@@ -1,0 +1,182 @@
+"""Bad input fails when the object is created, with an AnarchonError naming the option and what is allowed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import fakeredis
+import pytest
+
+from anarchon import (
+    AnarchonError,
+    ConfigError,
+    ConfigTypeError,
+    RedisBackend,
+    Scheduler,
+    UnknownOptionError,
+    ValkeyBackend,
+)
+
+
+def claim_only() -> RedisBackend[Any]:
+    return RedisBackend(strategy="stream-id")
+
+
+@pytest.mark.parametrize(
+    ("make", "option", "allowed"),
+    [
+        (lambda: RedisBackend(prefx="x:"), "prefx", "prefix"),
+        (lambda: RedisBackend(strategy={"name": "lease", "window_ms": 1}), "strategy.window_ms", "none"),
+        (lambda: RedisBackend(strategy={"name": "script", "duration_sec": 5}), "strategy.duration_sec", "window_ms"),
+        (lambda: RedisBackend(strategy={"name": "idmp", "duration_sec": 0}), "strategy.duration_sec", "1..86400"),
+        (lambda: RedisBackend(strategy={"name": "idmp", "duration_sec": 86_401}), "strategy.duration_sec", "1..86400"),
+        (lambda: RedisBackend(strategy={"name": "idmp", "max_size": 10_001}), "strategy.max_size", "1..10000"),
+        (lambda: RedisBackend(strategy={"name": "idmp", "max_size": 0}), "strategy.max_size", "1..10000"),
+        (lambda: RedisBackend(strategy={"name": "script", "window_ms": 0}), "strategy.window_ms", "1.."),
+        (lambda: RedisBackend(strategy="paxos"), "strategy", "'lease'"),
+        (lambda: RedisBackend(strategy={"window_ms": 5}), "strategy", "'lease'"),
+        (lambda: ValkeyBackend(strategy="idmp"), "strategy", "'script'"),
+        (lambda: ValkeyBackend(strategy={"name": "idmp"}), "strategy", "'script'"),
+        (lambda: ValkeyBackend(redis="redis://x"), "redis", "valkey"),
+        (lambda: RedisBackend(redis="http://cache:6379"), "redis", "rediss://"),
+        (lambda: RedisBackend(redis={"hots": "cache"}), "redis.hots", "host"),
+        (lambda: RedisBackend(redis={"port": "6379"}), "redis.port", "int"),
+        (lambda: RedisBackend(redis=object()), "redis", "send(command, args)"),
+        (lambda: RedisBackend(prefix="a{b}:"), "prefix", "no braces"),
+        (lambda: RedisBackend(prefix="a b"), "prefix", "no braces"),
+        (lambda: Scheduler(claim_only(), lease_ms=1000), "lease_ms", 'strategy="lease"'),
+        (lambda: Scheduler(claim_only(), heartbeat_ms=1000), "heartbeat_ms", 'strategy="lease"'),
+        (lambda: Scheduler(lease_ms=-5), "lease_ms", "10..86400000"),
+        (lambda: Scheduler(lease_ms=1000, heartbeat_ms=1000), "heartbeat_ms", "1..999"),
+        (lambda: Scheduler(history_size=0), "history_size", "1..1000000"),
+        (lambda: Scheduler(history_ttl_ms=0), "history_ttl_ms", "1.."),
+        (lambda: Scheduler(instance_id="a\nb"), "instance_id", "no braces"),
+        (lambda: Scheduler(leas_ms=5), "leas_ms", "lease_ms"),
+        (lambda: Scheduler(backend="redis://x"), "backend", "RedisBackend"),
+        (lambda: Scheduler(clock=123), "clock", "wall_ms"),
+    ],
+)
+def test_bad_construction_names_option_and_allowed(make: Any, option: str, allowed: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        make()
+    assert caught.value.option == option
+    assert allowed in caught.value.allowed
+    assert option in str(caught.value)
+
+
+def noop() -> None:
+    pass
+
+
+@pytest.mark.parametrize(
+    ("name", "cron", "func", "options", "option"),
+    [
+        ("a", "61 * * * *", noop, {}, "cron"),
+        ("a", "* * *", noop, {}, "cron"),
+        ("a", "* * * * * * *", noop, {}, "cron"),
+        ("a", "0 0 30 2 *", noop, {}, "cron"),
+        ("a", 5, noop, {}, "cron"),
+        ("a", "* * * * *", noop, {"timezone": "Mars/Olympus"}, "timezone"),
+        ("a", "* * * * *", noop, {"jitter_ms": -1}, "jitter_ms"),
+        ("a", "* * * * *", noop, {"max_late_ms": 10**12}, "max_late_ms"),
+        ("a", "* * * * *", noop, {"max_attempts": 0}, "max_attempts"),
+        ("a", "* * * * *", noop, {"catch_up_ms": 1.5}, "catch_up_ms"),
+        ("a", "* * * * *", noop, {"overlap": "yes"}, "overlap"),
+        ("a", "* * * * *", noop, {"retries": 3}, "retries"),
+        ("a{b}", "* * * * *", noop, {}, "name"),
+        ("a\nb", "* * * * *", noop, {}, "name"),
+        ("x" * 10_000, "* * * * *", noop, {}, "name"),
+        ("", "* * * * *", noop, {}, "name"),
+        ("a:b", "* * * * *", noop, {}, "name"),
+        ("a", "* * * * *", "not callable", {}, "func"),
+    ],
+)
+def test_bad_jobs_are_refused_when_added(name: Any, cron: Any, func: Any, options: Any, option: str) -> None:
+    scheduler = Scheduler()
+    with pytest.raises(ConfigError) as caught:
+        scheduler.add_job(name, cron, func, **options)
+    assert caught.value.option == option
+    assert scheduler.jobs == ()
+
+
+def test_duplicate_job_names_are_refused() -> None:
+    scheduler = Scheduler()
+    scheduler.add_job("sync", "* * * * *", noop)
+    with pytest.raises(ConfigError, match="already registered"):
+        scheduler.add_job("sync", "*/5 * * * *", noop)
+
+
+@pytest.mark.parametrize("option", ["overlap", "max_attempts", "catch_up_ms"])
+def test_lease_job_options_are_refused_with_claim_only_strategies(option: str) -> None:
+    scheduler: Any = Scheduler(claim_only())
+    with pytest.raises(ConfigError, match="lease option") as caught:
+        scheduler.add_job("a", "* * * * *", noop, **{option: 1 if option != "overlap" else True})
+    assert caught.value.option == option
+
+
+@pytest.mark.parametrize(
+    ("strategy", "setting"),
+    [
+        ({"name": "script", "window_ms": 60_000}, "strategy.window_ms"),
+        ({"name": "idmp", "duration_sec": 60}, "strategy.duration_sec"),
+    ],
+)
+def test_forgetful_strategies_must_outlast_the_latest_claim(strategy: Any, setting: str) -> None:
+    scheduler = Scheduler(RedisBackend(strategy=strategy))
+    scheduler.add_job("ok", "* * * * *", noop, jitter_ms=10_000, max_late_ms=40_000)
+    with pytest.raises(ConfigError) as caught:
+        scheduler.add_job("late", "* * * * *", noop, jitter_ms=10_000, max_late_ms=50_000)
+    assert caught.value.option == setting
+    assert "60000 ms" in str(caught.value)
+
+
+def test_errors_share_one_root_and_mix_in_builtins() -> None:
+    with pytest.raises(ValueError, match="max_size") as value_error:
+        RedisBackend(strategy={"name": "idmp", "max_size": 0})
+    with pytest.raises(TypeError, match="prefx") as type_error:
+        RedisBackend(prefx="x")
+    for error in (value_error.value, type_error.value):
+        assert isinstance(error, AnarchonError)
+    assert isinstance(type_error.value, UnknownOptionError)
+    with pytest.raises(ConfigTypeError):
+        RedisBackend(strategy={"name": "idmp", "max_size": True})
+
+
+def test_a_setting_of_another_strategy_says_whose_it_is() -> None:
+    with pytest.raises(UnknownOptionError, match="setting of 'script'"):
+        RedisBackend(strategy={"name": "lease", "window_ms": 1})
+    with pytest.raises(UnknownOptionError, match="inside the strategy"):
+        RedisBackend(window_ms=1)
+
+
+@pytest.mark.parametrize(
+    ("connection", "hidden"),
+    [
+        ("rediss://alice:s3cr3t-pw@cache:6380/1", "s3cr3t-pw"),
+        ({"host": "cache", "password": "s3cr3t-pw"}, "s3cr3t-pw"),
+    ],
+)
+def test_passwords_never_appear_in_reprs(connection: Any, hidden: str) -> None:
+    backend = RedisBackend(redis=connection)
+    assert hidden not in repr(backend)
+    assert "***" in repr(backend)
+    assert hidden not in repr(Scheduler(backend))
+
+
+def test_strategy_settings_keep_their_defaults() -> None:
+    assert RedisBackend(strategy="idmp").config == RedisBackend(strategy={"name": "idmp"}).config
+    config = RedisBackend(strategy={"name": "idmp", "duration_sec": 900, "max_size": 5_000}).config
+    assert (config.duration_sec, config.max_size) == (900, 5_000)  # type: ignore[union-attr]
+    assert RedisBackend(strategy="script").config.window_ms == 300_000  # type: ignore[union-attr]
+
+
+def test_recognised_clients_are_adapted() -> None:
+    client = fakeredis.FakeAsyncRedis()
+    assert RedisBackend(redis=client).leases
+    assert not ValkeyBackend(valkey=client, strategy="script").leases
+
+    class Sender:
+        def send(self, command: str, args: list[str]) -> object:
+            return None
+
+    RedisBackend(redis=Sender())

@@ -1,0 +1,300 @@
+"""One contract, every strategy, every target: what each claim strategy promises on a real store."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+
+from anarchon import RunRecord, StoreFormatError, UnsupportedStrategyError
+from anarchon._strategies import Claim, JobPolicy, Outcome, RunRequest
+from tests.anarchon.support import StoreTarget
+
+STRATEGIES = ["lease", "stream-id", "idmp", "script"]
+SLOT = 1_700_000_000_000
+OVERLAP_OK = JobPolicy(overlap=True)  # several runs of one job live at once, where a test needs that
+
+
+def request(run: int | str, token: str, *, job: str = "sync", manual: bool = False) -> RunRequest:
+    slot = run if isinstance(run, int) else SLOT
+    return RunRequest(job, str(run), slot, token, f"runner-{token}", manual)
+
+
+def record(req: RunRequest, claim: Claim, status: Any = "ok", message: str | None = None) -> RunRecord:
+    return RunRecord(
+        job=req.job, run=req.run, slot=req.slot, attempt=claim.attempt, status=status, runner=req.runner,
+        token=req.token, fence=claim.fence, manual=req.manual, started=req.slot, ended=req.slot + 1, message=message,
+    )  # fmt: skip
+
+
+@pytest.fixture(params=STRATEGIES)
+def strategy(request: pytest.FixtureRequest, target: StoreTarget) -> str:
+    name: str = request.param
+    if name == "idmp" and not target.supports_idmp:
+        pytest.skip(f"idmp needs Redis 8.6+; {target.name} is {target.describe}")
+    return name
+
+
+async def test_one_winner_among_20_concurrent_claimers(target: StoreTarget, strategy: str) -> None:
+    backends = [await target.started_backend(strategy) for _ in range(20)]
+    policy = JobPolicy(lease_ms=10_000, overlap=True)
+    for slot in (SLOT, SLOT + 1000, SLOT + 2000):
+        claims = await asyncio.gather(
+            *(b.strategy.claim(b.store, [(request(slot, f"t{i}"), policy)]) for i, b in enumerate(backends))
+        )
+        outcomes = [claim.outcome for [claim] in claims]  # type: ignore[union-attr]
+        assert outcomes.count(Outcome.WON) == 1, outcomes
+        loser = Outcome.RUNNING if strategy == "lease" else Outcome.LOST
+        assert outcomes.count(loser) == 19, outcomes
+
+
+async def test_a_claim_batch_is_answered_in_order(target: StoreTarget, strategy: str) -> None:
+    backend = await target.started_backend(strategy)
+    policy = OVERLAP_OK
+    first = await backend.strategy.claim(backend.store, [(request(SLOT + i, "a"), policy) for i in range(50)])
+    assert [c.outcome for c in first] == [Outcome.WON] * 50  # type: ignore[union-attr]
+    again = await backend.strategy.claim(backend.store, [(request(SLOT + i, "b"), policy) for i in range(50)])
+    assert {c.outcome for c in again} == {Outcome.RUNNING if strategy == "lease" else Outcome.LOST}  # type: ignore[union-attr]
+
+
+async def test_stale_tokens_cannot_heartbeat_or_finish(target: StoreTarget) -> None:
+    backend = await target.started_backend("lease")
+    policy = JobPolicy(lease_ms=5_000)
+    mine, other = request(SLOT, "mine"), request(SLOT, "other")
+    [claim] = await backend.strategy.claim(backend.store, [(mine, policy)])
+    assert isinstance(claim, Claim)
+    assert claim.outcome is Outcome.WON
+    assert await backend.strategy.heartbeat(backend.store, other, policy) == 0
+    assert not await backend.strategy.finish(backend.store, other, claim, policy, record(other, claim))
+    assert await backend.strategy.heartbeat(backend.store, mine, policy) == 5_000
+    assert await backend.strategy.finish(backend.store, mine, claim, policy, record(mine, claim))
+    assert await backend.strategy.heartbeat(backend.store, mine, policy) == 0  # finished: nothing to extend
+
+
+async def test_expired_lease_is_taken_over_with_a_new_attempt_and_a_larger_fence(target: StoreTarget) -> None:
+    backend = await target.started_backend("lease")
+    policy = JobPolicy(lease_ms=150, max_attempts=3)
+    first, backup = request(SLOT, "first"), request(SLOT, "backup")
+    [won] = await backend.strategy.claim(backend.store, [(first, policy)])
+    [standby] = await backend.strategy.claim(backend.store, [(backup, policy)])
+    assert isinstance(won, Claim) and isinstance(standby, Claim)
+    assert (won.outcome, won.attempt) == (Outcome.WON, 1)
+    assert standby.outcome is Outcome.RUNNING
+    assert 0 < standby.lease_ms_left <= 150
+    await asyncio.sleep(0.2)
+    [taken] = await backend.strategy.claim(backend.store, [(backup, policy)])
+    assert isinstance(taken, Claim)
+    assert (taken.outcome, taken.attempt) == (Outcome.WON, 2)
+    assert taken.fence > won.fence
+    assert await backend.strategy.heartbeat(backend.store, first, policy) == 0
+    assert not await backend.strategy.finish(backend.store, first, won, policy, record(first, won))
+    assert await backend.strategy.finish(backend.store, backup, taken, policy, record(backup, taken))
+    history = await backend.strategy.history(backend.store, "sync", 10)
+    assert [(r.attempt, r.status) for r in history] == [(2, "ok"), (1, "interrupted")]
+    assert history[1].message == "lease expired; taken over by attempt 2"
+
+
+async def test_a_run_out_of_attempts_is_done_and_recorded_interrupted(target: StoreTarget) -> None:
+    backend = await target.started_backend("lease")
+    policy = JobPolicy(lease_ms=100, max_attempts=1)
+    [won] = await backend.strategy.claim(backend.store, [(request(SLOT, "a"), policy)])
+    assert isinstance(won, Claim) and won.outcome is Outcome.WON
+    await asyncio.sleep(0.15)
+    [late] = await backend.strategy.claim(backend.store, [(request(SLOT, "b"), policy)])
+    assert isinstance(late, Claim) and late.outcome is Outcome.DONE
+    [entry] = await backend.strategy.history(backend.store, "sync", 10)
+    assert (entry.attempt, entry.status, entry.token) == (1, "interrupted", "a")
+
+
+async def test_done_after_finish_whatever_the_status(target: StoreTarget) -> None:
+    backend = await target.started_backend("lease")
+    policy = JobPolicy()
+    for slot, status in ((SLOT, "ok"), (SLOT + 1, "error")):
+        req = request(slot, "a")
+        [claim] = await backend.strategy.claim(backend.store, [(req, policy)])
+        assert isinstance(claim, Claim)
+        message = "boom" if status == "error" else None
+        assert await backend.strategy.finish(backend.store, req, claim, policy, record(req, claim, status, message))
+        [after] = await backend.strategy.claim(backend.store, [(request(slot, "b"), policy)])
+        assert isinstance(after, Claim) and after.outcome is Outcome.DONE
+    [error, ok] = await backend.strategy.history(backend.store, "sync", 10)
+    assert (error.status, error.message, ok.status, ok.message) == ("error", "boom", "ok", None)
+
+
+async def test_a_retried_claim_recognises_its_own_token(target: StoreTarget, strategy: str) -> None:
+    if strategy == "stream-id":
+        pytest.skip("stream-id cannot tell its own earlier XADD from another instance's")
+    backend = await target.started_backend(strategy)
+    req = request(SLOT, "mine")
+    [first] = await backend.strategy.claim(backend.store, [(req, JobPolicy())])
+    [retry] = await backend.strategy.claim(backend.store, [(req, JobPolicy())])
+    assert isinstance(first, Claim) and isinstance(retry, Claim)
+    assert first.outcome is retry.outcome is Outcome.WON
+    assert first.fence == retry.fence
+
+
+async def test_overlap_is_refused_while_another_run_holds_a_live_lease(target: StoreTarget) -> None:
+    backend = await target.started_backend("lease")
+    forbid, allow = JobPolicy(lease_ms=5_000), JobPolicy(lease_ms=5_000, overlap=True)
+    [old] = await backend.strategy.claim(backend.store, [(request(SLOT, "a"), forbid)])
+    assert isinstance(old, Claim) and old.outcome is Outcome.WON
+    [next_run] = await backend.strategy.claim(backend.store, [(request(SLOT + 60_000, "b"), forbid)])
+    assert isinstance(next_run, Claim) and next_run.outcome is Outcome.OVERLAP
+    [again] = await backend.strategy.claim(backend.store, [(request(SLOT + 60_000, "c"), forbid)])
+    assert isinstance(again, Claim) and again.outcome is Outcome.DONE  # the skip was recorded once
+    [allowed] = await backend.strategy.claim(backend.store, [(request(SLOT + 120_000, "d"), allow)])
+    assert isinstance(allowed, Claim) and allowed.outcome is Outcome.WON
+    statuses = [(r.slot, r.status) for r in await backend.strategy.history(backend.store, "sync", 10)]
+    assert statuses == [(SLOT + 60_000, "skipped-overlap")]
+
+
+async def test_keys_and_types_are_the_documented_ones(target: StoreTarget, strategy: str) -> None:
+    backend = await target.started_backend(strategy, prefix="billing:cron:")
+    policy = JobPolicy(lease_ms=5_000, overlap=True)
+    running, finished = request(SLOT, "a"), request(SLOT + 1000, "a")
+    manual = RunRequest("sync", "m1-x", SLOT + 5, "m", "runner-m", manual=True)
+    claims = await backend.strategy.claim(backend.store, [(running, policy), (finished, policy), (manual, policy)])
+    assert all(isinstance(c, Claim) and c.outcome is Outcome.WON for c in claims), claims
+    claim = claims[1]
+    assert isinstance(claim, Claim)
+    await backend.strategy.finish(backend.store, finished, claim, policy, record(finished, claim))
+    if strategy == "lease":
+        expected = {
+            "{billing:cron:sync}:state": "hash",
+            "{billing:cron:sync}:active": "set",
+            "{billing:cron:sync}:slots": "zset",
+            "{billing:cron:sync}:runs": "stream",
+            "{billing:cron:sync}:results": "zset",
+        }
+    else:
+        expected = {
+            "billing:cron:sync:runs": "stream",
+            "billing:cron:sync:manual": "stream",
+            "billing:cron:sync:results": "zset",
+        }
+    expected["billing:cron:format"] = "string"
+    keys = await target.raw("KEYS", "*")
+    assert sorted(keys) == sorted(expected)
+    for key, kind in expected.items():
+        assert await target.raw("TYPE", key) == kind, key
+    assert await target.raw("GET", "billing:cron:format") == "1"
+
+
+async def test_history_is_trimmed_but_never_a_running_or_claimable_run(target: StoreTarget, strategy: str) -> None:
+    backend = await target.started_backend(strategy)
+    keep_none = JobPolicy(lease_ms=60_000, history_size=5, keep_ms=0, overlap=True)
+    now = int(await target.server_ms())
+    old_running = request(now - 3_600_000 - 1, "long")  # an hour old, still running
+    [claim] = await backend.strategy.claim(backend.store, [(old_running, keep_none)])
+    assert isinstance(claim, Claim) and claim.outcome is Outcome.WON
+    for i in range(30):
+        req = request(now - 3_600_000 + i * 1000, "a")
+        [c] = await backend.strategy.claim(backend.store, [(req, keep_none)])
+        assert isinstance(c, Claim)
+        await backend.strategy.finish(backend.store, req, c, keep_none, record(req, c))
+    results = "{cron:sync}:results" if strategy == "lease" else "cron:sync:results"
+    assert await target.raw("ZCARD", results) == 5
+    if strategy == "lease":
+        assert await target.raw("ZCARD", "{cron:sync}:slots") <= 5 + 1 + 100
+        # The hour-old run is still in progress: its state stays, and a backup still gets "running".
+        [still] = await backend.strategy.claim(backend.store, [(request(old_running.slot, "b"), keep_none)])
+        assert isinstance(still, Claim) and still.outcome is Outcome.RUNNING
+        # Runs a late claim could still ask for are kept: with a long keep_ms nothing finished is dropped.
+        keep_all = JobPolicy(lease_ms=60_000, history_size=5, keep_ms=86_400_000, overlap=True)
+        for i in range(30):
+            req = request(now + i * 1000, "k")
+            [c] = await backend.strategy.claim(backend.store, [(req, keep_all)])
+            assert isinstance(c, Claim)
+            await backend.strategy.finish(backend.store, req, c, keep_all, record(req, c))
+        [replay] = await backend.strategy.claim(backend.store, [(request(now, "late"), keep_all)])
+        assert isinstance(replay, Claim) and replay.outcome is Outcome.DONE
+    else:
+        runs_len = await target.raw("XLEN", "cron:sync:runs")
+        assert runs_len >= 5
+        if strategy == "script":
+            # Every entry lies inside the 5-minute window a late claim still reads: none may go.
+            assert runs_len == 31
+
+
+async def test_script_forgets_a_run_after_its_window(target: StoreTarget) -> None:
+    backend = await target.started_backend({"name": "script", "window_ms": 100})
+    [first] = await backend.strategy.claim(backend.store, [(request(SLOT, "a"), JobPolicy())])
+    [lost] = await backend.strategy.claim(backend.store, [(request(SLOT, "b"), JobPolicy())])
+    await asyncio.sleep(0.15)
+    [again] = await backend.strategy.claim(backend.store, [(request(SLOT, "c"), JobPolicy())])
+    assert [c.outcome for c in (first, lost, again)] == [Outcome.WON, Outcome.LOST, Outcome.WON]  # type: ignore[union-attr]
+
+
+async def test_stream_id_misses_an_earlier_slot_claimed_after_a_later_one(target: StoreTarget) -> None:
+    backend = await target.started_backend("stream-id")
+    [later] = await backend.strategy.claim(backend.store, [(request(SLOT + 1000, "a"), JobPolicy())])
+    [earlier] = await backend.strategy.claim(backend.store, [(request(SLOT, "b"), JobPolicy())])
+    assert (later.outcome, earlier.outcome) == (Outcome.WON, Outcome.LOST)  # type: ignore[union-attr]
+
+
+async def test_a_newer_store_format_is_refused_and_left_untouched(target: StoreTarget, strategy: str) -> None:
+    await target.raw("SET", "cron:format", "2")
+    backend = target.backend(strategy)
+    with pytest.raises(StoreFormatError) as caught:
+        await backend.start(["sync"])
+    assert caught.value.code == "ANARCHON_STORE_FORMAT"
+    assert "ANARCHON_STORE_FORMAT" in str(caught.value)
+    assert await target.raw("KEYS", "*") == ["cron:format"]
+    assert await target.raw("GET", "cron:format") == "2"
+
+
+async def test_noscript_is_handled_transparently(target: StoreTarget, strategy: str) -> None:
+    backend = await target.started_backend(strategy)
+    [first] = await backend.strategy.claim(backend.store, [(request(SLOT, "a"), OVERLAP_OK)])
+    await target.raw("SCRIPT", "FLUSH")
+    [second] = await backend.strategy.claim(backend.store, [(request(SLOT + 1000, "a"), OVERLAP_OK)])
+    await target.raw("SCRIPT", "FLUSH")
+    [third] = await backend.strategy.claim(backend.store, [(request(SLOT + 1000, "b"), OVERLAP_OK)])
+    expected_third = Outcome.RUNNING if strategy == "lease" else Outcome.LOST
+    assert [c.outcome for c in (first, second, third)] == [Outcome.WON, Outcome.WON, expected_third]  # type: ignore[union-attr]
+
+
+async def test_idmp_refuses_to_start_where_unsupported(target: StoreTarget) -> None:
+    if target.supports_idmp:
+        pytest.skip(f"{target.name} supports idmp")
+    backend = target.backend("idmp", as_redis=True)  # ValkeyBackend would refuse idmp at creation
+    with pytest.raises(UnsupportedStrategyError) as caught:
+        await backend.start(["sync"])
+    for other in ("'lease'", "'stream-id'", "'script'"):
+        assert other in str(caught.value)
+    assert await target.raw("KEYS", "*") == []  # refused before writing anything
+
+
+async def test_idmp_configures_the_stream_once(target: StoreTarget) -> None:
+    if not target.supports_idmp:
+        pytest.skip(f"idmp needs Redis 8.6+; {target.name} is {target.describe}")
+    backend = await target.started_backend({"name": "idmp", "duration_sec": 900, "max_size": 50})
+    info = await target.raw("XINFO", "STREAM", "cron:sync:runs")
+    fields = dict(zip(info[::2], info[1::2], strict=True))
+    assert (fields["idmp-duration"], fields["idmp-maxsize"]) == (900, 50)
+    [won] = await backend.strategy.claim(backend.store, [(request(SLOT, "a"), JobPolicy())])
+    await backend.strategy.prepare(backend.store, ["sync"])  # same values: must not clear what the server tracks
+    [lost] = await backend.strategy.claim(backend.store, [(request(SLOT, "b"), JobPolicy())])
+    assert (won.outcome, lost.outcome) == (Outcome.WON, Outcome.LOST)  # type: ignore[union-attr]
+
+
+async def test_results_are_json_records(target: StoreTarget, strategy: str) -> None:
+    backend = await target.started_backend(strategy)
+    req = request(SLOT, "a")
+    [claim] = await backend.strategy.claim(backend.store, [(req, JobPolicy())])
+    assert isinstance(claim, Claim)
+    message = 'quotes " and \\ backslashes\nand newlines'
+    await backend.strategy.finish(backend.store, req, claim, JobPolicy(), record(req, claim, "error", message))
+    results = "{cron:sync}:results" if strategy == "lease" else "cron:sync:results"
+    [member] = await target.raw("ZRANGE", results, 0, -1)
+    assert json.loads(member)["message"] == message
+    [entry] = await backend.strategy.history(backend.store, "sync", 5)
+    assert (entry.job, entry.slot, entry.status, entry.message, entry.runner) == (
+        "sync",
+        SLOT,
+        "error",
+        message,
+        "runner-a",
+    )

@@ -1,0 +1,112 @@
+"""Slots as pure functions of time, including both daylight saving transitions."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from zoneinfo import ZoneInfo
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from anarchon._cron import CronSchedule
+
+BERLIN = ZoneInfo("Europe/Berlin")
+NEW_YORK = ZoneInfo("America/New_York")
+
+
+def ms(year: int, month: int, day: int, hour: int = 0, minute: int = 0, tz: ZoneInfo = BERLIN, fold: int = 0) -> int:
+    return int(datetime(year, month, day, hour, minute, tzinfo=tz, fold=fold).timestamp() * 1000)
+
+
+def local(slots: list[int], tz: ZoneInfo = BERLIN) -> list[str]:
+    return [datetime.fromtimestamp(s / 1000, tz).strftime("%m-%d %H:%M %Z") for s in slots]
+
+
+def slots(expression: str, start: int, hours: float, tz: ZoneInfo = BERLIN) -> list[int]:
+    return list(CronSchedule(expression, tz).slots_between(start, start + int(hours * 3_600_000)))
+
+
+def test_five_and_six_fields() -> None:
+    assert slots("*/10 * * * * *", 0, 1 / 60, ZoneInfo("UTC")) == [10_000, 20_000, 30_000, 40_000, 50_000, 60_000]
+    assert slots("*/20 * * * *", 0, 1, ZoneInfo("UTC")) == [1_200_000, 2_400_000, 3_600_000]
+
+
+def test_next_after_is_strict_and_ignores_milliseconds_within_a_slot() -> None:
+    every_second = CronSchedule("* * * * * *")
+    assert every_second.next_after(10_000) == 11_000
+    assert every_second.next_after(10_999) == 11_000
+    assert every_second.next_after(9_999) == 10_000
+
+
+@pytest.mark.parametrize(
+    ("expression", "expected"),
+    [
+        # The daily run at 02:30 falls in the skipped hour: it runs at 03:00, once.
+        ("30 2 * * *", ["03-29 03:00 CEST", "03-30 02:30 CEST"]),
+        # Several times in the skipped hour: one run at 03:00 (Debian's cron would drop all four).
+        ("*/15 2 * * *", ["03-29 03:00 CEST", "03-30 02:00 CEST", "03-30 02:15 CEST"]),
+        # A time right after the jump is not doubled.
+        ("0 3 * * *", ["03-29 03:00 CEST", "03-30 03:00 CEST"]),
+    ],
+)
+def test_clocks_going_forward_lose_no_run(expression: str, expected: list[str]) -> None:
+    assert local(slots(expression, ms(2026, 3, 29), 28.3))[: len(expected)] == expected
+
+
+def test_frequent_jobs_skip_only_the_hour_that_does_not_exist() -> None:
+    found = local(slots("*/30 * * * *", ms(2026, 3, 29, 1), 2.1))
+    assert found == ["03-29 01:30 CET", "03-29 03:00 CEST", "03-29 03:30 CEST", "03-29 04:00 CEST"]
+
+
+def test_clocks_going_back_do_not_run_a_fixed_time_twice() -> None:
+    found = slots("30 2 * * *", ms(2026, 10, 24, 12), 48)
+    assert local(found) == ["10-25 02:30 CEST", "10-26 02:30 CET"]
+
+
+def test_clocks_going_back_keep_frequent_jobs_going_through_both_passes() -> None:
+    found = slots("*/30 * * * *", ms(2026, 10, 25, 1, 45), 2)
+    assert local(found) == ["10-25 02:00 CEST", "10-25 02:30 CEST", "10-25 02:00 CET", "10-25 02:30 CET"]
+    assert found == sorted(set(found))  # distinct instants, half an hour apart
+    assert {b - a for a, b in zip(found, found[1:], strict=False)} == {1_800_000}
+
+
+def test_new_york_transitions() -> None:
+    spring = slots("30 2 * * *", ms(2026, 3, 8, tz=NEW_YORK), 24, NEW_YORK)
+    assert local(spring, NEW_YORK) == ["03-08 03:00 EDT"]
+    autumn = slots("30 1 * * *", ms(2026, 11, 1, tz=NEW_YORK), 24, NEW_YORK)
+    assert local(autumn, NEW_YORK) == ["11-01 01:30 EDT"]
+
+
+def test_a_yearly_run_in_the_gap_is_kept() -> None:
+    found = slots("30 2 29 3 *", ms(2026, 3, 1), 24 * 400)
+    assert local(found) == ["03-29 03:00 CEST", "03-29 02:30 CET"][:1] + ["03-29 02:30 CEST"]
+
+
+@given(
+    expression=st.sampled_from(["*/7 * * * *", "0 */3 * * *", "15 2 * * *", "*/20 2,3 * * 0", "0 0 1 * *"]),
+    start=st.integers(min_value=ms(2025, 1, 1, tz=ZoneInfo("UTC")), max_value=ms(2028, 1, 1, tz=ZoneInfo("UTC"))),
+    zone=st.sampled_from(["Europe/Berlin", "America/New_York", "Australia/Lord_Howe", "UTC"]),
+)
+def test_slots_strictly_increase_and_match_next_after(expression: str, start: int, zone: str) -> None:
+    schedule = CronSchedule(expression, ZoneInfo(zone))
+    found = list(schedule.slots_between(start, start + 40 * 86_400_000))
+    assert found == sorted(set(found))
+    assert all(s % 1000 == 0 for s in found)
+    if found:
+        assert schedule.next_after(start) == found[0]
+        assert schedule.next_after(found[-1] - 1) == found[-1]
+
+
+def test_slots_do_not_depend_on_the_machine_time_zone(monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    reference = slots("0 9 * * 1-5", ms(2026, 6, 1), 24 * 7)
+    monkeypatch.setenv("TZ", "Asia/Kolkata")
+    time.tzset()
+    try:
+        assert slots("0 9 * * 1-5", ms(2026, 6, 1), 24 * 7) == reference
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+    assert datetime.fromtimestamp(reference[0] / 1000, UTC).hour == 7  # 09:00 CEST
