@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from anarchon import RunRecord, StoreFormatError, UnsupportedStrategyError
+from anarchon import RedisBackend, RunRecord, StoreFormatError, UnsupportedStrategyError
 from anarchon._strategies import Claim, JobPolicy, Outcome, RunRequest
 from tests.anarchon.support import StoreTarget
 
@@ -20,6 +20,12 @@ OVERLAP_OK = JobPolicy(overlap=True)  # several runs of one job live at once, wh
 def request(run: int | str, token: str, *, job: str = "sync", manual: bool = False) -> RunRequest:
     slot = run if isinstance(run, int) else SLOT
     return RunRequest(job, str(run), slot, token, f"runner-{token}", manual)
+
+
+async def claim_one(backend: RedisBackend[Any], req: RunRequest, policy: JobPolicy) -> Claim:
+    [result] = await backend.strategy.claim(backend.store, [(req, policy)])
+    assert isinstance(result, Claim), result
+    return result
 
 
 def record(req: RunRequest, claim: Claim, status: Any = "ok", message: str | None = None) -> RunRecord:
@@ -44,7 +50,7 @@ async def test_one_winner_among_20_concurrent_claimers(target: StoreTarget, stra
         claims = await asyncio.gather(
             *(b.strategy.claim(b.store, [(request(slot, f"t{i}"), policy)]) for i, b in enumerate(backends))
         )
-        outcomes = [claim.outcome for [claim] in claims]  # type: ignore[union-attr]
+        outcomes = [claim.outcome for [claim] in claims]
         assert outcomes.count(Outcome.WON) == 1, outcomes
         loser = Outcome.RUNNING if strategy == "lease" else Outcome.LOST
         assert outcomes.count(loser) == 19, outcomes
@@ -54,17 +60,16 @@ async def test_a_claim_batch_is_answered_in_order(target: StoreTarget, strategy:
     backend = await target.started_backend(strategy)
     policy = OVERLAP_OK
     first = await backend.strategy.claim(backend.store, [(request(SLOT + i, "a"), policy) for i in range(50)])
-    assert [c.outcome for c in first] == [Outcome.WON] * 50  # type: ignore[union-attr]
+    assert [c.outcome for c in first] == [Outcome.WON] * 50
     again = await backend.strategy.claim(backend.store, [(request(SLOT + i, "b"), policy) for i in range(50)])
-    assert {c.outcome for c in again} == {Outcome.RUNNING if strategy == "lease" else Outcome.LOST}  # type: ignore[union-attr]
+    assert {c.outcome for c in again} == {Outcome.RUNNING if strategy == "lease" else Outcome.LOST}
 
 
 async def test_stale_tokens_cannot_heartbeat_or_finish(target: StoreTarget) -> None:
     backend = await target.started_backend("lease")
     policy = JobPolicy(lease_ms=5_000)
     mine, other = request(SLOT, "mine"), request(SLOT, "other")
-    [claim] = await backend.strategy.claim(backend.store, [(mine, policy)])
-    assert isinstance(claim, Claim)
+    claim = await claim_one(backend, mine, policy)
     assert claim.outcome is Outcome.WON
     assert await backend.strategy.heartbeat(backend.store, other, policy) == 0
     assert not await backend.strategy.finish(backend.store, other, claim, policy, record(other, claim))
@@ -77,14 +82,13 @@ async def test_expired_lease_is_taken_over_with_a_new_attempt_and_a_larger_fence
     backend = await target.started_backend("lease")
     policy = JobPolicy(lease_ms=150, max_attempts=3)
     first, backup = request(SLOT, "first"), request(SLOT, "backup")
-    [won] = await backend.strategy.claim(backend.store, [(first, policy)])
-    [standby] = await backend.strategy.claim(backend.store, [(backup, policy)])
-    assert isinstance(won, Claim) and isinstance(standby, Claim)
+    won = await claim_one(backend, first, policy)
+    standby = await claim_one(backend, backup, policy)
     assert (won.outcome, won.attempt) == (Outcome.WON, 1)
     assert standby.outcome is Outcome.RUNNING
     assert 0 < standby.lease_ms_left <= 150
     await asyncio.sleep(0.2)
-    [taken] = await backend.strategy.claim(backend.store, [(backup, policy)])
+    taken = await claim_one(backend, backup, policy)
     assert isinstance(taken, Claim)
     assert (taken.outcome, taken.attempt) == (Outcome.WON, 2)
     assert taken.fence > won.fence
@@ -99,11 +103,11 @@ async def test_expired_lease_is_taken_over_with_a_new_attempt_and_a_larger_fence
 async def test_a_run_out_of_attempts_is_done_and_recorded_interrupted(target: StoreTarget) -> None:
     backend = await target.started_backend("lease")
     policy = JobPolicy(lease_ms=100, max_attempts=1)
-    [won] = await backend.strategy.claim(backend.store, [(request(SLOT, "a"), policy)])
-    assert isinstance(won, Claim) and won.outcome is Outcome.WON
+    won = await claim_one(backend, request(SLOT, "a"), policy)
+    assert won.outcome is Outcome.WON
     await asyncio.sleep(0.15)
-    [late] = await backend.strategy.claim(backend.store, [(request(SLOT, "b"), policy)])
-    assert isinstance(late, Claim) and late.outcome is Outcome.DONE
+    late = await claim_one(backend, request(SLOT, "b"), policy)
+    assert late.outcome is Outcome.DONE
     [entry] = await backend.strategy.history(backend.store, "sync", 10)
     assert (entry.attempt, entry.status, entry.token) == (1, "interrupted", "a")
 
@@ -113,12 +117,11 @@ async def test_done_after_finish_whatever_the_status(target: StoreTarget) -> Non
     policy = JobPolicy()
     for slot, status in ((SLOT, "ok"), (SLOT + 1, "error")):
         req = request(slot, "a")
-        [claim] = await backend.strategy.claim(backend.store, [(req, policy)])
-        assert isinstance(claim, Claim)
+        claim = await claim_one(backend, req, policy)
         message = "boom" if status == "error" else None
         assert await backend.strategy.finish(backend.store, req, claim, policy, record(req, claim, status, message))
-        [after] = await backend.strategy.claim(backend.store, [(request(slot, "b"), policy)])
-        assert isinstance(after, Claim) and after.outcome is Outcome.DONE
+        after = await claim_one(backend, request(slot, "b"), policy)
+        assert after.outcome is Outcome.DONE
     [error, ok] = await backend.strategy.history(backend.store, "sync", 10)
     assert (error.status, error.message, ok.status, ok.message) == ("error", "boom", "ok", None)
 
@@ -128,9 +131,8 @@ async def test_a_retried_claim_recognises_its_own_token(target: StoreTarget, str
         pytest.skip("stream-id cannot tell its own earlier XADD from another instance's")
     backend = await target.started_backend(strategy)
     req = request(SLOT, "mine")
-    [first] = await backend.strategy.claim(backend.store, [(req, JobPolicy())])
-    [retry] = await backend.strategy.claim(backend.store, [(req, JobPolicy())])
-    assert isinstance(first, Claim) and isinstance(retry, Claim)
+    first = await claim_one(backend, req, JobPolicy())
+    retry = await claim_one(backend, req, JobPolicy())
     assert first.outcome is retry.outcome is Outcome.WON
     assert first.fence == retry.fence
 
@@ -138,14 +140,14 @@ async def test_a_retried_claim_recognises_its_own_token(target: StoreTarget, str
 async def test_overlap_is_refused_while_another_run_holds_a_live_lease(target: StoreTarget) -> None:
     backend = await target.started_backend("lease")
     forbid, allow = JobPolicy(lease_ms=5_000), JobPolicy(lease_ms=5_000, overlap=True)
-    [old] = await backend.strategy.claim(backend.store, [(request(SLOT, "a"), forbid)])
-    assert isinstance(old, Claim) and old.outcome is Outcome.WON
-    [next_run] = await backend.strategy.claim(backend.store, [(request(SLOT + 60_000, "b"), forbid)])
-    assert isinstance(next_run, Claim) and next_run.outcome is Outcome.OVERLAP
-    [again] = await backend.strategy.claim(backend.store, [(request(SLOT + 60_000, "c"), forbid)])
-    assert isinstance(again, Claim) and again.outcome is Outcome.DONE  # the skip was recorded once
-    [allowed] = await backend.strategy.claim(backend.store, [(request(SLOT + 120_000, "d"), allow)])
-    assert isinstance(allowed, Claim) and allowed.outcome is Outcome.WON
+    old = await claim_one(backend, request(SLOT, "a"), forbid)
+    assert old.outcome is Outcome.WON
+    next_run = await claim_one(backend, request(SLOT + 60_000, "b"), forbid)
+    assert next_run.outcome is Outcome.OVERLAP
+    again = await claim_one(backend, request(SLOT + 60_000, "c"), forbid)
+    assert again.outcome is Outcome.DONE  # the skip was recorded once
+    allowed = await claim_one(backend, request(SLOT + 120_000, "d"), allow)
+    assert allowed.outcome is Outcome.WON
     statuses = [(r.slot, r.status) for r in await backend.strategy.history(backend.store, "sync", 10)]
     assert statuses == [(SLOT + 60_000, "skipped-overlap")]
 
@@ -158,7 +160,6 @@ async def test_keys_and_types_are_the_documented_ones(target: StoreTarget, strat
     claims = await backend.strategy.claim(backend.store, [(running, policy), (finished, policy), (manual, policy)])
     assert all(isinstance(c, Claim) and c.outcome is Outcome.WON for c in claims), claims
     claim = claims[1]
-    assert isinstance(claim, Claim)
     await backend.strategy.finish(backend.store, finished, claim, policy, record(finished, claim))
     if strategy == "lease":
         expected = {
@@ -187,29 +188,27 @@ async def test_history_is_trimmed_but_never_a_running_or_claimable_run(target: S
     keep_none = JobPolicy(lease_ms=60_000, history_size=5, keep_ms=0, overlap=True)
     now = int(await target.server_ms())
     old_running = request(now - 3_600_000 - 1, "long")  # an hour old, still running
-    [claim] = await backend.strategy.claim(backend.store, [(old_running, keep_none)])
-    assert isinstance(claim, Claim) and claim.outcome is Outcome.WON
+    claim = await claim_one(backend, old_running, keep_none)
+    assert claim.outcome is Outcome.WON
     for i in range(30):
         req = request(now - 3_600_000 + i * 1000, "a")
-        [c] = await backend.strategy.claim(backend.store, [(req, keep_none)])
-        assert isinstance(c, Claim)
+        c = await claim_one(backend, req, keep_none)
         await backend.strategy.finish(backend.store, req, c, keep_none, record(req, c))
     results = "{cron:sync}:results" if strategy == "lease" else "cron:sync:results"
     assert await target.raw("ZCARD", results) == 5
     if strategy == "lease":
         assert await target.raw("ZCARD", "{cron:sync}:slots") <= 5 + 1 + 100
         # The hour-old run is still in progress: its state stays, and a backup still gets "running".
-        [still] = await backend.strategy.claim(backend.store, [(request(old_running.slot, "b"), keep_none)])
-        assert isinstance(still, Claim) and still.outcome is Outcome.RUNNING
+        still = await claim_one(backend, request(old_running.slot, "b"), keep_none)
+        assert still.outcome is Outcome.RUNNING
         # Runs a late claim could still ask for are kept: with a long keep_ms nothing finished is dropped.
         keep_all = JobPolicy(lease_ms=60_000, history_size=5, keep_ms=86_400_000, overlap=True)
         for i in range(30):
             req = request(now + i * 1000, "k")
-            [c] = await backend.strategy.claim(backend.store, [(req, keep_all)])
-            assert isinstance(c, Claim)
+            c = await claim_one(backend, req, keep_all)
             await backend.strategy.finish(backend.store, req, c, keep_all, record(req, c))
-        [replay] = await backend.strategy.claim(backend.store, [(request(now, "late"), keep_all)])
-        assert isinstance(replay, Claim) and replay.outcome is Outcome.DONE
+        replay = await claim_one(backend, request(now, "late"), keep_all)
+        assert replay.outcome is Outcome.DONE
     else:
         runs_len = await target.raw("XLEN", "cron:sync:runs")
         assert runs_len >= 5
@@ -220,18 +219,18 @@ async def test_history_is_trimmed_but_never_a_running_or_claimable_run(target: S
 
 async def test_script_forgets_a_run_after_its_window(target: StoreTarget) -> None:
     backend = await target.started_backend({"name": "script", "window_ms": 100})
-    [first] = await backend.strategy.claim(backend.store, [(request(SLOT, "a"), JobPolicy())])
-    [lost] = await backend.strategy.claim(backend.store, [(request(SLOT, "b"), JobPolicy())])
+    first = await claim_one(backend, request(SLOT, "a"), JobPolicy())
+    lost = await claim_one(backend, request(SLOT, "b"), JobPolicy())
     await asyncio.sleep(0.15)
-    [again] = await backend.strategy.claim(backend.store, [(request(SLOT, "c"), JobPolicy())])
-    assert [c.outcome for c in (first, lost, again)] == [Outcome.WON, Outcome.LOST, Outcome.WON]  # type: ignore[union-attr]
+    again = await claim_one(backend, request(SLOT, "c"), JobPolicy())
+    assert [c.outcome for c in (first, lost, again)] == [Outcome.WON, Outcome.LOST, Outcome.WON]
 
 
 async def test_stream_id_misses_an_earlier_slot_claimed_after_a_later_one(target: StoreTarget) -> None:
     backend = await target.started_backend("stream-id")
-    [later] = await backend.strategy.claim(backend.store, [(request(SLOT + 1000, "a"), JobPolicy())])
-    [earlier] = await backend.strategy.claim(backend.store, [(request(SLOT, "b"), JobPolicy())])
-    assert (later.outcome, earlier.outcome) == (Outcome.WON, Outcome.LOST)  # type: ignore[union-attr]
+    later = await claim_one(backend, request(SLOT + 1000, "a"), JobPolicy())
+    earlier = await claim_one(backend, request(SLOT, "b"), JobPolicy())
+    assert (later.outcome, earlier.outcome) == (Outcome.WON, Outcome.LOST)
 
 
 async def test_a_newer_store_format_is_refused_and_left_untouched(target: StoreTarget, strategy: str) -> None:
@@ -247,13 +246,13 @@ async def test_a_newer_store_format_is_refused_and_left_untouched(target: StoreT
 
 async def test_noscript_is_handled_transparently(target: StoreTarget, strategy: str) -> None:
     backend = await target.started_backend(strategy)
-    [first] = await backend.strategy.claim(backend.store, [(request(SLOT, "a"), OVERLAP_OK)])
+    first = await claim_one(backend, request(SLOT, "a"), OVERLAP_OK)
     await target.raw("SCRIPT", "FLUSH")
-    [second] = await backend.strategy.claim(backend.store, [(request(SLOT + 1000, "a"), OVERLAP_OK)])
+    second = await claim_one(backend, request(SLOT + 1000, "a"), OVERLAP_OK)
     await target.raw("SCRIPT", "FLUSH")
-    [third] = await backend.strategy.claim(backend.store, [(request(SLOT + 1000, "b"), OVERLAP_OK)])
+    third = await claim_one(backend, request(SLOT + 1000, "b"), OVERLAP_OK)
     expected_third = Outcome.RUNNING if strategy == "lease" else Outcome.LOST
-    assert [c.outcome for c in (first, second, third)] == [Outcome.WON, Outcome.WON, expected_third]  # type: ignore[union-attr]
+    assert [c.outcome for c in (first, second, third)] == [Outcome.WON, Outcome.WON, expected_third]
 
 
 async def test_idmp_refuses_to_start_where_unsupported(target: StoreTarget) -> None:
@@ -274,17 +273,16 @@ async def test_idmp_configures_the_stream_once(target: StoreTarget) -> None:
     info = await target.raw("XINFO", "STREAM", "cron:sync:runs")
     fields = dict(zip(info[::2], info[1::2], strict=True))
     assert (fields["idmp-duration"], fields["idmp-maxsize"]) == (900, 50)
-    [won] = await backend.strategy.claim(backend.store, [(request(SLOT, "a"), JobPolicy())])
+    won = await claim_one(backend, request(SLOT, "a"), JobPolicy())
     await backend.strategy.prepare(backend.store, ["sync"])  # same values: must not clear what the server tracks
-    [lost] = await backend.strategy.claim(backend.store, [(request(SLOT, "b"), JobPolicy())])
-    assert (won.outcome, lost.outcome) == (Outcome.WON, Outcome.LOST)  # type: ignore[union-attr]
+    lost = await claim_one(backend, request(SLOT, "b"), JobPolicy())
+    assert (won.outcome, lost.outcome) == (Outcome.WON, Outcome.LOST)
 
 
 async def test_results_are_json_records(target: StoreTarget, strategy: str) -> None:
     backend = await target.started_backend(strategy)
     req = request(SLOT, "a")
-    [claim] = await backend.strategy.claim(backend.store, [(req, JobPolicy())])
-    assert isinstance(claim, Claim)
+    claim = await claim_one(backend, req, JobPolicy())
     message = 'quotes " and \\ backslashes\nand newlines'
     await backend.strategy.finish(backend.store, req, claim, JobPolicy(), record(req, claim, "error", message))
     results = "{cron:sync}:results" if strategy == "lease" else "cron:sync:results"

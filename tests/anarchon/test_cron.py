@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
 from datetime import UTC, datetime
 from zoneinfo import ZoneInfo
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from anarchon._cron import CronSchedule
@@ -68,7 +69,7 @@ def test_clocks_going_back_keep_frequent_jobs_going_through_both_passes() -> Non
     found = slots("*/30 * * * *", ms(2026, 10, 25, 1, 45), 2)
     assert local(found) == ["10-25 02:00 CEST", "10-25 02:30 CEST", "10-25 02:00 CET", "10-25 02:30 CET"]
     assert found == sorted(set(found))  # distinct instants, half an hour apart
-    assert {b - a for a, b in zip(found, found[1:], strict=False)} == {1_800_000}
+    assert {b - a for a, b in itertools.pairwise(found)} == {1_800_000}
 
 
 def test_new_york_transitions() -> None:
@@ -80,9 +81,10 @@ def test_new_york_transitions() -> None:
 
 def test_a_yearly_run_in_the_gap_is_kept() -> None:
     found = slots("30 2 29 3 *", ms(2026, 3, 1), 24 * 400)
-    assert local(found) == ["03-29 03:00 CEST", "03-29 02:30 CET"][:1] + ["03-29 02:30 CEST"]
+    assert local(found) == ["03-29 03:00 CEST", "03-29 02:30 CEST"]  # 2026 in the gap, 2027 on time
 
 
+@settings(deadline=None, max_examples=60)  # correctness only; speed is measured by the benchmarks
 @given(
     expression=st.sampled_from(["*/7 * * * *", "0 */3 * * *", "15 2 * * *", "*/20 2,3 * * 0", "0 0 1 * *"]),
     start=st.integers(min_value=ms(2025, 1, 1, tz=ZoneInfo("UTC")), max_value=ms(2028, 1, 1, tz=ZoneInfo("UTC"))),
@@ -90,7 +92,7 @@ def test_a_yearly_run_in_the_gap_is_kept() -> None:
 )
 def test_slots_strictly_increase_and_match_next_after(expression: str, start: int, zone: str) -> None:
     schedule = CronSchedule(expression, ZoneInfo(zone))
-    found = list(schedule.slots_between(start, start + 40 * 86_400_000))
+    found = list(schedule.slots_between(start, start + 10 * 86_400_000))
     assert found == sorted(set(found))
     assert all(s % 1000 == 0 for s in found)
     if found:
