@@ -19,27 +19,44 @@ from ._store import Arg, Command, Connection, Reply, ServerInfo, as_text, parse_
 
 T = TypeVar("T")
 
-# redis-py strips the error code from the server's reply and encodes it in the exception class instead.
-_REDIS_PY_CODES = {
+# redis-py and GLIDE strip the error code from the server's reply and encode it in an exception class (redis-py)
+# or an error kind in the message (GLIDE: "An error was signalled by the server: - NoScriptError: No matching…").
+_CODES = {
     "NoScriptError": "NOSCRIPT",
     "ReadOnlyError": "READONLY",
+    "ReadOnly": "READONLY",
     "ExecAbortError": "EXECABORT",
     "BusyLoadingError": "LOADING",
     "OutOfMemoryError": "OOM",
     "NoPermissionError": "NOPERM",
     "AskError": "ASK",
+    "Ask": "ASK",
     "MovedError": "MOVED",
+    "Moved": "MOVED",
     "TryAgainError": "TRYAGAIN",
+    "TryAgain": "TRYAGAIN",
     "ClusterDownError": "CLUSTERDOWN",
+    "ClusterDown": "CLUSTERDOWN",
     "ClusterCrossSlotError": "CROSSSLOT",
+    "CrossSlot": "CROSSSLOT",
     "MasterDownError": "MASTERDOWN",
+    "MasterDown": "MASTERDOWN",
 }
 _UNAVAILABLE = ("ConnectionError", "TimeoutError", "ClosingError", "BusyLoadingError", "MaxConnectionsError")
 _CODE_WORD = re.compile(r"[A-Z]{3,}\b")
+_GLIDE_KIND = re.compile(r"- (\w+): (.*)", re.DOTALL)
 
 
 def _class_names(error: BaseException) -> list[str]:
     return [cls.__name__ for cls in type(error).__mro__]
+
+
+def _reply_text(kinds: list[str], text: str) -> str:
+    """The server's error reply as the server sent it: with its code (NOSCRIPT, ERR, WRONGTYPE…) first."""
+    code = next((_CODES[kind] for kind in kinds if kind in _CODES), None)
+    if code:
+        return text if text.startswith(code) else f"{code} {text}"
+    return text if _CODE_WORD.match(text) else f"ERR {text}"
 
 
 def translate(error: BaseException) -> StoreError | None:
@@ -50,17 +67,11 @@ def translate(error: BaseException) -> StoreError | None:
     if any(name in _UNAVAILABLE for name in names) or isinstance(error, OSError | asyncio.TimeoutError):
         return StoreUnavailableError(f"store unavailable: {error}")
     if "ResponseError" in names:  # redis-py, valkey-py, fakeredis
-        text = str(error)
-        code = next((_REDIS_PY_CODES[n] for n in names if n in _REDIS_PY_CODES), None)
-        if code and not text.startswith(code):
-            text = f"{code} {text}"
-        elif not code and not _CODE_WORD.match(text):
-            text = f"ERR {text}"
-        return StoreReplyError(text)
+        return StoreReplyError(_reply_text(names, str(error)))
     if "RequestError" in names or "ExecAbortError" in names:  # GLIDE
-        text = str(error)
-        match = re.search(r"\b(NOSCRIPT|READONLY|ERR|WRONGTYPE|EXECABORT|LOADING|OOM|NOPERM|CROSSSLOT)\b.*", text)
-        return StoreReplyError(match.group(0) if match else text)
+        match = _GLIDE_KIND.search(str(error))
+        kind, text = (match.group(1), match.group(2)) if match else ("", str(error))
+        return StoreReplyError(_reply_text([kind], text.strip()))
     return None
 
 
@@ -165,23 +176,20 @@ class RedisPySync:
 
 
 class RedisPyCluster:
-    """redis-py / valkey-py cluster clients. Commands are routed to the node owning their key explicitly,
-    because the client's own routing needs ``str`` command names (see ``_wire_name``)."""
+    """redis-py / valkey-py cluster clients. Each command goes to the node that owns its key, through that
+    node's own connection: the cluster client's routing needs ``str`` command names (see ``_wire_name``)."""
 
     def __init__(self, client: Any, *, blocking: bool) -> None:
         self.client = client
         self.blocking = blocking
 
-    async def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        if self.blocking:
-            return await _guard(asyncio.to_thread(fn, *args, **kwargs))
-        return await _guard(fn(*args, **kwargs))
-
     async def execute(self, command: Command) -> Reply:
         key = _command_key(command)
         node = self.client.get_node_from_key(key) if key is not None else self.client.get_random_node()
-        reply = await self._call(self.client.execute_command, *_wire_name(command), target_nodes=node)
-        return decode(reply)
+        if self.blocking:  # a sync ClusterNode wraps a plain redis.Redis
+            call = asyncio.to_thread(node.redis_connection.execute_command, *_wire_name(command))
+            return decode(await _guard(call))
+        return decode(await _guard(node.execute_command(*_wire_name(command))))
 
     async def execute_many(self, commands: Sequence[Command]) -> list[Reply | StoreReplyError]:
         async def one(command: Command) -> Reply | StoreReplyError:
@@ -196,7 +204,10 @@ class RedisPyCluster:
         return parse_info(as_text(await self.execute(["INFO", "server"])))
 
     async def close(self) -> None:
-        await self._call(self.client.close if self.blocking else self.client.aclose)
+        if self.blocking:
+            await asyncio.to_thread(self.client.close)
+        else:
+            await self.client.aclose()
 
 
 class Glide:

@@ -1,0 +1,183 @@
+"""Every recognised client drives the same backend against a real server: redis-py (asyncio, sync, cluster),
+valkey-py, Valkey GLIDE (standalone and cluster), and a plain ``send(command, args)`` object."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+import redis
+import redis.asyncio
+import redis.asyncio.cluster
+import redis.cluster
+import valkey
+import valkey.asyncio
+from glide import (
+    GlideClient,
+    GlideClientConfiguration,
+    GlideClusterClient,
+    GlideClusterClientConfiguration,
+    NodeAddress,
+    ProtocolVersion,
+)
+
+from anarchon import RedisBackend, RunRecord, StoreReplyError
+from anarchon._strategies import Claim, JobPolicy, Outcome, RunRequest
+from sim.servers import RunningServer
+from sim.servers.testing import ServerPool, ServerUnderTest, flush
+
+SLOT = 1_700_000_000_000
+
+
+class SendClient:
+    """The smallest client anarchon accepts: ``send(command, args)`` returning the reply."""
+
+    def __init__(self, server: RunningServer) -> None:
+        self.client = redis.asyncio.Redis(host=server.host, port=server.port, protocol=2)
+        self.sent: list[str] = []
+
+    async def send(self, command: str, args: list[str]) -> Any:
+        self.sent.append(command)
+        return await self.client.execute_command(command.encode(), *args)
+
+    async def close(self) -> None:
+        await self.client.aclose()
+
+
+async def glide_standalone(server: RunningServer) -> Any:
+    config = GlideClientConfiguration([NodeAddress(server.host, server.port)], protocol=ProtocolVersion.RESP2)
+    return await GlideClient.create(config)
+
+
+async def glide_cluster(server: RunningServer) -> Any:
+    config = GlideClusterClientConfiguration([NodeAddress(server.host, server.port)], protocol=ProtocolVersion.RESP2)
+    return await GlideClusterClient.create(config)
+
+
+CLIENTS: dict[str, tuple[bool, Callable[[RunningServer], Any]]] = {  # name: (cluster server?, factory)
+    "redis-py-asyncio": (False, lambda s: redis.asyncio.Redis(host=s.host, port=s.port, protocol=2)),
+    "redis-py-sync": (False, lambda s: redis.Redis(host=s.host, port=s.port, protocol=2)),
+    "valkey-py-asyncio": (False, lambda s: valkey.asyncio.Valkey(host=s.host, port=s.port, protocol=2)),
+    "valkey-py-sync": (False, lambda s: valkey.Valkey(host=s.host, port=s.port, protocol=2)),
+    "glide": (False, glide_standalone),
+    "send": (False, SendClient),
+    "redis-py-asyncio-cluster": (
+        True,
+        lambda s: redis.asyncio.cluster.RedisCluster(host=s.host, port=s.port, protocol=2),
+    ),
+    "redis-py-sync-cluster": (True, lambda s: redis.cluster.RedisCluster(host=s.host, port=s.port, protocol=2)),
+    "glide-cluster": (True, glide_cluster),
+}
+
+
+async def _close(client: Any) -> None:
+    for name in ("aclose", "close"):
+        method = getattr(client, name, None)
+        if method is not None:
+            result = method()
+            if inspect.isawaitable(result):
+                await result
+            return
+
+
+@pytest.fixture(params=list(CLIENTS))
+async def client_on_server(
+    request: pytest.FixtureRequest, real_server: ServerUnderTest, server_pool: ServerPool
+) -> AsyncIterator[tuple[str, Any, RunningServer]]:
+    name: str = request.param
+    cluster, factory = CLIENTS[name]
+    running = server_pool.get(real_server.target, cluster=True) if cluster else real_server.running
+    assert running is not None
+    if cluster:
+        flush(running)
+    made = factory(running)
+    client = await made if inspect.isawaitable(made) else made
+    try:
+        yield name, client, running
+    finally:
+        await _close(client)
+
+
+def req(slot: int, token: str) -> RunRequest:
+    return RunRequest("sync", str(slot), slot, token, f"runner-{token}")
+
+
+async def test_every_client_drives_the_lease_strategy(client_on_server: tuple[str, Any, RunningServer]) -> None:
+    name, client, running = client_on_server
+    backend = RedisBackend(redis=client, prefix=f"{name}:")
+    await backend.start(["sync"])
+    assert backend.server is not None
+    assert backend.server.kind == ("valkey" if running.is_valkey else "redis")
+    assert ".".join(map(str, backend.server.version)) == running.version
+    store, strategy = backend.store, backend.strategy
+    policy = JobPolicy(lease_ms=5_000, overlap=True)
+
+    # A batch of claims in one round trip, answered in order.
+    claims = await strategy.claim(store, [(req(SLOT, "a"), policy), (req(SLOT + 1000, "a"), policy)])
+    assert [c.outcome for c in claims if isinstance(c, Claim)] == [Outcome.WON, Outcome.WON]
+    [backup] = await strategy.claim(store, [(req(SLOT, "b"), policy)])
+    assert isinstance(backup, Claim)
+    assert backup.outcome is Outcome.RUNNING
+    first = claims[0]
+    assert isinstance(first, Claim)
+
+    # Scripts evicted or lost (a restart, a promoted replica): reloaded without the caller noticing.
+    await store.execute("SCRIPT", "FLUSH")
+    assert await strategy.heartbeat(store, req(SLOT, "a"), policy) == 5_000
+    await store.execute("SCRIPT", "FLUSH")
+    [again] = await strategy.claim(store, [(req(SLOT, "c"), policy)])
+    assert isinstance(again, Claim)
+    assert again.outcome is Outcome.RUNNING
+
+    record = RunRecord(
+        job="sync", run=str(SLOT), slot=SLOT, attempt=1, status="ok", runner="runner-a", token="a",
+        fence=first.fence, manual=False, started=SLOT, ended=SLOT + 5,
+    )  # fmt: skip
+    assert await strategy.finish(store, req(SLOT, "a"), first, policy, record)
+    [history] = await strategy.history(store, "sync", 5)
+    assert (history.slot, history.status, history.token) == (SLOT, "ok", "a")
+
+    await backend.stop()  # the client was passed in: it stays open
+    assert await RedisBackend(redis=client, prefix=f"{name}:").strategy.history(store, "sync", 1)
+
+
+async def test_server_error_replies_are_translated(client_on_server: tuple[str, Any, RunningServer]) -> None:
+    name, client, _ = client_on_server
+    backend = RedisBackend(redis=client, strategy="stream-id", prefix=f"{name}:")
+    await backend.start(["sync"])
+    claims = await backend.strategy.claim(
+        backend.store, [(req(SLOT + 1000, "a"), JobPolicy()), (req(SLOT, "b"), JobPolicy())]
+    )
+    assert [c.outcome for c in claims if isinstance(c, Claim)] == [Outcome.WON, Outcome.LOST]
+    with pytest.raises(StoreReplyError) as caught:
+        await backend.store.execute("XADD", f"{name}:sync:runs", f"{SLOT}-0", "f", "v")
+    assert "equal or smaller" in caught.value.reply
+    assert caught.value.reply.startswith("ERR")
+    await backend.stop()
+
+
+async def test_anarchon_opens_and_closes_its_own_connection(real_server: ServerUnderTest) -> None:
+    backend = RedisBackend(redis=real_server.url(db=1))
+    await backend.start(["sync"])
+    admin = real_server.client(db=1)
+    assert admin.exists("cron:format") == 1
+    clients_before = len(admin.client_list())
+    await backend.stop()
+    for _ in range(50):  # the server notices the closed socket asynchronously
+        if len(admin.client_list()) < clients_before:
+            break
+        await asyncio.sleep(0.02)
+    assert len(admin.client_list()) < clients_before
+
+    options = RedisBackend(redis={"host": real_server.host, "port": real_server.port, "db": 2})
+    await options.start(["sync"])
+    assert real_server.client(db=2).exists("cron:format") == 1
+    await options.stop()
+
+
+def test_unrecognised_objects_are_refused() -> None:
+    with pytest.raises(TypeError, match="send"):
+        RedisBackend(redis=object())  # type: ignore[call-overload]
