@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import re
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Sequence
 from typing import Any, TypeVar, cast
 
 from ._errors import ConfigTypeError, StoreError, StoreReplyError, StoreUnavailableError
