@@ -297,10 +297,15 @@ def _fake_server_info(client: Any) -> ServerInfo | None:
     return ServerInfo("valkey" if kind == "valkey" else "redis", version)
 
 
+_CONNECTION_METHODS = ("execute", "execute_many", "server_info", "close")
+
+
 def adapt(client: object) -> Connection:
     """Wrap a client the user passed in. Raises ConfigTypeError for an object anarchon cannot drive."""
     module = type(client).__module__
     cls = type(client).__name__
+    if all(inspect.iscoroutinefunction(getattr(client, m, None)) for m in _CONNECTION_METHODS):
+        return cast(Connection, client)  # already speaks the seam (the simulator's store, test doubles)
     if module.startswith("glide"):
         return Glide(client, cluster="Cluster" in cls)
     execute_command = getattr(client, "execute_command", None)

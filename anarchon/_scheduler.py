@@ -50,6 +50,7 @@ RunEndHook = Callable[[RunContext, RunRecord], object]
 RETRY_MIN_S = 0.5
 RETRY_MAX_S = 30.0
 MAX_SLEEP_S = 60.0  # wake at least this often, so a wall clock that jumps is noticed
+LEASE_MARGIN = 0.05  # share of the lease a winner gives up, so that it stops before the store's lease end
 CLAIM_MARGIN_MS = 60_000  # kept beyond a job's claim horizon, for clock differences between instances
 
 
@@ -154,8 +155,9 @@ class Scheduler(Generic[M]):
         if not isinstance(self.clock, Clock):
             raise ConfigTypeError("clock", f"got {type(clock).__name__}", "an object with wall_ms, monotonic, sleep")
         self.random = _new_random() if random is None else random
-        default_id = f"{socket.gethostname()}-{os.getpid()}-{self.random.getrandbits(16):04x}"
-        self.instance_id = _check_instance_id(default_id if instance_id is None else instance_id)
+        if instance_id is None:
+            instance_id = f"{socket.gethostname()}-{os.getpid()}-{self.random.getrandbits(16):04x}"
+        self.instance_id = _check_instance_id(instance_id)
         for name, hook in (("on_run_start", on_run_start), ("on_run_end", on_run_end)):
             if hook is not None and not callable(hook):
                 raise ConfigTypeError(name, f"got {type(hook).__name__}", "a function, or None")
@@ -364,11 +366,12 @@ class Scheduler(Generic[M]):
         now = self.clock.wall_ms()
         token = self._token()
         request = RunRequest(job.name, f"m{now}-{token[:8]}", now, token, self.instance_id, manual=True)
+        sent = self.clock.monotonic()
         [claim] = await self.backend.strategy.claim(self.backend.store, [(request, self._policies[job.name])])
         if isinstance(claim, StoreError):
             raise claim
         if claim.outcome is Outcome.WON:
-            return await self._track(self._execute(job, request, claim))
+            return await self._track(self._execute(job, request, claim, sent))
         message = "another run of the job was still running"
         return self._local_record(request, "skipped-overlap", message)
 
@@ -432,14 +435,15 @@ class Scheduler(Generic[M]):
         if not batch:
             return
         strategy, store = self.backend.strategy, self.backend.store
+        sent = self.clock.monotonic()
         try:
             claims = await strategy.claim(store, [(request, self._policies[request.job]) for _, request in batch])
         except StoreError as error:
             claims = [error] * len(batch)
         for (entry, request), claim in zip(batch, claims, strict=True):
-            self._settle(entry, request, claim, now)
+            self._settle(entry, request, claim, now, sent)
 
-    def _settle(self, entry: _Due, request: RunRequest, claim: Claim | StoreError, now: int) -> None:
+    def _settle(self, entry: _Due, request: RunRequest, claim: Claim | StoreError, now: int, sent: float) -> None:
         job = self._jobs[request.job]
         if isinstance(claim, StoreError):
             delay_s = min(RETRY_MAX_S, RETRY_MIN_S * 2**entry.failures)
@@ -452,7 +456,7 @@ class Scheduler(Generic[M]):
             return
         extra = {"job": job.name, "slot": entry.slot, "attempt": claim.attempt}
         if claim.outcome is Outcome.WON:
-            self._spawn(self._execute(job, request, claim))
+            self._spawn(self._execute(job, request, claim, sent))
         elif claim.outcome is Outcome.RUNNING:
             log.debug("job %s slot %d: running elsewhere; standing by", job.name, entry.slot, extra=extra)
             self._push(now + claim.lease_ms_left + 1, job.name, entry.slot, "backup")
@@ -478,6 +482,7 @@ class Scheduler(Generic[M]):
         for slot in job.schedule.slots_between(now - job.options.catch_up_ms, now):
             request = RunRequest(job.name, str(slot), slot, self._token(), self.instance_id)
             while True:
+                sent = self.clock.monotonic()
                 [claim] = await self.backend.strategy.claim(self.backend.store, [(request, self._policies[job.name])])
                 if isinstance(claim, StoreUnavailableError):
                     await self.clock.sleep(RETRY_MIN_S)
@@ -490,7 +495,7 @@ class Scheduler(Generic[M]):
                     continue
                 if claim.outcome is Outcome.WON:
                     log.info("job %s: catching up slot %d", job.name, slot, extra={"job": job.name, "slot": slot})
-                    await self._execute(job, request, claim)
+                    await self._execute(job, request, claim, sent)
                 break
 
     # --- running -------------------------------------------------------------------------------------------
@@ -506,7 +511,8 @@ class Scheduler(Generic[M]):
         task.add_done_callback(self._tasks.discard)
         return await asyncio.shield(task)
 
-    async def _execute(self, job: Job, request: RunRequest, claim: Claim) -> RunRecord:
+    async def _execute(self, job: Job, request: RunRequest, claim: Claim, claim_sent: float) -> RunRecord:
+        """Run one won attempt; ``claim_sent`` is when the claim left (monotonic), where its lease counts from."""
         context = RunContext(
             job=job.name, slot=request.slot, attempt=claim.attempt, token=request.token, fence=claim.fence,
             manual=request.manual,
@@ -520,7 +526,7 @@ class Scheduler(Generic[M]):
         running.work = asyncio.create_task(self._call(job, context), name=f"anarchon-job-{job.name}")
         keeper = None
         if self.backend.leases:
-            keeper = asyncio.create_task(self._keep_lease(running, claim.lease_ms_left))
+            keeper = asyncio.create_task(self._keep_lease(running, claim_sent, claim.lease_ms_left))
         status: Status = "ok"
         message: str | None = None
         try:
@@ -561,11 +567,17 @@ class Scheduler(Generic[M]):
             return await result
         return result
 
-    async def _keep_lease(self, running: _Running, lease_ms_left: int) -> None:
-        """Heartbeat until the job ends; declare the lease lost when refused or when it ran out unrenewed."""
+    async def _keep_lease(self, running: _Running, sent: float, lease_ms_left: int) -> None:
+        """Heartbeat until the job ends; declare the lease lost when refused or when it ran out unrenewed.
+
+        The local deadline counts from when the claim or heartbeat was *sent*, which is never after the server
+        stamped the lease, and stops short of it by a margin: the job must be cancelled, and the cancellation
+        delivered, before the store can hand the run to a backup.
+        """
         clock, strategy = self.clock, self.backend.strategy
         policy = self._policies[running.request.job]
-        deadline = clock.monotonic() + lease_ms_left / 1000
+        margin_ms = self.lease_ms * LEASE_MARGIN
+        deadline = sent + (lease_ms_left - margin_ms) / 1000
         while True:
             left_s = deadline - clock.monotonic()
             if left_s <= 0:
@@ -583,7 +595,7 @@ class Scheduler(Generic[M]):
                 continue
             if ms <= 0:
                 return self._lose(running, "the heartbeat was refused: another attempt holds the run")
-            deadline = sent + ms / 1000
+            deadline = sent + (ms - margin_ms) / 1000
 
     def _lose(self, running: _Running, reason: str) -> None:
         request = running.request

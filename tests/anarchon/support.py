@@ -8,8 +8,9 @@ import fakeredis
 import redis.asyncio
 
 from anarchon import RedisBackend, ValkeyBackend
-from anarchon._adapters import RedisPyAsync
+from anarchon._adapters import RedisPyAsync, adapt
 from anarchon._store import Reply, Store
+from sim.links import Link
 
 
 class StoreTarget:
@@ -38,15 +39,25 @@ class StoreTarget:
         self._clients.append(client)
         return client
 
-    def backend(self, strategy: Any = "lease", prefix: str = "cron:", *, as_redis: bool = False) -> RedisBackend[Any]:
-        """A backend on a fresh connection: ValkeyBackend on Valkey unless ``as_redis``."""
+    def backend(
+        self, strategy: Any = "lease", prefix: str = "cron:", *, as_redis: bool = False, connection: Any = None
+    ) -> RedisBackend[Any]:
+        """A backend on a fresh connection (or ``connection``): ValkeyBackend on Valkey unless ``as_redis``."""
         backend: RedisBackend[Any]
+        connection = self.new_client() if connection is None else connection
         if self.is_valkey and not as_redis:
-            backend = ValkeyBackend(valkey=self.new_client(), strategy=strategy, prefix=prefix)
+            backend = ValkeyBackend(valkey=connection, strategy=strategy, prefix=prefix)
         else:
-            backend = RedisBackend(redis=self.new_client(), strategy=strategy, prefix=prefix)
+            backend = RedisBackend(redis=connection, strategy=strategy, prefix=prefix)
         self._backends.append(backend)
         return backend
+
+    def linked_backend(
+        self, strategy: Any = "lease", prefix: str = "cron:", name: str = "link"
+    ) -> tuple[RedisBackend[Any], Link]:
+        """A backend whose connection the test can cut (see sim.links.Link)."""
+        link = Link(adapt(self.new_client()), name)
+        return self.backend(strategy, prefix, connection=link), link
 
     async def started_backend(self, strategy: Any = "lease", prefix: str = "cron:") -> RedisBackend[Any]:
         backend = self.backend(strategy, prefix)

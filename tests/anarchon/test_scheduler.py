@@ -1,0 +1,484 @@
+"""The scheduler end to end: several instances in one process sharing one store, in real time.
+
+Integration tests run on every target of the matrix; the ones that only exercise the scheduler's own logic run on
+the embedded store. Every test checks what was executed against a ledger kept outside the store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from anarchon import (
+    JobNotFoundError,
+    RunContext,
+    RunRecord,
+    Scheduler,
+    SchedulerStateError,
+    SystemClock,
+)
+from anarchon._scheduler import SchedulerThread
+from sim.servers.testing import ServerUnderTest
+from tests.anarchon.support import StoreTarget
+
+STRATEGIES = ("lease", "stream-id", "idmp", "script")
+
+
+@dataclass(frozen=True)
+class Execution:
+    instance: str
+    job: str
+    slot: int
+    attempt: int
+    manual: bool
+    started: float  # time.monotonic(), the same clock for every instance of the test
+    ended: float | None = None
+
+
+@dataclass
+class Ledger:
+    """Every execution of a job function, kept outside the store."""
+
+    executions: list[Execution] = field(default_factory=list)
+
+    def job(self, instance: str, seconds: float = 0.0) -> Any:
+        async def work(run: RunContext) -> None:
+            self.executions.append(Execution(instance, run.job, run.slot, run.attempt, run.manual, time.monotonic()))
+            if seconds:
+                await asyncio.sleep(seconds)
+
+        return work
+
+    def slots(self, job: str | None = None) -> Counter[int]:
+        return Counter(e.slot for e in self.executions if not e.manual and (job is None or e.job == job))
+
+
+class OffsetClock(SystemClock):
+    """The machine's clock, shifted: an instance whose wall clock is ahead of or behind the others."""
+
+    def __init__(self, offset_ms: int) -> None:
+        self.offset_ms = offset_ms
+
+    def wall_ms(self) -> int:
+        return super().wall_ms() + self.offset_ms
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def second_from_now(seconds: int) -> str:
+    """A cron expression (seconds field first) that fires once a minute, ``seconds`` from now."""
+    return f"{(int(time.time()) + seconds) % 60} * * * * *"
+
+
+def strategies_for(target: StoreTarget) -> list[str]:
+    return [s for s in STRATEGIES if s != "idmp" or target.supports_idmp]
+
+
+def lease_options(strategy: str, **options: Any) -> dict[str, Any]:
+    return options if strategy == "lease" else {}
+
+
+@pytest.fixture
+async def fake_target() -> Any:
+    store_target = StoreTarget(ServerUnderTest.fake())
+    try:
+        yield store_target
+    finally:
+        await store_target.close()
+
+
+# --- on every target ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+async def test_three_schedulers_run_every_slot_exactly_once(target: StoreTarget) -> None:
+    """A job every second for 20 s, three instances, every strategy side by side on one store."""
+    ledger = Ledger()
+    schedulers: list[Scheduler[Any]] = []
+    for strategy in strategies_for(target):
+        for i in range(3):
+            scheduler: Scheduler[Any] = Scheduler(
+                target.backend(strategy, prefix=f"{strategy}:"),
+                instance_id=f"{strategy}-{i}",
+                **lease_options(strategy, lease_ms=3_000),
+            )
+            scheduler.add_job(strategy, "* * * * * *", ledger.job(f"{strategy}-{i}"))
+            schedulers.append(scheduler)
+    await asyncio.gather(*(s.start() for s in schedulers))
+    first = now_ms() // 1000 * 1000 + 1000
+    await asyncio.sleep(20)
+    last = now_ms() // 1000 * 1000 - 1000
+    await asyncio.gather(*(s.stop() for s in schedulers))
+    expected = set(range(first, last + 1, 1000))
+    assert len(expected) >= 18
+    for strategy in strategies_for(target):
+        counts = ledger.slots(strategy)
+        assert {slot for slot in expected if counts[slot] != 1} == set(), (strategy, counts)
+        assert max(counts.values()) == 1, strategy
+        runners = {e.instance for e in ledger.executions if e.job == strategy}
+        assert runners <= {f"{strategy}-{i}" for i in range(3)}
+
+
+async def test_a_backup_reruns_the_slot_of_a_winner_cut_off_mid_run(target: StoreTarget) -> None:
+    ledger = Ledger()
+    lost: list[tuple[str, bool, float]] = []
+    started = asyncio.Event()
+    links = {}
+    schedulers = []
+    cron = second_from_now(2)
+
+    def job(instance: str) -> Any:
+        async def work(run: RunContext) -> None:
+            ledger.executions.append(Execution(instance, run.job, run.slot, run.attempt, False, time.monotonic()))
+            started.set()
+            try:
+                await asyncio.sleep(1.5)
+            except asyncio.CancelledError:
+                lost.append((instance, run.lease_is_lost, time.monotonic()))
+                raise
+
+        return work
+
+    for i in range(3):
+        backend, links[f"i{i}"] = target.linked_backend("lease", name=f"i{i}")
+        scheduler = Scheduler(backend, instance_id=f"i{i}", lease_ms=600, heartbeat_ms=150)
+        scheduler.add_job("long", cron, job(f"i{i}"), max_attempts=3)
+        schedulers.append(scheduler)
+    await asyncio.gather(*(s.start() for s in schedulers))
+    await asyncio.wait_for(started.wait(), 5)
+    winner = ledger.executions[0]
+    links[winner.instance].cut()  # it can no longer heartbeat, nor finish
+    await asyncio.sleep(3)
+    links[winner.instance].heal()
+    history = await schedulers[(int(winner.instance[1]) + 1) % 3].history("long")
+    await asyncio.gather(*(s.stop() for s in schedulers))
+
+    attempts = [(e.instance, e.attempt) for e in ledger.executions]
+    assert len(attempts) == 2, attempts
+    assert attempts[0] == (winner.instance, 1)
+    backup = ledger.executions[1]
+    assert backup.instance != winner.instance
+    assert (backup.slot, backup.attempt) == (winner.slot, 2)
+    # The cut-off winner learnt that its lease was lost and stopped before the backup started.
+    [(instance, lease_was_lost, stopped_at)] = lost
+    assert (instance, lease_was_lost) == (winner.instance, True)
+    assert stopped_at < backup.started
+    assert [(r.attempt, r.status) for r in history] == [(2, "ok"), (1, "interrupted")]
+
+
+async def test_catch_up_runs_the_slots_missed_while_every_instance_was_down(target: StoreTarget) -> None:
+    ledger = Ledger()
+
+    def make(i: int) -> Scheduler[Any]:
+        scheduler = Scheduler(target.backend("lease"), instance_id=f"i{i}", lease_ms=2_000)
+        scheduler.add_job("tick", "* * * * * *", ledger.job(f"i{i}"), catch_up_ms=10_000)
+        return scheduler
+
+    first_pair = [make(0), make(1)]
+    await asyncio.gather(*(s.start() for s in first_pair))
+    first = now_ms() // 1000 * 1000 + 1000
+    await asyncio.sleep(2.5)
+    await asyncio.gather(*(s.stop() for s in first_pair))
+    down_from = now_ms()
+    await asyncio.sleep(5)
+    late = make(2)
+    await late.start()
+    await asyncio.sleep(2)
+    last = now_ms() // 1000 * 1000 - 1000
+    await late.stop()
+
+    counts = ledger.slots()
+    expected = set(range(first, last + 1, 1000))
+    assert {slot for slot in expected if counts[slot] != 1} == set(), counts
+    caught_up = {e.slot for e in ledger.executions if e.instance == "i2" and e.slot < down_from + 5_000}
+    assert len(caught_up) >= 4  # the slots of the 5 s when nobody ran
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+async def test_run_now_while_a_scheduled_run_is_going(target: StoreTarget, overlap: bool) -> None:
+    ledger = Ledger()
+    started = asyncio.Event()
+    scheduler = Scheduler(
+        target.backend("lease"), instance_id="a", lease_ms=2_000, on_run_start=lambda run: started.set()
+    )
+    scheduler.add_job("long", second_from_now(1), ledger.job("a", seconds=1.5), overlap=overlap)
+    async with scheduler:
+        await asyncio.wait_for(started.wait(), 5)
+        record = await scheduler.run_now("long")
+        history = await scheduler.history("long")
+    assert record.manual
+    if overlap:
+        assert record.status == "ok"
+        assert [e.manual for e in ledger.executions] == [False, True]
+    else:
+        assert record.status == "skipped-overlap"
+        assert [e.manual for e in ledger.executions] == [False]
+    assert history[0].manual
+    assert history[0].status == record.status
+
+
+async def test_run_now_with_claim_only_strategies_runs_and_is_recorded(target: StoreTarget) -> None:
+    for strategy in strategies_for(target)[1:]:
+        ledger = Ledger()
+        scheduler: Scheduler[Any] = Scheduler(target.backend(strategy, prefix=f"{strategy}:"))
+        scheduler.add_job("report", "0 0 1 1 *", ledger.job("a"))
+        async with scheduler:
+            record = await scheduler.run_now("report")
+            [entry] = await scheduler.history("report")
+        assert (record.status, record.manual, entry.status, entry.manual) == ("ok", True, "ok", True)
+        assert await target.raw("XLEN", f"{strategy}:report:manual") == 1
+
+
+# --- the scheduler's own logic, on the embedded store ------------------------------------------------------
+
+
+async def test_a_winner_whose_heartbeats_stop_learns_its_lease_is_lost(fake_target: StoreTarget) -> None:
+    ended: list[RunRecord] = []
+    signalled = asyncio.Event()
+
+    async def work(run: RunContext) -> None:
+        await link_ready.wait()
+        link.cut()
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            if run.lease_is_lost:  # the event is set before the job is cancelled
+                signalled.set()
+            raise
+
+    async def on_end(run: RunContext, record: RunRecord) -> None:
+        ended.append(record)
+
+    link_ready = asyncio.Event()
+    backend, link = fake_target.linked_backend("lease")
+    scheduler = Scheduler(backend, lease_ms=300, heartbeat_ms=100, on_run_end=on_end)
+    scheduler.add_job("job", "0 0 1 1 *", work)
+    async with scheduler:
+        run_task = asyncio.create_task(scheduler.run_now("job"))
+        link_ready.set()
+        record = await asyncio.wait_for(run_task, 5)
+        link.heal()
+    assert signalled.is_set()
+    assert record.status == "interrupted"
+    assert record.message is not None
+    assert record.message.startswith("lease lost")
+    assert ended == [record]
+
+
+async def test_sync_jobs_run_in_a_thread_and_never_block_the_loop(fake_target: StoreTarget) -> None:
+    released = threading.Event()
+    threads: list[str] = []
+
+    def blocking(run: RunContext) -> None:
+        threads.append(threading.current_thread().name)
+        assert released.wait(5), "the event loop was blocked: nothing released the job"
+
+    async def release_soon() -> None:
+        await asyncio.sleep(0.1)
+        released.set()
+
+    scheduler = Scheduler(fake_target.backend("lease"))
+    scheduler.add_job("sync", "0 0 1 1 *", blocking)
+    async with scheduler:
+        _, record = await asyncio.gather(release_soon(), scheduler.run_now("sync"))
+    assert record.status == "ok"
+    assert threads
+    assert threads[0] != threading.main_thread().name
+
+
+async def test_job_functions_may_take_no_context(fake_target: StoreTarget) -> None:
+    calls: list[str] = []
+
+    def plain() -> None:
+        calls.append("sync")
+
+    async def plain_async() -> None:
+        calls.append("async")
+
+    scheduler = Scheduler(fake_target.backend("lease"))
+    scheduler.add_job("a", "0 0 1 1 *", plain)
+    scheduler.add_job("b", "0 0 1 1 *", plain_async)
+    async with scheduler:
+        await scheduler.run_now("a")
+        await scheduler.run_now("b")
+    assert calls == ["sync", "async"]
+
+
+async def test_errors_are_recorded_with_their_message(fake_target: StoreTarget) -> None:
+    async def broken(run: RunContext) -> None:
+        raise RuntimeError("disk full")
+
+    scheduler = Scheduler(fake_target.backend("lease"))
+    scheduler.add_job("broken", "0 0 1 1 *", broken)
+    async with scheduler:
+        record = await scheduler.run_now("broken")
+        [stored] = await scheduler.history("broken")
+    assert (record.status, record.message) == ("error", "RuntimeError: disk full")
+    assert (stored.status, stored.message) == ("error", "RuntimeError: disk full")
+
+
+async def test_a_claim_later_than_max_late_ms_is_skipped_and_recorded(fake_target: StoreTarget) -> None:
+    ledger = Ledger()
+    scheduler = Scheduler(fake_target.backend("lease"))
+    scheduler.add_job("tick", "* * * * * *", ledger.job("a"), max_late_ms=200)
+    async with scheduler:
+        await asyncio.sleep(1.05)
+        time.sleep(1.6)  # the event loop is stuck past a slot and its max_late_ms  # noqa: ASYNC251
+        await asyncio.sleep(0.5)
+        history = await scheduler.history("tick", limit=20)
+    skipped = [r for r in history if r.status == "skipped-late"]
+    assert skipped
+    assert skipped[0].message is not None
+    assert "max_late_ms is 200" in skipped[0].message
+    assert not {r.slot for r in skipped} & set(ledger.slots())
+
+
+async def test_jitter_comes_from_the_injected_random(fake_target: StoreTarget) -> None:
+    seed = 7
+    expected_first_jitter = random.Random(seed).randint(0, 800)  # the same draws, in the same order
+    ledger = Ledger()
+    scheduler = Scheduler(fake_target.backend("lease"), random=random.Random(seed), instance_id="a")
+    scheduler.add_job("tick", "* * * * * *", ledger.job("a"), jitter_ms=800)
+    # The instance id was given, so the first draw is the first job's first jitter.
+    started_wall: list[int] = []
+
+    async def on_start(run: RunContext) -> None:
+        started_wall.append(now_ms() - run.slot)
+
+    scheduler.on_run_start = on_start
+    async with scheduler:
+        await asyncio.sleep(2.2)
+    assert started_wall
+    assert started_wall[0] >= expected_first_jitter
+
+
+async def test_skewed_instance_clocks_still_run_each_slot_once(fake_target: StoreTarget) -> None:
+    ledger = Ledger()
+    schedulers = []
+    for i, offset in enumerate((-2_500, 0, 2_500)):
+        scheduler = Scheduler(fake_target.backend("lease"), instance_id=f"i{i}", clock=OffsetClock(offset))
+        # With 5 s between the clocks, runs of slots 5 s apart happen at the same true time: overlap
+        # protection would (rightly) skip some. Exactly-once is what is checked here.
+        scheduler.add_job("tick", "* * * * * *", ledger.job(f"i{i}"), overlap=True)
+        schedulers.append(scheduler)
+    await asyncio.gather(*(s.start() for s in schedulers))
+    await asyncio.sleep(6)
+    await asyncio.gather(*(s.stop() for s in schedulers))
+    counts = ledger.slots()
+    assert max(counts.values()) == 1
+    slots = sorted(counts)
+    assert slots == list(range(slots[0], slots[-1] + 1, 1000))  # none missed either
+    assert "i2" in {e.instance for e in ledger.executions}  # the instance ahead claims first once it is due
+
+
+async def test_stop_waits_then_interrupts_and_records(fake_target: StoreTarget) -> None:
+    scheduler = Scheduler(fake_target.backend("lease"))
+    scheduler.add_job("slow", "0 0 1 1 *", Ledger().job("a", seconds=30))
+    await scheduler.start()
+    run = asyncio.create_task(scheduler.run_now("slow"))
+    await asyncio.sleep(0.1)
+    began = time.monotonic()
+    await scheduler.stop(timeout=0.3)
+    assert time.monotonic() - began < 5
+    record = await run
+    assert (record.status, record.message) == ("interrupted", "the scheduler stopped")
+    async with scheduler:
+        [stored] = await scheduler.history("slow")
+    assert stored.status == "interrupted"
+
+
+async def test_stop_closes_only_connections_it_opened(real_server: ServerUnderTest) -> None:
+    mine = real_server.async_client()
+    scheduler = Scheduler(_backend_for(real_server, mine))
+    async with scheduler:
+        pass
+    assert await mine.ping()  # still open
+
+    owned = Scheduler(_backend_for(real_server, real_server.url()))
+    await owned.start()
+    store = owned.backend.store
+    await owned.stop()
+    with pytest.raises(SchedulerStateError):
+        owned.backend.store  # noqa: B018
+    assert store.owned
+
+
+def _backend_for(server: ServerUnderTest, connection: Any) -> Any:
+    from anarchon import RedisBackend, ValkeyBackend
+
+    return ValkeyBackend(valkey=connection) if server.is_valkey else RedisBackend(redis=connection)
+
+
+async def test_hooks_and_log_records_carry_job_slot_and_attempt(
+    fake_target: StoreTarget, caplog: pytest.LogCaptureFixture
+) -> None:
+    seen: list[str] = []
+
+    def on_start(run: RunContext) -> None:
+        seen.append(f"start {run.job} {run.attempt}")
+
+    async def on_end(run: RunContext, record: RunRecord) -> None:
+        seen.append(f"end {run.job} {record.status}")
+
+    def broken_hook(run: RunContext) -> None:
+        raise ValueError("hooks must not break runs")
+
+    scheduler = Scheduler(fake_target.backend("lease"), on_run_start=on_start, on_run_end=on_end)
+    scheduler.add_job("job", "0 0 1 1 *", Ledger().job("a"))
+    caplog.set_level(logging.INFO, logger="anarchon")
+    async with scheduler:
+        record = await scheduler.run_now("job")
+        scheduler.on_run_start = broken_hook
+        assert (await scheduler.run_now("job")).status == "ok"
+    assert seen[:2] == ["start job 1", "end job ok"]
+    started = [r for r in caplog.records if r.getMessage().endswith("started")]
+    assert started
+    assert (started[0].job, started[0].slot, started[0].attempt) == ("job", record.slot, 1)  # type: ignore[attr-defined]
+    assert any("hook" in r.getMessage() for r in caplog.records if r.levelno == logging.ERROR)
+
+
+async def test_run_now_and_history_need_a_known_job_and_a_started_scheduler(fake_target: StoreTarget) -> None:
+    scheduler = Scheduler(fake_target.backend("lease"))
+    scheduler.add_job("job", "0 0 1 1 *", Ledger().job("a"))
+    with pytest.raises(SchedulerStateError):
+        await scheduler.run_now("job")
+    async with scheduler:
+        with pytest.raises(JobNotFoundError, match="registered jobs: job"):
+            await scheduler.run_now("nope")
+        with pytest.raises(KeyError):
+            await scheduler.history("nope")
+        for _ in range(3):
+            await scheduler.run_now("job")
+        history = await scheduler.history("job", limit=2)
+    assert len(history) == 2
+    assert history[0].slot >= history[1].slot
+
+
+def test_a_background_thread_serves_sync_apps(server: ServerUnderTest) -> None:
+    ledger = Ledger()
+    connection: Any = server.url() if not server.is_fake else None
+    if connection is None:
+        import fakeredis
+
+        connection = fakeredis.FakeAsyncRedis(server=server.fake_server)
+    scheduler = Scheduler(_backend_for(server, connection))
+    scheduler.add_job("job", "0 0 1 1 *", ledger.job("a"))
+    thread: SchedulerThread = scheduler.run_in_thread()
+    try:
+        record = thread.run_now("job")
+        history = thread.history("job")
+    finally:
+        thread.stop()
+    assert record.status == "ok"
+    assert [r.token for r in history] == [record.token]
+    assert len(ledger.executions) == 1
