@@ -148,6 +148,11 @@ class Store:
     async def execute_many(self, commands: Sequence[Command]) -> list[Reply | StoreReplyError]:
         if not commands:
             return []
+        if len(commands) == 1:
+            try:
+                return [await self.connection.execute(commands[0])]
+            except StoreReplyError as error:
+                return [error]
         return await self.connection.execute_many(commands)
 
     async def run(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Reply:
@@ -162,6 +167,12 @@ class Store:
 
     async def run_many(self, calls: Sequence[ScriptCall]) -> list[Reply | StoreReplyError]:
         """Run script calls in one round trip; calls answered NOSCRIPT (not run) are resent with EVAL."""
+        if len(calls) == 1:  # a plain command costs less than a one-command pipeline
+            call = calls[0]
+            try:
+                return [await self.run(call.script, call.keys, call.args)]
+            except StoreReplyError as error:
+                return [error]
         replies = await self.execute_many([call.evalsha() for call in calls])
         missing = [i for i, reply in enumerate(replies) if is_noscript(reply)]
         if missing:

@@ -4,7 +4,7 @@
 -- ARGV[2]  slot (scheduled time, epoch ms)       ARGV[3] token of this attempt     ARGV[4] runner (instance id)
 -- ARGV[5]  lease_ms                               ARGV[6] max_attempts
 -- ARGV[7]  overlap allowed: "1" or "0"            ARGV[8] manual: "1" or "0"
--- ARGV[9]  history_size    ARGV[10] keep_ms    ARGV[11] history_ttl_ms ("0": none)
+-- ARGV[9]  history_size (caps the runs stream; the state is trimmed by finish, which follows every won claim)
 -- returns {answer, attempt, fence, lease_ms_left}
 --   "won"      the caller runs it: a new attempt was stored (or the caller's own token already holds it,
 --              when a claim whose reply was lost is retried); lease_ms_left is its lease
@@ -25,11 +25,12 @@ local function start_attempt(attempt)
   redis.call('ZADD', SLOTS, slot, run)
   redis.call('XADD', RUNS, 'MAXLEN', '~', ARGV[9], '*', 'run', run, 'slot', slot, 'attempt', attempt,
     'token', token, 'runner', runner, 'fence', fence, 'manual', manual, 'started', now)
-  trim(now, tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11]))
   return { 'won', attempt, fence, lease_ms }
 end
 
-local status = get(run, 'status')
+local current = redis.call('HMGET', STATE, run .. ':status', run .. ':attempt', run .. ':token',
+  run .. ':lease_end', run .. ':fence')
+local status = current[1]
 if not status then
   if not overlap_allowed then
     -- Any other run with a live lease blocks this one: an older run still going, or a newer one when this
@@ -49,20 +50,19 @@ if not status then
   return start_attempt(1)
 end
 
-local attempt = tonumber(get(run, 'attempt'))
+local attempt, lease_end, fence = tonumber(current[2]), tonumber(current[4]), tonumber(current[5])
 if status ~= 'running' then
-  return { 'done', attempt, tonumber(get(run, 'fence')), 0 }
+  return { 'done', attempt, fence, 0 }
 end
-local lease_end = tonumber(get(run, 'lease_end'))
-if get(run, 'token') == token then
-  return { 'won', attempt, tonumber(get(run, 'fence')), lease_end - now }
+if current[3] == token then
+  return { 'won', attempt, fence, lease_end - now }
 end
 if lease_end > now then
-  return { 'running', attempt, tonumber(get(run, 'fence')), lease_end - now }
+  return { 'running', attempt, fence, lease_end - now }
 end
 if attempt >= max_attempts then
   close_run(run, 'interrupted', now, '"lease expired; no attempts left"')
-  return { 'done', attempt, tonumber(get(run, 'fence')), 0 }
+  return { 'done', attempt, fence, 0 }
 end
 record_result(run, 'interrupted', now, '"lease expired; taken over by attempt ' .. (attempt + 1) .. '"')
 return start_attempt(attempt + 1)

@@ -5,7 +5,8 @@
 -- ARGV[5] history_size    ARGV[6] keep_ms    ARGV[7] history_ttl_ms ("0": none)
 -- returns 1 if recorded, 0 if refused (not the current attempt's token, or the run already ended)
 local run, token = ARGV[1], ARGV[2]
-if get(run, 'status') ~= 'running' or get(run, 'token') ~= token then
+local current = redis.call('HMGET', STATE, run .. ':status', run .. ':token')
+if current[1] ~= 'running' or current[2] ~= token then
   return 0
 end
 local now = server_now()

@@ -47,7 +47,9 @@ end
 -- A run left active by instances that all died is closed as interrupted once nobody can claim it any more.
 local function trim(now, history_size, keep_ms, ttl_ms)
   local horizon = now - keep_ms
-  for _, run in ipairs(redis.call('SMEMBERS', ACTIVE)) do
+  -- A few at random per call: the check stays cheap however many runs are in progress, and over many calls
+  -- every abandoned run is found.
+  for _, run in ipairs(redis.call('SRANDMEMBER', ACTIVE, 3)) do
     local lease_end = tonumber(get(run, 'lease_end') or '0')
     local slot = tonumber(get(run, 'slot') or '0')
     if lease_end < horizon and slot < horizon then

@@ -63,7 +63,7 @@ class LeaseStrategy:
                 1 if request.manual else policy.max_attempts,
                 _flag(policy.overlap),
                 _flag(request.manual),
-                *_trim_args(policy),
+                policy.history_size,
             ),
         )
 

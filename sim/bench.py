@@ -1,0 +1,268 @@
+"""Benchmarks: claim cost against the floor, burst scale, memory. Every ratio comes from one run, side by side.
+
+    python -m sim.bench [--quick] [--targets redis-7,valkey-9] [--json FILE]
+
+Claim latency: for each target, the same asyncio redis-py client (RESP2) takes turns, in one loop, between
+``PING`` (the floor), a per-slot ``SET key token NX PX`` (the textbook lock) and a claim of each strategy; each
+lease claim is followed (untimed) by its finish, as in real use. p50 / p99 in microseconds, and each strategy's
+p50 over SET NX PX's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import sys
+import time
+import tracemalloc
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import redis.asyncio
+
+from anarchon import RedisBackend, RunContext, RunRecord, Scheduler, ValkeyBackend
+from anarchon._adapters import RedisPyAsync
+from anarchon._store import Store
+from anarchon._strategies import Claim, JobPolicy, Outcome, RunRequest
+from sim.servers import RunningServer, available_targets, start_server
+
+STRATEGIES = ("lease", "stream-id", "idmp", "script")
+WARM_UP = 50
+Cleanup = Callable[[], Awaitable[None]] | None
+
+
+def percentile(samples: Sequence[float], fraction: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+
+
+def summary(samples_s: Sequence[float]) -> dict[str, float]:
+    return {
+        "p50_us": round(percentile(samples_s, 0.50) * 1e6, 1),
+        "p99_us": round(percentile(samples_s, 0.99) * 1e6, 1),
+    }
+
+
+def supports(server: RunningServer, strategy: str) -> bool:
+    return strategy != "idmp" or (not server.is_valkey and server.version_info[:2] >= (8, 6))
+
+
+def make_backend(server: RunningServer, client: Any, strategy: str, prefix: str) -> RedisBackend[Any]:
+    if server.is_valkey:
+        return ValkeyBackend(valkey=client, strategy=strategy, prefix=prefix)  # type: ignore[call-overload, no-any-return]
+    return RedisBackend(redis=client, strategy=strategy, prefix=prefix)  # type: ignore[call-overload, no-any-return]
+
+
+@dataclass
+class ClaimBench:
+    server: RunningServer
+    iterations: int
+
+    async def run(self) -> dict[str, Any]:
+        client = redis.asyncio.Redis(host=self.server.host, port=self.server.port, protocol=2)
+        store = Store(RedisPyAsync(client), owned=True)
+        backends = {}
+        for strategy in STRATEGIES:
+            if supports(self.server, strategy):
+                backend = make_backend(self.server, client, strategy, f"bench-{strategy}:")
+                await backend.start(["job"])
+                backends[strategy] = backend
+        policy = JobPolicy(lease_ms=30_000, history_size=1000)
+        ops: dict[str, Callable[[int], Awaitable[Cleanup]]] = {
+            "ping": lambda i: self._ping(store),
+            "set_nx_px": lambda i: self._set_nx_px(store, i),
+        }
+        for strategy, backend in backends.items():
+            ops[strategy] = self._claimer(backend, policy)
+        samples: dict[str, list[float]] = {name: [] for name in ops}
+        for i in range(self.iterations + WARM_UP):  # warm-up rounds fill connection pools and script caches
+            for name, op in ops.items():
+                began = time.perf_counter()
+                cleanup = await op(i)
+                elapsed = time.perf_counter() - began
+                if cleanup is not None:
+                    await cleanup()  # the lease run's finish, as in real use, outside the measurement
+                if i >= WARM_UP:
+                    samples[name].append(elapsed)
+        for backend in backends.values():
+            await backend.stop()
+        await store.close()
+        result: dict[str, Any] = {name: summary(values) for name, values in samples.items()}
+        floor = result["set_nx_px"]["p50_us"]
+        for strategy in backends:
+            result[strategy]["ratio_to_set_nx_px"] = round(result[strategy]["p50_us"] / floor, 2)
+        result["version"] = self.server.version
+        return result
+
+    @staticmethod
+    async def _ping(store: Store) -> Cleanup:
+        await store.execute("PING")
+        return None
+
+    @staticmethod
+    async def _set_nx_px(store: Store, i: int) -> Cleanup:
+        await store.execute("SET", f"bench-lock:{i}", "token", "NX", "PX", 30_000)
+        return None
+
+    def _claimer(self, backend: RedisBackend[Any], policy: JobPolicy) -> Callable[[int], Awaitable[Cleanup]]:
+        async def claim(i: int) -> Cleanup:
+            slot = 1_700_000_000_000 + i * 1000
+            request = RunRequest("job", str(slot), slot, f"t{i}", "bench")
+            [won] = await backend.strategy.claim(backend.store, [(request, policy)])
+            if not isinstance(won, Claim) or won.outcome is not Outcome.WON:
+                raise RuntimeError(f"claim {i} on {self.server.target}: {won}")
+            if not backend.leases:
+                return None
+
+            async def finish() -> None:
+                assert isinstance(won, Claim)
+                record = RunRecord(
+                    job="job", run=request.run, slot=slot, attempt=won.attempt, status="ok", runner="bench",
+                    token=request.token, fence=won.fence, manual=False, started=slot, ended=slot,
+                )  # fmt: skip
+                await backend.strategy.finish(backend.store, request, won, policy, record)
+
+            return finish
+
+        return claim
+
+
+async def claim_latency(targets: Sequence[str], iterations: int) -> dict[str, Any]:
+    results = {}
+    for target in targets:
+        with start_server(target) as server:
+            results[target] = await ClaimBench(server, iterations).run()
+    return results
+
+
+async def burst(target: str, jobs: int, instances: int = 3) -> dict[str, Any]:
+    """``jobs`` jobs due in the same second across ``instances`` schedulers: is every one started once, and
+    how late (start - slot)?"""
+    with start_server(target) as server:
+        started: dict[tuple[str, int], list[float]] = {}
+
+        async def work(run: RunContext) -> None:
+            started.setdefault((run.job, run.slot), []).append(time.time() * 1000 - run.slot)
+
+        due_in = 4
+        second = (int(time.time()) + due_in) % 60
+        schedulers = []
+        for i in range(instances):
+            scheduler = Scheduler(make_backend(server, server.url(), "lease", "burst:"), instance_id=f"i{i}")
+            for j in range(jobs):
+                scheduler.add_job(f"job{j}", f"{second} * * * * *", work)
+            schedulers.append(scheduler)
+        await asyncio.gather(*(s.start() for s in schedulers))
+        deadline = time.monotonic() + due_in + 30
+        while len(started) < jobs and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(0.5)
+        await asyncio.gather(*(s.stop() for s in schedulers))
+        lateness = [late for runs in started.values() for late in runs]
+        duplicates = sum(len(runs) - 1 for runs in started.values())
+        return {
+            "target": target,
+            "jobs": jobs,
+            "instances": instances,
+            "started": len(started),
+            "duplicates": duplicates,
+            "lateness_p50_ms": round(percentile(lateness, 0.5), 1) if lateness else None,
+            "lateness_p99_ms": round(percentile(lateness, 0.99), 1) if lateness else None,
+        }
+
+
+def scheduler_memory(jobs: int = 1000) -> dict[str, Any]:
+    """Python heap per registered job (tracemalloc), excluding the backend and the interpreter."""
+
+    async def noop(run: RunContext) -> None:
+        return None
+
+    gc.collect()
+    tracemalloc.start()
+    scheduler = Scheduler(RedisBackend())
+    before = tracemalloc.take_snapshot()
+    for j in range(jobs):
+        scheduler.add_job(f"job{j}", "*/5 * * * *", noop, timezone="Europe/Berlin")
+    gc.collect()
+    after = tracemalloc.take_snapshot()
+    tracemalloc.stop()
+    grown = sum(stat.size_diff for stat in after.compare_to(before, "filename"))
+    return {"jobs": jobs, "bytes_per_job": round(grown / jobs)}
+
+
+async def store_memory(target: str, history_size: int = 1000) -> dict[str, Any]:
+    """Server memory (MEMORY USAGE) of one job's keys after more runs than history_size, per strategy."""
+    result: dict[str, Any] = {"target": target, "history_size": history_size}
+    with start_server(target) as server:
+        client = redis.asyncio.Redis(host=server.host, port=server.port, protocol=2)
+        policy = JobPolicy(history_size=history_size, keep_ms=0, overlap=True)
+        for strategy in STRATEGIES:
+            if not supports(server, strategy):
+                continue
+            backend = make_backend(server, client, strategy, f"mem-{strategy}:")
+            await backend.start(["job"])
+            base = 1_600_000_000_000
+            for start in range(0, history_size + 200, 100):
+                requests = [
+                    RunRequest("job", str(base + k * 1000), base + k * 1000, f"t{k}", "bench")
+                    for k in range(start, start + 100)
+                ]
+                claims = await backend.strategy.claim(backend.store, [(r, policy) for r in requests])
+                for request, claim in zip(requests, claims, strict=True):
+                    if isinstance(claim, Claim) and claim.outcome is Outcome.WON:
+                        record = RunRecord(
+                            job="job", run=request.run, slot=request.slot, attempt=1, status="ok", runner="bench",
+                            token=request.token, fence=claim.fence, manual=False, started=request.slot,
+                            ended=request.slot + 5,
+                        )  # fmt: skip
+                        await backend.strategy.finish(backend.store, request, claim, policy, record)
+            keys = await client.keys(f"*mem-{strategy}:job*")
+            total = 0
+            for key in keys:
+                total += int(await client.execute_command("MEMORY", "USAGE", key) or 0)
+            result[strategy] = {"bytes": total, "bytes_per_run": round(total / history_size)}
+            await backend.stop()
+        await client.aclose()
+    return result
+
+
+def print_claims(results: dict[str, Any]) -> None:
+    print(f"{'target':<10} {'op':<10} {'p50 µs':>8} {'p99 µs':>8} {'p50 / SET NX PX':>16}")
+    for target, ops in results.items():
+        for op in ("ping", "set_nx_px", *STRATEGIES):
+            if op in ops:
+                row = ops[op]
+                ratio = row.get("ratio_to_set_nx_px", "")
+                print(f"{target:<10} {op:<10} {row['p50_us']:>8} {row['p99_us']:>8} {ratio!s:>16}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m sim.bench", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer iterations, a smaller burst")
+    parser.add_argument("--targets", default=None, help="comma list (default: every provisioned target)")
+    parser.add_argument("--json", dest="json_path", default=None, help="also write the figures as JSON here")
+    args = parser.parse_args(argv)
+    targets = args.targets.split(",") if args.targets else list(available_targets())
+    iterations = 300 if args.quick else 3000
+    burst_jobs = 1000 if args.quick else 10_000
+
+    began = time.monotonic()
+    out: dict[str, Any] = {"targets": asyncio.run(claim_latency(targets, iterations))}
+    print_claims(out["targets"])
+    burst_target = "redis-7" if "redis-7" in targets else targets[0]
+    out["burst"] = asyncio.run(burst(burst_target, burst_jobs))
+    print(f"burst: {json.dumps(out['burst'])}")
+    out["memory"] = {"scheduler": scheduler_memory(), "store": asyncio.run(store_memory(burst_target))}
+    print(f"memory: {json.dumps(out['memory'])}")
+    out["seconds"] = round(time.monotonic() - began, 1)
+    if args.json_path:
+        with open(args.json_path, "w") as handle:
+            json.dump(out, handle, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
