@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import json
 import sys
@@ -143,9 +144,12 @@ async def burst(target: str, jobs: int, instances: int = 3) -> dict[str, Any]:
     how late (start - slot)?"""
     with start_server(target) as server:
         started: dict[tuple[str, int], list[float]] = {}
+        all_started = asyncio.Event()
 
         async def work(run: RunContext) -> None:
             started.setdefault((run.job, run.slot), []).append(time.time() * 1000 - run.slot)
+            if len(started) == jobs:
+                all_started.set()
 
         due_in = 4
         second = (int(time.time()) + due_in) % 60
@@ -156,10 +160,9 @@ async def burst(target: str, jobs: int, instances: int = 3) -> dict[str, Any]:
                 scheduler.add_job(f"job{j}", f"{second} * * * * *", work)
             schedulers.append(scheduler)
         await asyncio.gather(*(s.start() for s in schedulers))
-        deadline = time.monotonic() + due_in + 30
-        while len(started) < jobs and time.monotonic() < deadline:
-            await asyncio.sleep(0.1)
-        await asyncio.sleep(0.5)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(all_started.wait(), due_in + 30)
+        await asyncio.sleep(0.5)  # duplicates, if any, would start now
         await asyncio.gather(*(s.stop() for s in schedulers))
         lateness = [late for runs in started.values() for late in runs]
         duplicates = sum(len(runs) - 1 for runs in started.values())
