@@ -146,7 +146,13 @@ class RedisPyAsync:
         return fake or parse_info(as_text(await self.execute(["INFO", "server"])))
 
     async def close(self) -> None:
-        await self.client.aclose()
+        await self.client.aclose(close_connection_pool=True)  # also a pool given to the client (see fork)
+
+    def fork(self) -> RedisPyAsync:
+        """A new client with the same settings and its own pool, for another thread's event loop."""
+        pool = self.client.connection_pool
+        twin = pool.__class__(connection_class=pool.connection_class, **pool.connection_kwargs)
+        return RedisPyAsync(self.client.__class__(connection_pool=twin))
 
 
 class RedisPySync:

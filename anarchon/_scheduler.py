@@ -36,9 +36,11 @@ from ._errors import (
     StoreUnavailableError,
     UnknownOptionError,
 )
+from ._heartbeats import HeartbeatThread
 from ._job import DAY_MS, LEASE_OPTIONS, Job, JobFunction, JobOptions, check_memory
 from ._keys import check_job_name
 from ._records import RunRecord, Status
+from ._store import Store
 from ._strategies import Claim, JobPolicy, Outcome, RunRequest
 
 log = logging.getLogger("anarchon")
@@ -171,6 +173,7 @@ class Scheduler(Generic[M]):
         self._tasks: set[asyncio.Task[Any]] = set()
         self._dispatcher: asyncio.Task[None] | None = None
         self._sleeper: asyncio.Task[None] | None = None
+        self._heartbeats: HeartbeatThread | None = None
         self._started = False
 
     # --- jobs ----------------------------------------------------------------------------------------------
@@ -289,6 +292,7 @@ class Scheduler(Generic[M]):
         if self._started:
             raise SchedulerStateError("the scheduler is already started")
         await self.backend.start(list(self._jobs))
+        self._heartbeats = self._heartbeat_thread()
         self._started = True
         now = self.clock.wall_ms()
         for job in self._jobs.values():
@@ -317,6 +321,9 @@ class Scheduler(Generic[M]):
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
         self._queue.clear()
+        if self._heartbeats is not None:
+            await asyncio.to_thread(self._heartbeats.close)
+            self._heartbeats = None
         await self.backend.stop()
         log.info("scheduler %s stopped", self.instance_id)
 
@@ -524,9 +531,7 @@ class Scheduler(Generic[M]):
         started = self.clock.wall_ms()
         await self._hook(self.on_run_start, context)
         running.work = asyncio.create_task(self._call(job, context), name=f"anarchon-job-{job.name}")
-        keeper = None
-        if self.backend.leases:
-            keeper = asyncio.create_task(self._keep_lease(running, claim_sent, claim.lease_ms_left))
+        keeper = self._keep_lease(running, claim_sent, claim.lease_ms_left) if self.backend.leases else None
         status: Status = "ok"
         message: str | None = None
         try:
@@ -567,34 +572,66 @@ class Scheduler(Generic[M]):
             return await result
         return result
 
-    async def _keep_lease(self, running: _Running, sent: float, lease_ms_left: int) -> None:
-        """Heartbeat until the job ends; declare the lease lost when refused or when it ran out unrenewed.
+    def _heartbeat_thread(self) -> HeartbeatThread | None:
+        """Heartbeats go to a thread of their own when the clock is the system's (virtual clocks keep them on
+        the loop that drives time) and the client can open a second connection for it."""
+        if not self.backend.leases or type(self.clock) is not SystemClock:
+            return None
+        fork = getattr(self.backend.store.connection, "fork", None)
+        return HeartbeatThread(Store(fork(), owned=True)) if fork is not None else None
+
+    def _keep_lease(self, running: _Running, sent: float, lease_ms_left: int) -> asyncio.Future[None]:
+        """Start heartbeats for a won attempt, on the heartbeat thread if there is one."""
+        if self._heartbeats is None:
+            return asyncio.ensure_future(
+                self._heartbeat(
+                    running, sent, lease_ms_left, self.backend.store, self.clock, lambda r: self._lose(running, r)
+                )
+            )
+        loop = asyncio.get_running_loop()
+
+        def lose(reason: str) -> None:
+            loop.call_soon_threadsafe(self._lose, running, reason)
+
+        store = self._heartbeats.store
+        return asyncio.wrap_future(
+            self._heartbeats.submit(self._heartbeat(running, sent, lease_ms_left, store, SystemClock(), lose))
+        )
+
+    async def _heartbeat(
+        self,
+        running: _Running,
+        sent: float,
+        lease_ms_left: int,
+        store: Store,
+        clock: Clock,
+        lose: Callable[[str], None],
+    ) -> None:
+        """Heartbeat until cancelled; call ``lose`` when a heartbeat is refused or the lease ran out unrenewed.
 
         The local deadline counts from when the claim or heartbeat was *sent*, which is never after the server
         stamped the lease, and stops short of it by a margin: the job must be cancelled, and the cancellation
         delivered, before the store can hand the run to a backup.
         """
-        clock, strategy = self.clock, self.backend.strategy
+        strategy = self.backend.strategy
         policy = self._policies[running.request.job]
         margin_ms = self.lease_ms * LEASE_MARGIN
         deadline = sent + (lease_ms_left - margin_ms) / 1000
         while True:
             left_s = deadline - clock.monotonic()
             if left_s <= 0:
-                return self._lose(running, "the lease ran out before a heartbeat reached the store")
+                return lose("the lease ran out before a heartbeat reached the store")
             await clock.sleep(min(self.heartbeat_ms / 1000, left_s))
             if deadline - clock.monotonic() <= 0:
                 continue
             sent = clock.monotonic()
             try:
-                ms = await asyncio.wait_for(
-                    strategy.heartbeat(self.backend.store, running.request, policy), timeout=deadline - sent
-                )
+                ms = await asyncio.wait_for(strategy.heartbeat(store, running.request, policy), timeout=deadline - sent)
             except (StoreError, TimeoutError) as error:
                 log.warning("job %s: heartbeat failed: %s", running.request.job, error or "timed out")
                 continue
             if ms <= 0:
-                return self._lose(running, "the heartbeat was refused: another attempt holds the run")
+                return lose("the heartbeat was refused: another attempt holds the run")
             deadline = sent + (ms - margin_ms) / 1000
 
     def _lose(self, running: _Running, reason: str) -> None:

@@ -26,6 +26,7 @@ from anarchon import (
     SystemClock,
 )
 from anarchon._scheduler import SchedulerThread
+from anarchon._strategies import JobPolicy, Outcome, RunRequest
 from sim.servers.testing import ServerUnderTest
 from tests.anarchon.support import StoreTarget
 
@@ -482,3 +483,43 @@ def test_a_background_thread_serves_sync_apps(server: ServerUnderTest) -> None:
     assert record.status == "ok"
     assert [r.token for r in history] == [record.token]
     assert len(ledger.executions) == 1
+
+
+async def test_a_job_hogging_the_event_loop_keeps_its_lease(real_server: ServerUnderTest) -> None:
+    """Heartbeats run on a thread of their own: a job that blocks its loop for 4 leases keeps the run."""
+
+    async def hog(run: RunContext) -> None:
+        time.sleep(1.2)  # blocks the scheduler's event loop  # noqa: ASYNC251
+
+    started = threading.Event()
+    scheduler = Scheduler(
+        _backend_for(real_server, real_server.url()),
+        lease_ms=300,
+        heartbeat_ms=100,
+        on_run_start=lambda run: started.set(),
+    )
+    scheduler.add_job("hog", "0 0 1 1 *", hog)
+    background = scheduler.run_in_thread()
+    manual_run = asyncio.create_task(asyncio.to_thread(background.run_now, "hog"))
+    backup = await target_backend(real_server)
+    try:
+        await asyncio.to_thread(started.wait, 5)
+        [run] = await backup.store.execute("SMEMBERS", "{cron:hog}:active")
+        answers = []
+        for _ in range(10):  # a backup asks for the run all through the hog
+            request = RunRequest("hog", run, 0, "backup-token", "backup", manual=True)
+            [claim] = await backup.strategy.claim(backup.store, [(request, JobPolicy(lease_ms=300))])
+            answers.append(claim.outcome)  # type: ignore[union-attr]
+            await asyncio.sleep(0.1)
+        record = await manual_run
+    finally:
+        await asyncio.to_thread(background.stop)
+        await backup.stop()
+    assert set(answers) == {Outcome.RUNNING}
+    assert (record.status, record.attempt) == ("ok", 1)
+
+
+async def target_backend(server: ServerUnderTest) -> Any:
+    backend = _backend_for(server, server.url())
+    await backend.start(["hog"])
+    return backend
