@@ -12,6 +12,7 @@ script calls in one round trip, and server detection.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import re
 from collections.abc import Sequence
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Literal, Protocol, TypeAlias
 
-from ._errors import StoreError, StoreReplyError
+from ._errors import StoreError, StoreReplyError, StoreUnavailableError
 
 Arg: TypeAlias = str | int | float | bytes
 Reply: TypeAlias = int | str | list["Reply"] | None
@@ -136,43 +137,35 @@ def is_noscript(reply: object) -> bool:
 
 
 class Store:
-    """A connection plus script handling. ``owned`` connections are closed by :meth:`close`, others never."""
+    """A connection plus script handling and automatic pipelining.
+
+    Commands issued during one turn of the event loop leave together in one round trip: a burst of claims, the
+    finishes of jobs that ended together, the heartbeats of many long jobs. Nobody has to batch by hand, and a
+    burst needs one connection instead of one per concurrent command. ``owned`` connections are closed by
+    :meth:`close`, others never.
+    """
 
     def __init__(self, connection: Connection, *, owned: bool) -> None:
         self.connection = connection
         self.owned = owned
+        self._pending: list[tuple[Command, asyncio.Future[Reply]]] = []
+        self._deliveries: set[asyncio.Task[None]] = set()
 
     async def execute(self, *command: Arg) -> Reply:
-        return await self.connection.execute(command)
+        return await self._enqueue(command)
 
     async def execute_many(self, commands: Sequence[Command]) -> list[Reply | StoreReplyError]:
-        if not commands:
-            return []
-        if len(commands) == 1:
-            try:
-                return [await self.connection.execute(commands[0])]
-            except StoreReplyError as error:
-                return [error]
-        return await self.connection.execute_many(commands)
+        """Send commands together; an error reply is returned in its command's place."""
+        return [await _kept(future) for future in [self._enqueue(command) for command in commands]]
 
     async def run(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Reply:
-        call = ScriptCall(script, keys, args)
-        try:
-            return await self.connection.execute(call.evalsha())
-        except StoreReplyError as error:
-            if not is_noscript(error):
-                raise
-        # NOSCRIPT: the script did not run. EVAL runs it and caches it for the next EVALSHA.
-        return await self.connection.execute(call.eval())
+        [reply] = await self.run_many([ScriptCall(script, keys, args)])
+        if isinstance(reply, StoreReplyError):
+            raise reply
+        return reply
 
     async def run_many(self, calls: Sequence[ScriptCall]) -> list[Reply | StoreReplyError]:
-        """Run script calls in one round trip; calls answered NOSCRIPT (not run) are resent with EVAL."""
-        if len(calls) == 1:  # a plain command costs less than a one-command pipeline
-            call = calls[0]
-            try:
-                return [await self.run(call.script, call.keys, call.args)]
-            except StoreReplyError as error:
-                return [error]
+        """Run scripts by SHA; a call answered NOSCRIPT did not run, and is resent with EVAL (which caches it)."""
         replies = await self.execute_many([call.evalsha() for call in calls])
         missing = [i for i, reply in enumerate(replies) if is_noscript(reply)]
         if missing:
@@ -181,9 +174,59 @@ class Store:
                 replies[i] = reply
         return replies
 
+    def _enqueue(self, command: Command) -> asyncio.Future[Reply]:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Reply] = loop.create_future()
+        self._pending.append((command, future))
+        if len(self._pending) == 1:
+            loop.call_soon(self._flush)  # after the callbacks already due in this turn: they may add more
+        return future
+
+    def _flush(self) -> None:
+        batch, self._pending = self._pending, []
+        delivery = asyncio.ensure_future(self._deliver(batch))
+        self._deliveries.add(delivery)
+        delivery.add_done_callback(self._deliveries.discard)
+
+    async def _deliver(self, batch: list[tuple[Command, asyncio.Future[Reply]]]) -> None:
+        replies: list[Reply | StoreReplyError]
+        try:
+            if len(batch) == 1:  # a plain command costs less than a pipeline of one
+                try:
+                    replies = [await self.connection.execute(batch[0][0])]
+                except StoreReplyError as error:
+                    replies = [error]
+            else:
+                replies = await self.connection.execute_many([command for command, _ in batch])
+        except BaseException as error:
+            # Every caller learns what happened; a delivery cancelled mid-way has an unknown outcome.
+            failure = error if isinstance(error, Exception) else StoreUnavailableError("the command was cancelled")
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(failure)
+            if failure is not error:
+                raise
+            return
+        for (_, future), reply in zip(batch, replies, strict=True):
+            if future.done():  # its caller was cancelled
+                continue
+            if isinstance(reply, StoreReplyError):
+                future.set_exception(reply)
+            else:
+                future.set_result(reply)
+
     async def server_info(self) -> ServerInfo:
         return await self.connection.server_info()
 
     async def close(self) -> None:
+        if self._deliveries:
+            await asyncio.gather(*self._deliveries, return_exceptions=True)
         if self.owned:
             await self.connection.close()
+
+
+async def _kept(future: asyncio.Future[Reply]) -> Reply | StoreReplyError:
+    try:
+        return await future
+    except StoreReplyError as error:
+        return error
