@@ -27,6 +27,7 @@ from ._strategies import Strategy, make_strategy
 
 FORMAT = Script.load("format")
 DEFAULT_URL = "redis://localhost:6379/0"
+DEFAULT_TIMEOUT_S = 10.0  # for connections anarchon opens; a URL's query or the options dict can change it
 
 
 class Leased:
@@ -247,11 +248,15 @@ def _open(spec: str | dict[str, Any] | Connection) -> Store:
     if isinstance(spec, str | dict):
         import redis.asyncio
 
-        # RESP2: Redis 5 refuses HELLO 3, and every reply shape anarchon reads is RESP2's.
+        # RESP2: Redis 5 refuses HELLO 3, and every reply shape anarchon reads is RESP2's. Timeouts: a store that
+        # stops answering must surface as an error (retried, logged), never as a scheduler that hangs.
         if isinstance(spec, str):
-            client = redis.asyncio.Redis.from_url(spec, protocol=2)
+            client = redis.asyncio.Redis.from_url(
+                spec, protocol=2, socket_timeout=DEFAULT_TIMEOUT_S, socket_connect_timeout=DEFAULT_TIMEOUT_S
+            )
         else:
-            client = redis.asyncio.Redis(**spec, protocol=2)
+            timeouts = {"socket_timeout": DEFAULT_TIMEOUT_S, "socket_connect_timeout": DEFAULT_TIMEOUT_S}
+            client = redis.asyncio.Redis(**{**timeouts, **spec}, protocol=2)
         return Store(RedisPyAsync(client), owned=True)
     return Store(spec, owned=False)
 

@@ -66,6 +66,8 @@ class _Due:
     slot: int = field(compare=False)
     kind: Literal["scheduled", "backup", "retry"] = field(compare=False)
     failures: int = field(default=0, compare=False)
+    # A claim retried after an unknown outcome keeps its token: the store recognises it if the first try won.
+    token: str | None = field(default=None, compare=False)
 
 
 @dataclass(slots=True)
@@ -393,10 +395,16 @@ class Scheduler(Generic[M]):
     # --- dispatching ---------------------------------------------------------------------------------------
 
     def _push(
-        self, at_ms: int, job: str, slot: int, kind: Literal["scheduled", "backup", "retry"], failures: int = 0
+        self,
+        at_ms: int,
+        job: str,
+        slot: int,
+        kind: Literal["scheduled", "backup", "retry"],
+        failures: int = 0,
+        token: str | None = None,
     ) -> None:
         self._seq += 1
-        heapq.heappush(self._queue, _Due(at_ms, self._seq, job, slot, kind, failures))
+        heapq.heappush(self._queue, _Due(at_ms, self._seq, job, slot, kind, failures, token))
 
     def _schedule_next(self, job: Job, after_ms: int) -> None:
         slot = job.schedule.next_after(after_ms)
@@ -434,7 +442,7 @@ class Scheduler(Generic[M]):
         late: list[tuple[_Due, RunRequest]] = []
         for entry in due:
             job = self._jobs[entry.job]
-            request = RunRequest(job.name, str(entry.slot), entry.slot, self._token(), self.instance_id)
+            request = RunRequest(job.name, str(entry.slot), entry.slot, entry.token or self._token(), self.instance_id)
             is_late = entry.kind != "backup" and now > entry.slot + job.options.max_late_ms
             (late if is_late else batch).append((entry, request))
         if late:
@@ -459,7 +467,7 @@ class Scheduler(Generic[M]):
                 extra={"job": job.name, "slot": entry.slot},
             )  # fmt: skip
             retry_kind: Literal["backup", "retry"] = "backup" if entry.kind == "backup" else "retry"
-            self._push(now + int(delay_s * 1000), job.name, entry.slot, retry_kind, entry.failures + 1)
+            self._push(now + int(delay_s * 1000), job.name, entry.slot, retry_kind, entry.failures + 1, request.token)
             return
         extra = {"job": job.name, "slot": entry.slot, "attempt": claim.attempt}
         if claim.outcome is Outcome.WON:

@@ -23,10 +23,14 @@ from anarchon import (
     RunRecord,
     Scheduler,
     SchedulerStateError,
+    StoreUnavailableError,
     SystemClock,
 )
+from anarchon._adapters import adapt
 from anarchon._scheduler import SchedulerThread
 from anarchon._strategies import JobPolicy, Outcome, RunRequest
+from anarchon._strategies.lease import CLAIM
+from sim.links import Link
 from sim.servers.testing import ServerUnderTest
 from tests.anarchon.support import StoreTarget
 
@@ -523,3 +527,29 @@ async def target_backend(server: ServerUnderTest) -> Any:
     backend = _backend_for(server, server.url())
     await backend.start(["hog"])
     return backend
+
+
+class LoseOneClaimReply(Link):
+    """Delivers the first lease claim to the store but loses its reply, as a dropped connection would."""
+
+    lost = False
+
+    async def execute(self, command: Any) -> Any:
+        reply = await super().execute(command)
+        if not self.lost and command[1] in (CLAIM.sha, CLAIM.source):  # EVALSHA, or EVAL after NOSCRIPT
+            self.lost = True
+            raise StoreUnavailableError("the reply was lost")
+        return reply
+
+
+async def test_a_claim_whose_reply_was_lost_is_retried_with_its_token(fake_target: StoreTarget) -> None:
+    ledger = Ledger()
+    link = LoseOneClaimReply(adapt(fake_target.new_client()))
+    scheduler = Scheduler(fake_target.backend("lease", connection=link), lease_ms=10_000)
+    scheduler.add_job("tick", second_from_now(1), ledger.job("a"))
+    async with scheduler:
+        await asyncio.sleep(3)  # the retry comes 0.5 s later; a stranger's claim would wait out the 10 s lease
+        history = await scheduler.history("tick")
+    assert link.lost
+    assert [(e.attempt, e.manual) for e in ledger.executions] == [(1, False)]
+    assert [(r.attempt, r.status) for r in history] == [(1, "ok")]
