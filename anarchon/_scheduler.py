@@ -41,7 +41,7 @@ from ._job import DAY_MS, LEASE_OPTIONS, Job, JobFunction, JobOptions, check_mem
 from ._keys import check_job_name
 from ._records import RunRecord, Status
 from ._store import Store
-from ._strategies import Claim, JobPolicy, Outcome, RunRequest
+from ._strategies import Claim, JobPolicy, Outcome, RunRequest, run_id
 
 log = logging.getLogger("anarchon")
 
@@ -374,7 +374,7 @@ class Scheduler(Generic[M]):
             raise SchedulerStateError("run_now needs a started scheduler: call start() or use 'async with'")
         now = self.clock.wall_ms()
         token = self._token()
-        request = RunRequest(job.name, f"m{now}-{token[:8]}", now, token, self.instance_id, manual=True)
+        request = RunRequest(job.name, run_id(now, token[:8]), now, token, self.instance_id, manual=True)
         sent = self.clock.monotonic()
         [claim] = await self.backend.strategy.claim(self.backend.store, [(request, self._policies[job.name])])
         if isinstance(claim, StoreError):
@@ -442,7 +442,8 @@ class Scheduler(Generic[M]):
         late: list[tuple[_Due, RunRequest]] = []
         for entry in due:
             job = self._jobs[entry.job]
-            request = RunRequest(job.name, str(entry.slot), entry.slot, entry.token or self._token(), self.instance_id)
+            token = entry.token or self._token()
+            request = RunRequest(job.name, run_id(entry.slot), entry.slot, token, self.instance_id)
             is_late = entry.kind != "backup" and now > entry.slot + job.options.max_late_ms
             (late if is_late else batch).append((entry, request))
         if late:
@@ -495,7 +496,7 @@ class Scheduler(Generic[M]):
     async def _catch_up(self, job: Job, now: int) -> None:
         """Run, one after another, the slots of the last ``catch_up_ms`` that no instance ran."""
         for slot in job.schedule.slots_between(now - job.options.catch_up_ms, now):
-            request = RunRequest(job.name, str(slot), slot, self._token(), self.instance_id)
+            request = RunRequest(job.name, run_id(slot), slot, self._token(), self.instance_id)
             while True:
                 sent = self.clock.monotonic()
                 [claim] = await self.backend.strategy.claim(self.backend.store, [(request, self._policies[job.name])])

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import re
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from typing import Literal, Protocol, TypeAlias
@@ -139,33 +139,46 @@ def is_noscript(reply: object) -> bool:
 class Store:
     """A connection plus script handling and automatic pipelining.
 
-    Commands issued during one turn of the event loop leave together in one round trip: a burst of claims, the
-    finishes of jobs that ended together, the heartbeats of many long jobs. Nobody has to batch by hand, and a
-    burst needs one connection instead of one per concurrent command. ``owned`` connections are closed by
-    :meth:`close`, others never.
+    When nothing is in flight a command goes out at once. While commands are in flight, new ones queue and
+    leave together, in one round trip, as soon as the store has answered: a burst of claims, the finishes of
+    jobs that ended together, the heartbeats of many long jobs each cost one pipeline on one connection instead
+    of one connection per concurrent command. ``owned`` connections are closed by :meth:`close`, others never.
     """
 
     def __init__(self, connection: Connection, *, owned: bool) -> None:
         self.connection = connection
         self.owned = owned
+        self._in_flight = 0
         self._pending: list[tuple[Command, asyncio.Future[Reply]]] = []
         self._deliveries: set[asyncio.Task[None]] = set()
 
     async def execute(self, *command: Arg) -> Reply:
-        return await self._enqueue(command)
+        return await self._send(command)
 
     async def execute_many(self, commands: Sequence[Command]) -> list[Reply | StoreReplyError]:
         """Send commands together; an error reply is returned in its command's place."""
-        return [await _kept(future) for future in [self._enqueue(command) for command in commands]]
+        if len(commands) == 1:
+            return [await _kept(self._send(commands[0]))]
+        self._in_flight += 1
+        try:
+            return await self.connection.execute_many(commands) if commands else []
+        finally:
+            self._done()
 
     async def run(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Reply:
-        [reply] = await self.run_many([ScriptCall(script, keys, args)])
-        if isinstance(reply, StoreReplyError):
-            raise reply
-        return reply
+        call = ScriptCall(script, keys, args)
+        try:
+            return await self._send(call.evalsha())
+        except StoreReplyError as error:
+            if not is_noscript(error):
+                raise
+        # NOSCRIPT: the script did not run. EVAL runs it and caches it for the next EVALSHA.
+        return await self._send(call.eval())
 
     async def run_many(self, calls: Sequence[ScriptCall]) -> list[Reply | StoreReplyError]:
         """Run scripts by SHA; a call answered NOSCRIPT did not run, and is resent with EVAL (which caches it)."""
+        if len(calls) == 1:
+            return [await _kept(self.run(calls[0].script, calls[0].keys, calls[0].args))]
         replies = await self.execute_many([call.evalsha() for call in calls])
         missing = [i for i, reply in enumerate(replies) if is_noscript(reply)]
         if missing:
@@ -174,28 +187,31 @@ class Store:
                 replies[i] = reply
         return replies
 
-    def _enqueue(self, command: Command) -> asyncio.Future[Reply]:
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[Reply] = loop.create_future()
-        self._pending.append((command, future))
-        if len(self._pending) == 1:
-            loop.call_soon(self._flush)  # after the callbacks already due in this turn: they may add more
-        return future
+    async def _send(self, command: Command) -> Reply:
+        if self._in_flight or self._pending:
+            future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+            self._pending.append((command, future))
+            return await future
+        self._in_flight += 1
+        try:
+            return await self.connection.execute(command)
+        finally:
+            self._done()
 
-    def _flush(self) -> None:
-        batch, self._pending = self._pending, []
-        delivery = asyncio.ensure_future(self._deliver(batch))
-        self._deliveries.add(delivery)
-        delivery.add_done_callback(self._deliveries.discard)
+    def _done(self) -> None:
+        self._in_flight -= 1
+        if not self._in_flight and self._pending:
+            batch, self._pending = self._pending, []
+            self._in_flight += 1
+            delivery = asyncio.ensure_future(self._deliver(batch))
+            self._deliveries.add(delivery)
+            delivery.add_done_callback(self._deliveries.discard)
 
     async def _deliver(self, batch: list[tuple[Command, asyncio.Future[Reply]]]) -> None:
         replies: list[Reply | StoreReplyError]
         try:
             if len(batch) == 1:  # a plain command costs less than a pipeline of one
-                try:
-                    replies = [await self.connection.execute(batch[0][0])]
-                except StoreReplyError as error:
-                    replies = [error]
+                replies = [await _kept(self.connection.execute(batch[0][0]))]
             else:
                 replies = await self.connection.execute_many([command for command, _ in batch])
         except BaseException as error:
@@ -207,6 +223,8 @@ class Store:
             if failure is not error:
                 raise
             return
+        finally:
+            self._done()
         for (_, future), reply in zip(batch, replies, strict=True):
             if future.done():  # its caller was cancelled
                 continue
@@ -225,8 +243,8 @@ class Store:
             await self.connection.close()
 
 
-async def _kept(future: asyncio.Future[Reply]) -> Reply | StoreReplyError:
+async def _kept(reply: Awaitable[Reply]) -> Reply | StoreReplyError:
     try:
-        return await future
+        return await reply
     except StoreReplyError as error:
         return error

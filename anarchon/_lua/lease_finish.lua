@@ -5,11 +5,11 @@
 -- ARGV[5] history_size    ARGV[6] keep_ms    ARGV[7] history_ttl_ms ("0": none)
 -- returns 1 if recorded, 0 if refused (not the current attempt's token, or the run already ended)
 local run, token = ARGV[1], ARGV[2]
-local current = redis.call('HMGET', STATE, run .. ':status', run .. ':token')
-if current[1] ~= 'running' or current[2] ~= token then
+local r = load_run(run)
+if not r or r.status ~= 'running' or r.token ~= token then
   return 0
 end
 local now = server_now()
-close_run(run, ARGV[3], now, ARGV[4])
+close_run(run, r, ARGV[3], now, ARGV[4])
 trim(now, tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]))
 return 1

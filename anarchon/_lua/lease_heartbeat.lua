@@ -4,9 +4,10 @@
 -- returns the lease ms left after the extension, or 0 when refused: the token is not the current attempt's
 -- (a backup took over) or the run is no longer running.
 local run, token, lease_ms = ARGV[1], ARGV[2], tonumber(ARGV[3])
-local current = redis.call('HMGET', STATE, run .. ':status', run .. ':token')
-if current[1] ~= 'running' or current[2] ~= token then
+local r = load_run(run)
+if not r or r.status ~= 'running' or r.token ~= token then
   return 0
 end
-redis.call('HSET', STATE, run .. ':lease_end', server_now() + lease_ms)
+r.lease_end = server_now() + lease_ms
+save_run(run, r)
 return lease_ms

@@ -6,7 +6,7 @@
 --   "won"   this call appended the claim, or the caller's own token already holds it (a retried claim)
 --   "lost"  another token claimed the run within the window
 -- Entries older than window_ms are not looked at: a claim arriving later than that wins again.
-if redis.replicate_commands then redis.replicate_commands() end -- TIME before writes; a no-op from Redis 5
+-- TIME followed by writes needs effects replication, the default from Redis 5.0 (the oldest supported).
 
 local runs = KEYS[1]
 local slot, token, runner = ARGV[1], ARGV[2], ARGV[3]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .._config import IdmpConfig, LeaseConfig, ScriptConfig, StrategyConfig, StreamIdConfig
 from .._keys import KeySpace
-from ._base import Claim, JobPolicy, Outcome, RunRequest, Strategy
+from ._base import Claim, JobPolicy, Outcome, RunRequest, Strategy, run_id
 from .idmp import IdmpStrategy
 from .lease import LeaseStrategy
 from .script import ScriptStrategy
@@ -23,4 +23,4 @@ def make_strategy(config: StrategyConfig, keys: KeySpace) -> Strategy:
             return ScriptStrategy(keys, window_ms)
 
 
-__all__ = ["Claim", "JobPolicy", "Outcome", "RunRequest", "Strategy", "make_strategy"]
+__all__ = ["Claim", "JobPolicy", "Outcome", "RunRequest", "Strategy", "make_strategy", "run_id"]

@@ -30,7 +30,8 @@ class Claim:
 
 @dataclass(frozen=True, slots=True)
 class RunRequest:
-    """One instance asking for one run. ``run`` is the store's id of the run (see RunRecord)."""
+    """One instance asking for one run. ``run`` is the store's id of the run: the slot for a scheduled run,
+    ``m<slot>-<tag>`` for a manual one (see :func:`run_id`)."""
 
     job: str
     run: str
@@ -38,6 +39,11 @@ class RunRequest:
     token: str
     runner: str
     manual: bool = False
+
+
+def run_id(slot: int, manual_tag: str | None = None) -> str:
+    """The store's id of a run: every instance names a scheduled run by its slot alone."""
+    return str(slot) if manual_tag is None else f"m{slot}-{manual_tag}"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

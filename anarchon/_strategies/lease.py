@@ -51,21 +51,10 @@ class LeaseStrategy:
         return None
 
     def claim_call(self, request: RunRequest, policy: JobPolicy) -> ScriptCall:
-        return ScriptCall(
-            CLAIM,
-            self.keys.lease(request.job).all(),
-            (
-                request.run,
-                request.slot,
-                request.token,
-                request.runner,
-                policy.lease_ms,
-                1 if request.manual else policy.max_attempts,
-                _flag(policy.overlap),
-                _flag(request.manual),
-                policy.history_size,
-            ),
-        )
+        # The run id carries the slot and whether the run is manual (see RunRequest).
+        max_attempts = 1 if request.manual else policy.max_attempts  # a manual run is not retried by backups
+        args = (request.run, request.token, request.runner, policy.lease_ms, max_attempts, _flag(policy.overlap))
+        return ScriptCall(CLAIM, self.keys.lease(request.job).all(), args)
 
     async def claim(self, store: Store, requests: Sequence[tuple[RunRequest, JobPolicy]]) -> list[Claim | StoreError]:
         replies = await store.run_many([self.claim_call(request, policy) for request, policy in requests])
@@ -85,7 +74,7 @@ class LeaseStrategy:
 
     async def skip(self, store: Store, request: RunRequest, policy: JobPolicy, status: Status, message: str) -> bool:
         keys = self.keys.lease(request.job).all()
-        args = (request.run, request.slot, request.token, request.runner, status, json.dumps(message))
+        args = (request.run, request.token, request.runner, status, json.dumps(message))
         return await store.run(SKIP, keys, (*args, *_trim_args(policy))) == 1
 
     async def history(self, store: Store, job: str, limit: int) -> list[RunRecord]:

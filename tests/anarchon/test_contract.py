@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from anarchon import RedisBackend, RunRecord, StoreFormatError, UnsupportedStrategyError
-from anarchon._strategies import Claim, JobPolicy, Outcome, RunRequest
+from anarchon._strategies import Claim, JobPolicy, Outcome, RunRequest, run_id
 from tests.anarchon.support import StoreTarget
 
 STRATEGIES = ["lease", "stream-id", "idmp", "script"]
@@ -156,7 +156,7 @@ async def test_keys_and_types_are_the_documented_ones(target: StoreTarget, strat
     backend = await target.started_backend(strategy, prefix="billing:cron:")
     policy = JobPolicy(lease_ms=5_000, overlap=True)
     running, finished = request(SLOT, "a"), request(SLOT + 1000, "a")
-    manual = RunRequest("sync", "m1-x", SLOT + 5, "m", "runner-m", manual=True)
+    manual = RunRequest("sync", run_id(SLOT + 5, "x"), SLOT + 5, "m", "runner-m", manual=True)
     claims = await backend.strategy.claim(backend.store, [(running, policy), (finished, policy), (manual, policy)])
     assert all(isinstance(c, Claim) and c.outcome is Outcome.WON for c in claims), claims
     claim = claims[1]
