@@ -162,6 +162,7 @@ class RedisBackend(Generic[M]):
             self.strategy.check_server(self.server)
             await _check_format(store, self.keys.format)
             await self.strategy.prepare(store, jobs)
+            await store.load(self.strategy.scripts)
         except BaseException:
             await store.close()
             raise

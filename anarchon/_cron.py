@@ -14,6 +14,7 @@ times of jobs like ``*/15 2 * * *``.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -76,6 +77,9 @@ class CronSchedule:
 
     def next_after(self, after_ms: int) -> int | None:
         """The first slot strictly after ``after_ms`` (None if the expression never matches again)."""
+        return _next_after(self, after_ms)
+
+    def compute_next_after(self, after_ms: int) -> int | None:
         candidate = self._next_match(after_ms)
         horizon = candidate if candidate is not None else after_ms + 366 * DAY_MS
         for jump_ms, first_skipped, first_after in self._forward_jumps(after_ms, horizon):
@@ -128,3 +132,10 @@ class CronSchedule:
         while slot is not None and slot <= end_ms:
             yield slot
             slot = self.next_after(slot)
+
+
+@functools.lru_cache(maxsize=16_384)
+def _next_after(schedule: CronSchedule, after_ms: int) -> int | None:
+    # Equal schedules (same expression and zone) share answers: a thousand jobs on "0 * * * *", or the same
+    # job on every simulated instance, compute each slot once.
+    return schedule.compute_next_after(after_ms)

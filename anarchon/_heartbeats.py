@@ -1,38 +1,151 @@
-"""Heartbeats on a thread of their own.
+"""Heartbeats: one keeper per scheduler extends the lease of every run the instance holds.
 
-A job that hogs the event loop (CPU-bound code in an ``async def``, a blocking call) would otherwise stop the
-heartbeats of every run on that loop, and a backup would take over a run that is still going. The thread has
-its own event loop and its own connection to the store, so leases stay alive whatever the app's loop does. If
-the lease is lost all the same (a backup took over, the store is gone), the job is told on its own loop.
+Runs are registered and removed in O(1) (no task, no cross-thread call per run); the keeper sleeps until the
+earliest heartbeat or deadline, sends every heartbeat due together (the store pipelines them), and reports a lost
+lease through the callback the run registered with.
+
+The keeper runs on a thread of its own when it can (:class:`HeartbeatThread`): a job that hogs the event loop
+(CPU-bound code in an ``async def``, a blocking call) would otherwise stop the heartbeats of every run on that
+loop, and a backup would take over runs that are still going. The thread has its own event loop and its own
+connection to the store. With an injected clock (the simulator's virtual time) it runs as a task on the
+scheduler's loop instead.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
 import threading
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from functools import partial
 from typing import Any, TypeVar
 
+from ._clock import Clock
+from ._errors import StoreError
 from ._store import Store
+from ._strategies import JobPolicy, RunRequest, Strategy
 
+log = logging.getLogger("anarchon")
 T = TypeVar("T")
+IDLE_S = 60.0
+RETRY_S = 1.0  # after a failed heartbeat, the next try (never later than the deadline)
+
+
+@dataclass(slots=True)
+class _Held:
+    request: RunRequest
+    policy: JobPolicy
+    deadline: float  # keeper clock seconds: past it, the lease may be gone
+    next_beat: float
+    lose: Callable[[str], object]
+
+
+class LeaseKeeper:
+    """Keeps the leases of the runs registered with :meth:`hold` alive until :meth:`release`.
+
+    A run's deadline counts from when its claim or last heartbeat was *sent* (never after the server stamped the
+    lease) and stops short of the lease by ``margin_ms``: the job must be cancelled, and the cancellation
+    delivered, before the store can hand the run to a backup.
+    """
+
+    def __init__(self, strategy: Strategy, store: Store, clock: Clock, *, heartbeat_ms: int, margin_ms: float) -> None:
+        self.strategy = strategy
+        self.store = store
+        self.clock = clock
+        self.heartbeat_s = heartbeat_ms / 1000
+        self.margin_s = margin_ms / 1000
+        self._held: dict[str, _Held] = {}
+        self._lock = threading.Lock()  # hold/release come from the scheduler's loop, serve may run elsewhere
+        self._wake: Callable[[], object] = lambda: None
+        self._sleeping_until = -float("inf")  # while awake, runs held meanwhile are seen on the next pass
+
+    def hold(
+        self, request: RunRequest, policy: JobPolicy, sent: float, lease_ms_left: int, lose: Callable[[str], object]
+    ) -> None:
+        """Keep ``request``'s lease, won by a claim sent at ``sent`` (this keeper's clock)."""
+        held = _Held(request, policy, sent + lease_ms_left / 1000 - self.margin_s, sent + self.heartbeat_s, lose)
+        with self._lock:
+            self._held[request.token] = held
+            if min(held.next_beat, held.deadline) < self._sleeping_until:
+                self._wake()
+
+    def release(self, token: str) -> None:
+        with self._lock:
+            self._held.pop(token, None)
+
+    async def serve(self) -> None:
+        """Beat until cancelled."""
+        loop = asyncio.get_running_loop()
+        while True:
+            now = self.clock.monotonic()
+            with self._lock:
+                held = list(self._held.values())
+            for run in held:
+                if run.deadline <= now:
+                    self.release(run.request.token)
+                    run.lose("the lease ran out before a heartbeat reached the store")
+            due = [run for run in held if run.deadline > now and run.next_beat <= now]
+            if due:
+                await self._beat(due)
+                continue
+            with self._lock:
+                upcoming = [min(run.next_beat, run.deadline) for run in self._held.values()]
+                target = min(upcoming, default=now + IDLE_S)
+                sleeper = asyncio.ensure_future(self.clock.sleep(target - now))
+                self._wake = partial(loop.call_soon_threadsafe, sleeper.cancel)
+                self._sleeping_until = target
+            try:
+                await asyncio.wait([sleeper])  # returns early when hold() wakes it
+            finally:
+                sleeper.cancel()
+                with self._lock:
+                    self._sleeping_until = -float("inf")  # awake: the next pass sees every run held meanwhile
+
+    async def _beat(self, due: list[_Held]) -> None:
+        sent = self.clock.monotonic()
+        beats = [self.strategy.heartbeat(self.store, run.request, run.policy) for run in due]
+        try:
+            timeout = max(0.0, min(run.deadline for run in due) - sent)
+            answers: list[int | BaseException] = await asyncio.wait_for(
+                asyncio.gather(*beats, return_exceptions=True), timeout
+            )
+        except TimeoutError:
+            answers = [TimeoutError("no answer before the lease deadline")] * len(due)
+        for run, answer in zip(due, answers, strict=True):
+            if isinstance(answer, BaseException):
+                if not isinstance(answer, StoreError | TimeoutError):
+                    raise answer
+                log.warning("job %s: heartbeat failed: %s", run.request.job, answer)
+                run.next_beat = min(sent + RETRY_S, run.deadline)
+            elif answer <= 0:
+                self.release(run.request.token)
+                run.lose("the heartbeat was refused: another attempt holds the run")
+            else:
+                run.deadline = sent + answer / 1000 - self.margin_s
+                run.next_beat = sent + self.heartbeat_s
 
 
 class HeartbeatThread:
-    def __init__(self, store: Store) -> None:
-        self.store = store
+    """Runs a keeper on a thread of its own, with its own event loop and store connection."""
+
+    def __init__(self, keeper: LeaseKeeper) -> None:
+        self.keeper = keeper
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="anarchon-heartbeats", daemon=True)
         self._thread.start()
+        self._serving = self.submit(keeper.serve())
 
     def submit(self, coroutine: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop)
 
     def close(self) -> None:
-        """Close the thread's connection and stop it (blocking: call it in a worker thread from async code)."""
+        """Stop beating, close the thread's connection and end the thread (blocking: call it from a worker
+        thread in async code)."""
         try:
-            self.submit(self.store.close()).result(timeout=10)
+            self._serving.cancel()
+            self.submit(self.keeper.store.close()).result(timeout=10)
         finally:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=10)

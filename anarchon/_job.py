@@ -45,6 +45,8 @@ class Job:
     schedule: CronSchedule
     function: JobFunction
     options: JobOptions
+    takes_context: bool  # called as function(run), or function()
+    is_async: bool
 
     @classmethod
     def create(cls, name: object, cron: object, function: object, options: JobOptions) -> Job:
@@ -55,22 +57,7 @@ class Job:
         if not isinstance(cron, str):
             raise ConfigTypeError("cron", f"must be a string, got {type(cron).__name__}", "a cron expression")
         schedule = CronSchedule(cron, load_timezone(options.timezone))
-        return cls(name, schedule, function, options)
-
-    @property
-    def takes_context(self) -> bool:
-        try:
-            parameters = inspect.signature(self.function).parameters.values()
-        except (TypeError, ValueError):  # some builtins have no signature: give them the context
-            return True
-        positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-        return any(p.kind in positional or p.kind is inspect.Parameter.VAR_POSITIONAL for p in parameters)
-
-    @property
-    def is_async(self) -> bool:
-        function = self.function
-        call = getattr(function, "__call__", None)  # noqa: B004 - callable objects with an async __call__
-        return inspect.iscoroutinefunction(function) or inspect.iscoroutinefunction(call)
+        return cls(name, schedule, function, options, _takes_context(function), _is_async(function))
 
     def call(self, context: RunContext) -> object:
         return self.function(context) if self.takes_context else self.function()  # type: ignore[call-arg]
@@ -79,6 +66,20 @@ class Job:
         """How long after its slot a run of this job may still be claimed by some instance."""
         o = self.options
         return max(o.jitter_ms + o.max_late_ms, o.catch_up_ms) + lease_ms * o.max_attempts
+
+
+def _takes_context(function: Callable[..., object]) -> bool:
+    try:
+        parameters = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):  # some builtins have no signature: give them the context
+        return True
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return any(p.kind in positional or p.kind is inspect.Parameter.VAR_POSITIONAL for p in parameters)
+
+
+def _is_async(function: Callable[..., object]) -> bool:
+    call = getattr(function, "__call__", None)  # noqa: B004 - callable objects with an async __call__
+    return inspect.iscoroutinefunction(function) or inspect.iscoroutinefunction(call)
 
 
 def check_memory(job: Job, strategy: str, memory_ms: int, setting: str) -> None:

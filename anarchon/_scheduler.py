@@ -36,7 +36,7 @@ from ._errors import (
     StoreUnavailableError,
     UnknownOptionError,
 )
-from ._heartbeats import HeartbeatThread
+from ._heartbeats import HeartbeatThread, LeaseKeeper
 from ._job import DAY_MS, LEASE_OPTIONS, Job, JobFunction, JobOptions, check_memory
 from ._keys import check_job_name
 from ._records import RunRecord, Status
@@ -175,6 +175,7 @@ class Scheduler(Generic[M]):
         self._tasks: set[asyncio.Task[Any]] = set()
         self._dispatcher: asyncio.Task[None] | None = None
         self._sleeper: asyncio.Task[None] | None = None
+        self._keeper: LeaseKeeper | None = None
         self._heartbeats: HeartbeatThread | None = None
         self._started = False
 
@@ -294,8 +295,8 @@ class Scheduler(Generic[M]):
         if self._started:
             raise SchedulerStateError("the scheduler is already started")
         await self.backend.start(list(self._jobs))
-        self._heartbeats = self._heartbeat_thread()
         self._started = True
+        self._start_keeper()
         now = self.clock.wall_ms()
         for job in self._jobs.values():
             self._schedule_next(job, now)
@@ -314,18 +315,16 @@ class Scheduler(Generic[M]):
             self._dispatcher.cancel()
             await asyncio.gather(self._dispatcher, return_exceptions=True)
             self._dispatcher = None
-        for task in [t for t in self._tasks if t.get_name() == "anarchon-catch-up"]:
-            task.cancel()
-        if self._tasks:
-            await asyncio.wait(self._tasks, timeout=timeout)
+        # Runs and catch-ups (which stop between slots) go on, heartbeats included, for up to `timeout`.
+        work = [task for task in self._tasks if task.get_name() != "anarchon-heartbeats"]
+        if work:
+            await asyncio.wait(work, timeout=timeout)
         for running in list(self._running.values()):
             running.interrupt("the scheduler stopped")
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+        if work:
+            await asyncio.gather(*work, return_exceptions=True)
         self._queue.clear()
-        if self._heartbeats is not None:
-            await asyncio.to_thread(self._heartbeats.close)
-            self._heartbeats = None
+        await self._stop_keeper()
         await self.backend.stop()
         log.info("scheduler %s stopped", self.instance_id)
 
@@ -424,13 +423,18 @@ class Scheduler(Generic[M]):
             due: list[_Due] = []
             while self._queue and self._queue[0].at_ms <= now:
                 entry = heapq.heappop(self._queue)
-                if entry.job not in self._jobs:
-                    continue
-                due.append(entry)
-                if entry.kind == "scheduled":
-                    self._schedule_next(self._jobs[entry.job], entry.slot)
+                if entry.job in self._jobs:
+                    due.append(entry)
             if due:
-                await self._claim(due, now)
+                claiming = asyncio.ensure_future(self._claim(due, now))
+                try:
+                    await asyncio.sleep(0)  # the claims leave first; the next slots are worked out meanwhile
+                    for entry in due:
+                        if entry.kind == "scheduled":
+                            self._schedule_next(self._jobs[entry.job], entry.slot)
+                    await claiming
+                finally:
+                    claiming.cancel()  # when the dispatcher is stopped midway
                 continue
             delay = MAX_SLEEP_S if not self._queue else (self._queue[0].at_ms - now) / 1000
             self._sleeper = asyncio.ensure_future(self.clock.sleep(min(delay, MAX_SLEEP_S)))
@@ -496,6 +500,8 @@ class Scheduler(Generic[M]):
     async def _catch_up(self, job: Job, now: int) -> None:
         """Run, one after another, the slots of the last ``catch_up_ms`` that no instance ran."""
         for slot in job.schedule.slots_between(now - job.options.catch_up_ms, now):
+            if not self._started:  # stop() waits for the slot in progress, not for the ones left
+                return
             request = RunRequest(job.name, run_id(slot), slot, self._token(), self.instance_id)
             while True:
                 sent = self.clock.monotonic()
@@ -540,7 +546,7 @@ class Scheduler(Generic[M]):
         started = self.clock.wall_ms()
         await self._hook(self.on_run_start, context)
         running.work = asyncio.create_task(self._call(job, context), name=f"anarchon-job-{job.name}")
-        keeper = self._keep_lease(running, claim_sent, claim.lease_ms_left) if self.backend.leases else None
+        self._hold_lease(running, claim_sent, claim.lease_ms_left)
         status: Status = "ok"
         message: str | None = None
         try:
@@ -551,8 +557,8 @@ class Scheduler(Generic[M]):
             status, message = "error", f"{type(error).__name__}: {error}"
             log.exception("job %s slot %d attempt %d failed", job.name, request.slot, claim.attempt, extra=extra)
         finally:
-            if keeper is not None:
-                keeper.cancel()
+            if self._keeper is not None:
+                self._keeper.release(request.token)
             del self._running[request.token]
         record = self._local_record(request, status, message, attempt=claim.attempt, fence=claim.fence, started=started)
         try:
@@ -581,67 +587,48 @@ class Scheduler(Generic[M]):
             return await result
         return result
 
-    def _heartbeat_thread(self) -> HeartbeatThread | None:
-        """Heartbeats go to a thread of their own when the clock is the system's (virtual clocks keep them on
-        the loop that drives time) and the client can open a second connection for it."""
-        if not self.backend.leases or type(self.clock) is not SystemClock:
-            return None
+    def _start_keeper(self) -> None:
+        """Heartbeats go to a thread of their own when the clock is the system's (a virtual clock must keep them
+        on the loop that drives time) and the client can open a second connection for it."""
+        if not self.backend.leases:
+            return
+        margin_ms = self.lease_ms * LEASE_MARGIN
         fork = getattr(self.backend.store.connection, "fork", None)
-        return HeartbeatThread(Store(fork(), owned=True)) if fork is not None else None
+        if type(self.clock) is SystemClock and fork is not None:
+            keeper = LeaseKeeper(
+                self.backend.strategy, Store(fork(), owned=True), SystemClock(), heartbeat_ms=self.heartbeat_ms,
+                margin_ms=margin_ms,
+            )  # fmt: skip
+            self._keeper, self._heartbeats = keeper, HeartbeatThread(keeper)
+            return
+        self._keeper = LeaseKeeper(
+            self.backend.strategy, self.backend.store, self.clock, heartbeat_ms=self.heartbeat_ms, margin_ms=margin_ms
+        )
+        self._spawn(self._keeper.serve(), "anarchon-heartbeats")
 
-    def _keep_lease(self, running: _Running, sent: float, lease_ms_left: int) -> asyncio.Future[None]:
-        """Start heartbeats for a won attempt, on the heartbeat thread if there is one."""
+    async def _stop_keeper(self) -> None:
+        if self._heartbeats is not None:
+            await asyncio.to_thread(self._heartbeats.close)
+        for task in [task for task in self._tasks if task.get_name() == "anarchon-heartbeats"]:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        self._keeper = self._heartbeats = None
+
+    def _hold_lease(self, running: _Running, sent: float, lease_ms_left: int) -> None:
+        keeper = self._keeper
+        if keeper is None:
+            return
+        policy = self._policies[running.request.job]
         if self._heartbeats is None:
-            return asyncio.ensure_future(
-                self._heartbeat(
-                    running, sent, lease_ms_left, self.backend.store, self.clock, lambda r: self._lose(running, r)
-                )
-            )
+            keeper.hold(running.request, policy, sent, lease_ms_left, lambda reason: self._lose(running, reason))
+            return
         loop = asyncio.get_running_loop()
+        # The keeper's clock is its own thread's monotonic clock: the same one as SystemClock's.
 
         def lose(reason: str) -> None:
             loop.call_soon_threadsafe(self._lose, running, reason)
 
-        store = self._heartbeats.store
-        return asyncio.wrap_future(
-            self._heartbeats.submit(self._heartbeat(running, sent, lease_ms_left, store, SystemClock(), lose))
-        )
-
-    async def _heartbeat(
-        self,
-        running: _Running,
-        sent: float,
-        lease_ms_left: int,
-        store: Store,
-        clock: Clock,
-        lose: Callable[[str], None],
-    ) -> None:
-        """Heartbeat until cancelled; call ``lose`` when a heartbeat is refused or the lease ran out unrenewed.
-
-        The local deadline counts from when the claim or heartbeat was *sent*, which is never after the server
-        stamped the lease, and stops short of it by a margin: the job must be cancelled, and the cancellation
-        delivered, before the store can hand the run to a backup.
-        """
-        strategy = self.backend.strategy
-        policy = self._policies[running.request.job]
-        margin_ms = self.lease_ms * LEASE_MARGIN
-        deadline = sent + (lease_ms_left - margin_ms) / 1000
-        while True:
-            left_s = deadline - clock.monotonic()
-            if left_s <= 0:
-                return lose("the lease ran out before a heartbeat reached the store")
-            await clock.sleep(min(self.heartbeat_ms / 1000, left_s))
-            if deadline - clock.monotonic() <= 0:
-                continue
-            sent = clock.monotonic()
-            try:
-                ms = await asyncio.wait_for(strategy.heartbeat(store, running.request, policy), timeout=deadline - sent)
-            except (StoreError, TimeoutError) as error:
-                log.warning("job %s: heartbeat failed: %s", running.request.job, error or "timed out")
-                continue
-            if ms <= 0:
-                return lose("the heartbeat was refused: another attempt holds the run")
-            deadline = sent + (ms - margin_ms) / 1000
+        keeper.hold(running.request, policy, sent, lease_ms_left, lose)
 
     def _lose(self, running: _Running, reason: str) -> None:
         request = running.request

@@ -182,8 +182,17 @@ class Store:
         replies = await self.execute_many([call.evalsha() for call in calls])
         missing = [i for i, reply in enumerate(replies) if is_noscript(reply)]
         if missing:
-            resent = await self.execute_many([calls[i].eval() for i in missing])
-            for i, reply in zip(missing, resent, strict=True):
+            # One EVAL per script loads it; the other calls go again by SHA (a batch of ten thousand claims does
+            # not send the source ten thousand times). A node that still lacks it (Cluster) gets EVAL.
+            loaders = list({calls[i].script.sha: i for i in reversed(missing)}.values())
+            for i, reply in zip(loaders, await self.execute_many([calls[i].eval() for i in loaders]), strict=True):
+                replies[i] = reply
+            loaded = set(loaders)
+            rest = [i for i in missing if i not in loaded]
+            again = await self.execute_many([calls[i].evalsha() for i in rest])
+            for i, reply in zip(rest, again, strict=True):
+                if is_noscript(reply):
+                    reply = await _kept(self.run(calls[i].script, calls[i].keys, calls[i].args))
                 replies[i] = reply
         return replies
 
@@ -232,6 +241,10 @@ class Store:
                 future.set_exception(reply)
             else:
                 future.set_result(reply)
+
+    async def load(self, scripts: Sequence[Script]) -> None:
+        """Cache scripts on the server ahead of use, so that a first burst is not answered NOSCRIPT."""
+        await self.execute_many([("SCRIPT", "LOAD", script.source) for script in scripts])
 
     async def server_info(self) -> ServerInfo:
         return await self.connection.server_info()

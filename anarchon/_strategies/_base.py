@@ -9,7 +9,7 @@ from typing import Protocol
 
 from .._errors import StoreError
 from .._records import RunRecord, Status, decode_record
-from .._store import ServerInfo, Store, as_list, as_text
+from .._store import Script, ServerInfo, Store, as_list, as_text
 
 
 class Outcome(enum.StrEnum):
@@ -18,6 +18,9 @@ class Outcome(enum.StrEnum):
     OVERLAP = "overlap"  # lease: another run of the job is live; this run was recorded as skipped-overlap
     DONE = "done"  # lease: finished, skipped, or out of attempts
     LOST = "lost"  # claim-only: another instance claimed the run
+
+
+OUTCOMES = {outcome.value: outcome for outcome in Outcome}  # by value, cheaper than Outcome(value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +66,7 @@ class Strategy(Protocol):
 
     name: str
     leases: bool
+    scripts: tuple[Script, ...]  # loaded into the server's script cache at start
 
     def check_server(self, server: ServerInfo) -> None:
         """Raise UnsupportedStrategyError if the server cannot run this strategy. Called before any write."""

@@ -12,13 +12,14 @@ from collections.abc import Sequence
 from .._errors import StoreError
 from .._keys import KeySpace
 from .._records import RunRecord, Status, encode_record, result_score
-from .._store import ServerInfo, Store, as_text
+from .._store import Script, ServerInfo, Store, as_text
 from ._base import Claim, JobPolicy, Outcome, RunRequest, fence_of, read_history
 
 
 class ClaimOnlyStrategy:
     name: str
     leases = False
+    scripts: tuple[Script, ...] = ()
 
     def __init__(self, keys: KeySpace) -> None:
         self.keys = keys

@@ -14,7 +14,7 @@ from .._errors import StoreError, StoreReplyError
 from .._keys import KeySpace
 from .._records import RunRecord, Status
 from .._store import Reply, Script, ScriptCall, ServerInfo, Store, as_list, as_text
-from ._base import Claim, JobPolicy, Outcome, RunRequest, read_history
+from ._base import OUTCOMES, Claim, JobPolicy, RunRequest, read_history
 
 CLAIM = Script.load("lease_claim", prelude="lease_lib")
 HEARTBEAT = Script.load("lease_heartbeat", prelude="lease_lib")
@@ -33,13 +33,14 @@ def _trim_args(policy: JobPolicy) -> tuple[int, int, int]:
 def _parse_claim(reply: Reply | StoreReplyError) -> Claim | StoreError:
     if isinstance(reply, StoreError):
         return reply
-    answer, attempt, fence, left = (as_text(item) for item in as_list(reply, 4))
-    return Claim(Outcome(answer), int(attempt), int(fence), max(0, int(left)))
+    answer, attempt, fence, left = as_list(reply, 4)
+    return Claim(OUTCOMES[as_text(answer)], int(as_text(attempt)), int(as_text(fence)), max(0, int(as_text(left))))
 
 
 class LeaseStrategy:
     name = "lease"
     leases = True
+    scripts: tuple[Script, ...] = (CLAIM, HEARTBEAT, FINISH, SKIP)
 
     def __init__(self, keys: KeySpace) -> None:
         self.keys = keys
@@ -69,7 +70,8 @@ class LeaseStrategy:
         self, store: Store, request: RunRequest, claim: Claim, policy: JobPolicy, record: RunRecord
     ) -> bool:
         keys = self.keys.lease(request.job).all()
-        args = (request.run, request.token, record.status, json.dumps(record.message), *_trim_args(policy))
+        message = "null" if record.message is None else json.dumps(record.message)
+        args = (request.run, request.token, record.status, message, *_trim_args(policy))
         return await store.run(FINISH, keys, args) == 1
 
     async def skip(self, store: Store, request: RunRequest, policy: JobPolicy, status: Status, message: str) -> bool:

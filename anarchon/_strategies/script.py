@@ -19,6 +19,7 @@ CLAIM = Script.load("script_claim")
 
 class ScriptStrategy(ClaimOnlyStrategy):
     name = "script"
+    scripts: tuple[Script, ...] = (CLAIM,)
 
     def __init__(self, keys: KeySpace, window_ms: int) -> None:
         super().__init__(keys)
