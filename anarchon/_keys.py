@@ -7,6 +7,7 @@ all:        <prefix>format
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -74,9 +75,20 @@ class KeySpace:
         return f"{self.prefix}format"
 
     def lease(self, job: str) -> LeaseKeys:
-        tag = f"{{{self.prefix}{job}}}"
-        return LeaseKeys(f"{tag}:state", f"{tag}:active", f"{tag}:slots", f"{tag}:runs", f"{tag}:results")
+        return _lease_keys(self.prefix, job)
 
     def claim(self, job: str) -> ClaimKeys:
-        base = f"{self.prefix}{job}"
-        return ClaimKeys(f"{base}:runs", f"{base}:manual", f"{base}:results")
+        return _claim_keys(self.prefix, job)
+
+
+# Built once per job: every claim of a burst asks for them.
+@functools.lru_cache(maxsize=65_536)
+def _lease_keys(prefix: str, job: str) -> LeaseKeys:
+    tag = f"{{{prefix}{job}}}"
+    return LeaseKeys(f"{tag}:state", f"{tag}:active", f"{tag}:slots", f"{tag}:runs", f"{tag}:results")
+
+
+@functools.lru_cache(maxsize=65_536)
+def _claim_keys(prefix: str, job: str) -> ClaimKeys:
+    base = f"{prefix}{job}"
+    return ClaimKeys(f"{base}:runs", f"{base}:manual", f"{base}:results")

@@ -544,7 +544,8 @@ class Scheduler(Generic[M]):
         extra = {"job": job.name, "slot": request.slot, "attempt": claim.attempt}
         log.info("job %s slot %d attempt %d: started", job.name, request.slot, claim.attempt, extra=extra)
         started = self.clock.wall_ms()
-        await self._hook(self.on_run_start, context)
+        if self.on_run_start is not None:
+            await self._hook(self.on_run_start, context)
         running.work = asyncio.create_task(self._call(job, context), name=f"anarchon-job-{job.name}")
         self._hold_lease(running, claim_sent, claim.lease_ms_left)
         status: Status = "ok"
@@ -576,7 +577,8 @@ class Scheduler(Generic[M]):
         except StoreError as error:
             log.warning("job %s slot %d: could not record the result: %s", job.name, request.slot, error, extra=extra)
         log.info("job %s slot %d attempt %d: %s", job.name, request.slot, claim.attempt, status, extra=extra)
-        await self._hook(self.on_run_end, context, record)
+        if self.on_run_end is not None:
+            await self._hook(self.on_run_end, context, record)
         return record
 
     async def _call(self, job: Job, context: RunContext) -> object:
@@ -642,9 +644,7 @@ class Scheduler(Generic[M]):
         running.context.lease_lost.set()
         running.interrupt(f"lease lost: {reason}")
 
-    async def _hook(self, hook: Callable[..., object] | None, *args: Any) -> None:
-        if hook is None:
-            return
+    async def _hook(self, hook: Callable[..., object], *args: Any) -> None:
         try:
             result = hook(*args)
             if inspect.isawaitable(result):
