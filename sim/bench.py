@@ -23,6 +23,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import fakeredis
 import redis.asyncio
 
 from anarchon import RedisBackend, RunContext, RunRecord, Scheduler, ValkeyBackend
@@ -199,22 +200,26 @@ def _burst_instance(url: str, valkey: bool, name: str, jobs: int, second: int, r
 
 
 def scheduler_memory(jobs: int = 1000) -> dict[str, Any]:
-    """Python heap per registered job (tracemalloc), excluding the backend and the interpreter."""
+    """Python heap per registered job of a started scheduler (tracemalloc), with a realistic mix of schedules."""
 
     async def noop(run: RunContext) -> None:
         return None
 
-    gc.collect()
-    tracemalloc.start()
-    scheduler = Scheduler(RedisBackend())
-    before = tracemalloc.take_snapshot()
-    for j in range(jobs):
-        scheduler.add_job(f"job{j}", "*/5 * * * *", noop, timezone="Europe/Berlin")
-    gc.collect()
-    after = tracemalloc.take_snapshot()
-    tracemalloc.stop()
-    grown = sum(stat.size_diff for stat in after.compare_to(before, "filename"))
-    return {"jobs": jobs, "bytes_per_job": round(grown / jobs)}
+    async def measure() -> int:
+        scheduler = Scheduler(RedisBackend(redis=fakeredis.FakeAsyncRedis()))
+        await scheduler.start()
+        gc.collect()
+        tracemalloc.start()
+        before = tracemalloc.take_snapshot()
+        for j in range(jobs):
+            scheduler.add_job(f"job{j}", f"{j % 60} {j % 24} * * *", noop, timezone="Europe/Berlin")
+        gc.collect()
+        after = tracemalloc.take_snapshot()
+        tracemalloc.stop()
+        await scheduler.stop()
+        return sum(stat.size_diff for stat in after.compare_to(before, "filename"))
+
+    return {"jobs": jobs, "bytes_per_job": round(asyncio.run(measure()) / jobs)}
 
 
 async def store_memory(target: str, history_size: int = 1000) -> dict[str, Any]:
