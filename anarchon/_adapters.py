@@ -132,7 +132,11 @@ class RedisPyAsync:
         self.client = client
 
     async def execute(self, command: Command) -> Reply:
-        return decode(await _guard(self.client.execute_command(*_wire_name(command))))
+        try:
+            reply = await self.client.execute_command(*_wire_name(command))
+        except Exception as error:
+            raise translate(error) or error from error
+        return decode(reply)
 
     async def execute_many(self, commands: Sequence[Command]) -> list[Reply | StoreReplyError]:
         pipe = self.client.pipeline(transaction=False)

@@ -166,7 +166,9 @@ class Store:
             self._done()
 
     async def run(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Reply:
-        call = ScriptCall(script, keys, args)
+        return await self._run(ScriptCall(script, keys, args))
+
+    async def _run(self, call: ScriptCall) -> Reply:
         try:
             return await self._send(call.evalsha())
         except StoreReplyError as error:
@@ -178,7 +180,7 @@ class Store:
     async def run_many(self, calls: Sequence[ScriptCall]) -> list[Reply | StoreReplyError]:
         """Run scripts by SHA; a call answered NOSCRIPT did not run, and is resent with EVAL (which caches it)."""
         if len(calls) == 1:
-            return [await _kept(self.run(calls[0].script, calls[0].keys, calls[0].args))]
+            return [await _kept(self._run(calls[0]))]
         replies = await self.execute_many([call.evalsha() for call in calls])
         missing = [i for i, reply in enumerate(replies) if is_noscript(reply)]
         if missing:
@@ -192,7 +194,7 @@ class Store:
             again = await self.execute_many([calls[i].evalsha() for i in rest])
             for i, reply in zip(rest, again, strict=True):
                 if is_noscript(reply):
-                    reply = await _kept(self.run(calls[i].script, calls[i].keys, calls[i].args))
+                    reply = await _kept(self._run(calls[i]))
                 replies[i] = reply
         return replies
 

@@ -3,7 +3,7 @@
 -- ARGV[1]  run id: the slot (epoch ms) for a scheduled run, "m<slot>-<tag>" for a manual one
 -- ARGV[2]  token of this attempt     ARGV[3] runner (instance id)
 -- ARGV[4]  lease_ms                  ARGV[5] max_attempts          ARGV[6] overlap allowed: "1" or "0"
--- returns {answer, attempt, fence, lease_ms_left}
+-- returns "<answer> <attempt> <fence> <lease_ms_left>" (one string: a client reads it faster than an array)
 --   "won"      the caller runs it: a new attempt was stored (or the caller's own token already holds it,
 --              when a claim whose reply was lost is retried); lease_ms_left is its lease
 --   "running"  another attempt holds a live lease; lease_ms_left says when to try again (the caller is a backup)
@@ -14,18 +14,23 @@ local lease_ms, max_attempts, overlap_allowed = tonumber(ARGV[4]), tonumber(ARGV
 local slot, manual = run_slot(run)
 local now = server_now()
 
+local function reply(answer, attempt, fence, lease_ms_left)
+  return answer .. ' ' .. attempt .. ' ' .. fence .. ' ' .. lease_ms_left
+end
+
+local r, job_fence = load_run(run, true)
+
 local function start_attempt(attempt)
-  local fence = redis.call('HINCRBY', STATE, 'fence', 1)
+  local fence = job_fence + 1
   save_run(run, { status = 'running', attempt = attempt, token = token, runner = runner,
-    lease_end = now + lease_ms, fence = fence, slot = slot, manual = manual, started = now })
+    lease_end = now + lease_ms, fence = fence, slot = slot, manual = manual, started = now }, fence)
   redis.call('SADD', ACTIVE, run)
   -- Trimming (of this stream too) is left to finish, which follows every won claim: claims stay short.
   redis.call('XADD', RUNS, '*', 'run', run, 'slot', slot, 'attempt', attempt, 'token', token, 'runner', runner,
     'fence', fence)
-  return { 'won', attempt, fence, lease_ms }
+  return reply('won', attempt, fence, lease_ms)
 end
 
-local r = load_run(run)
 if not r then
   if not overlap_allowed then
     -- Any other run with a live lease blocks this one: an older run still going, or a newer one when this
@@ -36,7 +41,7 @@ if not r then
         local skipped = { status = 'skipped-overlap', attempt = 1, token = token, runner = runner, lease_end = 0,
           fence = 0, slot = slot, manual = manual, started = now }
         close_run(run, skipped, 'skipped-overlap', now, '"run ' .. other .. ' was still running"')
-        return { 'overlap', 0, 0, o.lease_end - now }
+        return reply('overlap', 0, 0, o.lease_end - now)
       end
     end
   end
@@ -44,17 +49,17 @@ if not r then
 end
 
 if r.status ~= 'running' then
-  return { 'done', r.attempt, r.fence, 0 }
+  return reply('done', r.attempt, r.fence, 0)
 end
 if r.token == token then
-  return { 'won', r.attempt, r.fence, r.lease_end - now }
+  return reply('won', r.attempt, r.fence, r.lease_end - now)
 end
 if r.lease_end > now then
-  return { 'running', r.attempt, r.fence, r.lease_end - now }
+  return reply('running', r.attempt, r.fence, r.lease_end - now)
 end
 if r.attempt >= max_attempts then
   close_run(run, r, 'interrupted', now, '"lease expired; no attempts left"')
-  return { 'done', r.attempt, r.fence, 0 }
+  return reply('done', r.attempt, r.fence, 0)
 end
 record_result(run, r, 'interrupted', now, '"lease expired; taken over by attempt ' .. (r.attempt + 1) .. '"')
 return start_attempt(r.attempt + 1)

@@ -21,18 +21,32 @@ local function server_now()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
--- A run's state as a table, or nil when the store has none.
-local function load_run(run)
-  local value = redis.call('HGET', STATE, run)
-  if not value then return nil end
+-- A run's state as a table (nil when the store has none), and with `with_fence`, the job's fence counter:
+-- read in the same command, so that a claim costs one read.
+local function load_run(run, with_fence)
+  local value, fence_counter
+  if with_fence then
+    local both = redis.call('HMGET', STATE, run, 'fence')
+    value, fence_counter = both[1], tonumber(both[2] or '0')
+  else
+    value = redis.call('HGET', STATE, run)
+  end
+  if not value then return nil, fence_counter end
   local status, attempt, token, runner, lease_end, fence, slot, manual, started = string.match(value, RUN_PATTERN)
   return { status = status, attempt = tonumber(attempt), token = token, runner = runner,
-    lease_end = tonumber(lease_end), fence = tonumber(fence), slot = slot, manual = manual, started = started }
+    lease_end = tonumber(lease_end), fence = tonumber(fence), slot = slot, manual = manual, started = started },
+    fence_counter
 end
 
-local function save_run(run, r)
-  redis.call('HSET', STATE, run, r.status .. '|' .. r.attempt .. '|' .. r.token .. '|' .. r.runner .. '|' ..
-    r.lease_end .. '|' .. r.fence .. '|' .. r.slot .. '|' .. r.manual .. '|' .. r.started)
+-- Write a run's state; `fence_counter`, when given, is the job's new fence counter, written in the same command.
+local function save_run(run, r, fence_counter)
+  local value = r.status .. '|' .. r.attempt .. '|' .. r.token .. '|' .. r.runner .. '|' .. r.lease_end .. '|' ..
+    r.fence .. '|' .. r.slot .. '|' .. r.manual .. '|' .. r.started
+  if fence_counter then
+    redis.call('HSET', STATE, run, value, 'fence', fence_counter)
+  else
+    redis.call('HSET', STATE, run, value)
+  end
 end
 
 -- History ordering: newest slot first, then highest attempt. Built as text because a Lua number would print

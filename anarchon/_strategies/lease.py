@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from .._errors import StoreError, StoreReplyError
 from .._keys import KeySpace
 from .._records import RunRecord, Status
-from .._store import Reply, Script, ScriptCall, ServerInfo, Store, as_list, as_text
+from .._store import Reply, Script, ScriptCall, ServerInfo, Store, as_text
 from ._base import OUTCOMES, Claim, JobPolicy, RunRequest, read_history
 
 CLAIM = Script.load("lease_claim", prelude="lease_lib")
@@ -33,8 +33,8 @@ def _trim_args(policy: JobPolicy) -> tuple[int, int, int]:
 def _parse_claim(reply: Reply | StoreReplyError) -> Claim | StoreError:
     if isinstance(reply, StoreError):
         return reply
-    answer, attempt, fence, left = as_list(reply, 4)
-    return Claim(OUTCOMES[as_text(answer)], int(as_text(attempt)), int(as_text(fence)), max(0, int(as_text(left))))
+    answer, attempt, fence, left = as_text(reply).split(" ")
+    return Claim(OUTCOMES[answer], int(attempt), int(fence), max(0, int(left)))
 
 
 class LeaseStrategy:

@@ -553,3 +553,31 @@ async def test_a_claim_whose_reply_was_lost_is_retried_with_its_token(fake_targe
     assert link.lost
     assert [(e.attempt, e.manual) for e in ledger.executions] == [(1, False)]
     assert [(r.attempt, r.status) for r in history] == [(1, "ok")]
+
+
+RUN_FOREVER = """
+import fakeredis
+from anarchon import RedisBackend, Scheduler
+
+scheduler = Scheduler(RedisBackend(redis=fakeredis.FakeAsyncRedis()), on_run_start=lambda run: print("ran", flush=True))
+scheduler.add_job("tick", "* * * * * *", lambda: None)
+scheduler.run()
+print("stopped cleanly", flush=True)
+"""
+
+
+def test_run_blocks_until_sigterm_then_stops_cleanly() -> None:
+    import signal
+    import subprocess
+    import sys
+
+    process = subprocess.Popen([sys.executable, "-c", RUN_FOREVER], stdout=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout is not None
+        assert process.stdout.readline().strip() == "ran"  # a slot came and went: the scheduler is running
+        process.send_signal(signal.SIGTERM)
+        out, _ = process.communicate(timeout=30)
+    finally:
+        process.kill()
+    assert process.returncode == 0
+    assert "stopped cleanly" in out
