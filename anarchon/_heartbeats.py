@@ -79,6 +79,9 @@ class LeaseKeeper:
         """Beat until cancelled."""
         loop = asyncio.get_running_loop()
         while True:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():  # a cancellation a client call swallowed (3.11)
+                raise asyncio.CancelledError
             now = self.clock.monotonic()
             with self._lock:
                 held = list(self._held.values())

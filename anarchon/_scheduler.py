@@ -419,6 +419,7 @@ class Scheduler(Generic[M]):
 
     async def _dispatch(self) -> None:
         while True:
+            raise_if_cancelled()
             now = self.clock.wall_ms()
             due: list[_Due] = []
             while self._queue and self._queue[0].at_ms <= now:
@@ -502,6 +503,7 @@ class Scheduler(Generic[M]):
         for slot in job.schedule.slots_between(now - job.options.catch_up_ms, now):
             if not self._started:  # stop() waits for the slot in progress, not for the ones left
                 return
+            raise_if_cancelled()
             request = RunRequest(job.name, run_id(slot), slot, self._token(), self.instance_id)
             while True:
                 sent = self.clock.monotonic()
@@ -702,6 +704,18 @@ class SchedulerThread:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join()
             self._loop.close()
+
+
+def raise_if_cancelled() -> None:
+    """Re-raise a cancellation that an inner call swallowed.
+
+    In Python 3.11, ``asyncio.wait_for`` (used inside clients) returns its inner call's result when the
+    cancellation arrives just as that call completes; the task is left "cancelling" but runs on. Loops that must
+    stop when cancelled check for it on every turn.
+    """
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
 
 
 def _lease_only(option: str, strategy: str) -> ConfigError:
