@@ -1,23 +1,59 @@
-"""python -m sim report [--out DIR]: the strategy comparison (currently the real-time demo in sim.demo)."""
+"""python -m sim: the testbed's command line.
+
+python -m sim run SCENARIO --strategy S --seed N [--json]   one simulated run, judged
+python -m sim report [--out DIR]                           compare the strategies (see sim.demo for now)
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import os
 import sys
 import time
 from pathlib import Path
 
 from sim import demo
+from sim.run import simulate
+from sim.scenario import STRATEGIES, ScenarioError, load
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sim")
-    commands = parser.add_subparsers(dest="command", required=True)
-    report = commands.add_parser("report", help="compare the strategies under faults; write report.md")
-    report.add_argument("--out", type=Path, default=Path("reports/latest"))
-    report.add_argument("--seconds", type=float, default=30.0, help="how long each strategy runs")
-    args = parser.parse_args(argv)
+def _deterministic_hashing() -> None:
+    """String hashing is randomised per process; the store iterates sets in hash order. A replay must see the
+    same order as the run it replays, so the testbed always runs with one hash seed."""
+    if os.environ.get("PYTHONHASHSEED") != "0":
+        os.environ["PYTHONHASHSEED"] = "0"
+        os.execv(sys.executable, [sys.executable, "-m", "sim", *sys.argv[1:]])
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        scenario = load(args.scenario)
+    except ScenarioError as error:
+        print(error, file=sys.stderr)
+        return 2
+    began = time.perf_counter()
+    outcome = simulate(scenario, args.strategy, args.seed)
+    elapsed = time.perf_counter() - began
+    if args.json:
+        print(json.dumps(outcome.as_json()))
+        return 0
+    print(f"{scenario.name} / {args.strategy} / seed {args.seed}: {scenario.duration_s:.0f} s simulated in "
+          f"{elapsed:.2f} s ({scenario.duration_s / elapsed:,.0f}x)")  # fmt: skip
+    print(f"digest {outcome.digest}; {len(outcome.history.executions)} executions, "
+          f"{outcome.judgement.slots_checked} slots checked")  # fmt: skip
+    for name, verdict in outcome.judgement.verdicts.items():
+        line = f"  {name} {verdict.status}"
+        if verdict.witness:
+            line += f": {verdict.witness}"
+        print(line)
+    if any(v.status == "invalid" for v in outcome.judgement.verdicts.values()):
+        print(f"replay: {outcome.replay_command()}")
+    return 0
+
+
+def report(args: argparse.Namespace) -> int:
     began = time.monotonic()
     args.out.mkdir(parents=True, exist_ok=True)
     # The faults make the instances log warnings by design; they go to a file beside the report.
@@ -26,6 +62,25 @@ def main(argv: list[str] | None = None) -> int:
     print(path.read_text())
     print(f"written to {path} in {time.monotonic() - began:.1f} s")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m sim")
+    commands = parser.add_subparsers(dest="command", required=True)
+    one = commands.add_parser("run", help="simulate one scenario with one strategy and seed, and judge it")
+    one.add_argument("scenario", help="a scenario name (scenarios/NAME.toml) or a path")
+    one.add_argument("--strategy", choices=STRATEGIES, default="lease")
+    one.add_argument("--seed", type=int, default=1)
+    one.add_argument("--json", action="store_true", help="one JSON object: digest, verdicts, seed, …")
+    one.set_defaults(handler=run)
+    compare = commands.add_parser("report", help="compare the strategies under faults; write report.md")
+    compare.add_argument("--out", type=Path, default=Path("reports/latest"))
+    compare.add_argument("--seconds", type=float, default=30.0, help="how long each strategy runs")
+    compare.set_defaults(handler=report)
+    args = parser.parse_args(argv)
+    if args.command == "run":
+        _deterministic_hashing()
+    return int(args.handler(args))
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ with a real client until the link is cut: then every command fails as if the net
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from anarchon import StoreUnavailableError
 from anarchon._errors import StoreReplyError
@@ -14,11 +14,18 @@ from anarchon._store import Command, Connection, Reply, ServerInfo
 
 
 class Link:
-    """A cuttable connection. ``lose_replies`` sends commands but drops their answers (outcome unknown)."""
+    """A cuttable connection. ``lose_replies`` sends commands but drops their answers (outcome unknown).
 
-    def __init__(self, inner: Connection, name: str = "link") -> None:
+    ``gate``, when given, is awaited before a command leaves and before its reply is handed over: the simulator
+    uses it to hold a paused instance's traffic (a reply that arrives during the pause is seen after it).
+    """
+
+    def __init__(
+        self, inner: Connection, name: str = "link", gate: Callable[[], Awaitable[None]] | None = None
+    ) -> None:
         self.inner = inner
         self.name = name
+        self.gate = gate
         self.cut_off = False
         self.lose_replies = False
 
@@ -36,20 +43,25 @@ class Link:
     def _lost(self) -> StoreUnavailableError:
         return StoreUnavailableError(f"{self.name}: the reply was lost")
 
-    async def execute(self, command: Command) -> Reply:
+    async def _pass(self) -> None:
+        if self.gate is not None:
+            await self.gate()
         self._check()
+
+    async def execute(self, command: Command) -> Reply:
+        await self._pass()
         reply = await self.inner.execute(command)
         if self.lose_replies:
             raise self._lost()
-        self._check()
+        await self._pass()
         return reply
 
     async def execute_many(self, commands: Sequence[Command]) -> list[Reply | StoreReplyError]:
-        self._check()
+        await self._pass()
         replies = await self.inner.execute_many(commands)
         if self.lose_replies:
             raise self._lost()
-        self._check()
+        await self._pass()
         return replies
 
     async def server_info(self) -> ServerInfo:

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 from .._errors import StoreError, StoreReplyError
 from .._store import Store
-from ._base import Claim, JobPolicy, Outcome, RunRequest
+from ._base import Claim, JobPolicy, Outcome, RunRequest, fence_of
 from ._claim_only import ClaimOnlyStrategy
 
 ID_NOT_GREATER = "equal or smaller than the target stream top item"
@@ -35,5 +35,5 @@ class StreamIdStrategy(ClaimOnlyStrategy):
             if isinstance(reply, StoreReplyError):
                 claims.append(Claim(Outcome.LOST) if ID_NOT_GREATER in reply.reply else reply)
             else:
-                claims.append(Claim(Outcome.WON, 1, request.slot))
+                claims.append(Claim(Outcome.WON, 1, fence_of(f"{request.slot}-0")))  # the ID it was written at
         return claims

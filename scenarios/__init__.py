@@ -1,0 +1,1 @@
+"""Scenario files (TOML) and their pytest collection: `pytest -m scenarios`."""

@@ -1,0 +1,144 @@
+"""What happened in a simulation: the operation history and the execution ledger, kept outside the store.
+
+History: immutable records, ``invoke`` then ``ok`` / ``fail`` / ``info`` (info: outcome unknown) for each store
+operation of each instance, and a ``fault`` record for each fault, all stamped with true (simulator) time.
+Ledger: every execution of a job function, from its first instruction to its last, and whether it ran to the end.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from anarchon import RunRecord, StoreError, StoreUnavailableError
+from anarchon._store import ServerInfo, Store
+from anarchon._strategies import Claim, JobPolicy, RunRequest, Strategy
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    t: float  # true time, seconds since the simulation began
+    kind: str  # invoke | ok | fail | info | fault
+    process: str  # an instance, or "nemesis"
+    op: str  # claim | heartbeat | finish | skip, or the fault's kind
+    job: str = ""
+    run: str = ""
+    token: str = ""
+    value: str = ""
+
+
+@dataclass(slots=True)
+class Execution:
+    instance: str
+    job: str
+    slot: int
+    run: str
+    attempt: int
+    fence: int
+    token: str
+    manual: bool
+    started: float  # true time
+    ended: float | None = None
+    completed: bool = False
+
+    def overlaps(self, other: Execution) -> bool:
+        end = self.ended if self.ended is not None else float("inf")
+        other_end = other.ended if other.ended is not None else float("inf")
+        return self.started < other_end and other.started < end
+
+
+@dataclass
+class History:
+    events: list[Event] = field(default_factory=list)
+    executions: list[Execution] = field(default_factory=list)
+
+    def add(self, event: Event) -> None:
+        self.events.append(event)
+
+    def digest(self) -> str:
+        """A fingerprint of everything that happened: equal for two runs of one seed, or the run is not
+        deterministic."""
+        hasher = hashlib.sha256()
+        for event in self.events:
+            hasher.update(json.dumps(asdict(event), sort_keys=True).encode())
+        for execution in self.executions:
+            hasher.update(json.dumps(asdict(execution), sort_keys=True).encode())
+        return hasher.hexdigest()[:16]
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "events": [asdict(event) for event in self.events],
+            "executions": [asdict(execution) for execution in self.executions],
+        }
+
+
+class RecordingStrategy:
+    """Wraps an instance's strategy and writes every operation to the history, as invoke and completion."""
+
+    def __init__(self, inner: Strategy, history: History, process: str, now: Any) -> None:
+        self.inner = inner
+        self.history = history
+        self.process = process
+        self.now = now  # () -> true time
+        self.name = inner.name
+        self.leases = inner.leases
+        self.scripts = inner.scripts
+
+    def _record(self, kind: str, op: str, request: RunRequest, value: str = "") -> None:
+        self.history.add(Event(self.now(), kind, self.process, op, request.job, request.run, request.token, value))
+
+    def _completion(self, op: str, request: RunRequest, result: object) -> None:
+        if isinstance(result, StoreUnavailableError):
+            self._record("info", op, request, str(result))
+        elif isinstance(result, StoreError):
+            self._record("fail", op, request, str(result))
+        elif isinstance(result, Claim):
+            self._record("ok", op, request, f"{result.outcome.value} attempt={result.attempt} fence={result.fence}")
+        else:
+            self._record("ok", op, request, str(result))
+
+    def check_server(self, server: ServerInfo) -> None:
+        self.inner.check_server(server)
+
+    async def prepare(self, store: Store, jobs: Sequence[str]) -> None:
+        await self.inner.prepare(store, jobs)
+
+    async def claim(self, store: Store, requests: Sequence[tuple[RunRequest, JobPolicy]]) -> list[Claim | StoreError]:
+        for request, _ in requests:
+            self._record("invoke", "claim", request)
+        try:
+            results = await self.inner.claim(store, requests)
+        except StoreError as error:
+            for request, _ in requests:
+                self._completion("claim", request, error)
+            raise
+        for (request, _), result in zip(requests, results, strict=True):
+            self._completion("claim", request, result)
+        return results
+
+    async def heartbeat(self, store: Store, request: RunRequest, policy: JobPolicy) -> int:
+        return await self._call("heartbeat", request, self.inner.heartbeat(store, request, policy))
+
+    async def finish(
+        self, store: Store, request: RunRequest, claim: Claim, policy: JobPolicy, record: RunRecord
+    ) -> bool:
+        return await self._call("finish", request, self.inner.finish(store, request, claim, policy, record))
+
+    async def skip(self, store: Store, request: RunRequest, policy: JobPolicy, status: Any, message: str) -> bool:
+        return await self._call("skip", request, self.inner.skip(store, request, policy, status, message))
+
+    async def history(self, store: Store, job: str, limit: int) -> list[RunRecord]:
+        return await self.inner.history(store, job, limit)
+
+    async def _call(self, op: str, request: RunRequest, call: Any) -> Any:
+        self._record("invoke", op, request)
+        try:
+            result = await call
+        except StoreError as error:
+            self._completion(op, request, error)
+            raise
+        self._completion(op, request, result)
+        return result

@@ -1,0 +1,56 @@
+"""Run one scenario with one strategy and one seed, in virtual time, and judge it."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from sim.checkers import Judgement, judge
+from sim.history import History
+from sim.scenario import Scenario
+from sim.vtime import run_virtual
+from sim.world import EPOCH_S, FaultWindow, World
+
+
+@dataclass
+class Outcome:
+    scenario: Scenario
+    strategy: str
+    seed: int
+    history: History
+    judgement: Judgement
+    fault_windows: list[FaultWindow]
+
+    @property
+    def digest(self) -> str:
+        return self.history.digest()
+
+    def replay_command(self) -> str:
+        target = self.scenario.path or self.scenario.name
+        return f"python -m sim run {target} --strategy {self.strategy} --seed {self.seed}"
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "scenario": self.scenario.name,
+            "strategy": self.strategy,
+            "seed": self.seed,
+            "digest": self.digest,
+            "replay": self.replay_command(),
+            **self.judgement.as_json(),
+            "executions": len(self.history.executions),
+            "events": len(self.history.events),
+        }
+
+
+def simulate(scenario: Scenario, strategy: str, seed: int) -> Outcome:
+    world = World(scenario, strategy, seed)
+    quiet = logging.getLogger("anarchon")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)  # faults make instances log warnings by design
+    try:
+        history = run_virtual(world.run(), epoch_s=EPOCH_S, seed=seed)
+    finally:
+        quiet.setLevel(level)
+    judgement = judge(scenario, strategy, history, world.fault_windows)
+    return Outcome(scenario, strategy, seed, history, judgement, world.fault_windows)

@@ -1,0 +1,285 @@
+"""The virtual-mode world: scheduler instances (the production library, unmodified) on one embedded store, their
+clocks, the faults of a scenario, and the history and ledger of everything that happened.
+
+Only time, randomness and the store connection are injected. Each instance gets a :class:`SimClock` (its own
+offset and drift over true time, frozen while the instance is paused) and a :class:`~sim.links.Link` to the
+store that the nemesis can cut, hold (pause) or redirect (failover).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+import fakeredis
+
+from anarchon import RedisBackend, RunContext, Scheduler
+from anarchon._adapters import adapt
+from sim.history import Event, Execution, History, RecordingStrategy
+from sim.links import Link
+from sim.scenario import FaultSpec, InstanceSpec, JobSpec, Scenario
+
+EPOCH_S = 1_800_000_000  # 2027-01-15T08:00:00Z: simulations start at a fixed, round moment
+STORE_VERSION = (7, 0)
+log = logging.getLogger("sim")
+
+
+@dataclass(frozen=True)
+class FaultWindow:
+    """When a fault struck and healed (true time), and which instance it hit ("" for the store)."""
+
+    start: float
+    end: float
+    kind: str
+    instance: str = ""
+
+    def hits(self, instance: str, t: float) -> bool:
+        """Whether ``instance`` is unhealthy at ``t`` because of this fault (down, paused or cut off)."""
+        return self.instance == instance and self.kind in ("crash", "pause", "partition") and self.start <= t < self.end
+
+
+class SimClock:
+    """An instance's clock over true (loop) time: ``offset_ms`` ahead, ``drift`` faster (0.001: 1 ms per s),
+    and ``running`` clear while the instance is paused: a sleep that ends during a pause ends at the resume."""
+
+    def __init__(self, offset_ms: float = 0.0, drift: float = 0.0) -> None:
+        self.offset_ms = offset_ms
+        self.drift = drift
+        self.running = asyncio.Event()
+        self.running.set()
+
+    @staticmethod
+    def true_s() -> float:
+        return asyncio.get_running_loop().time()
+
+    def wall_ms(self) -> int:
+        true = self.true_s()
+        return int((EPOCH_S + true * (1 + self.drift)) * 1000 + self.offset_ms)
+
+    def monotonic(self) -> float:
+        return self.true_s() * (1 + self.drift)
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(max(0.0, seconds) / (1 + self.drift))
+        await self.gate()
+
+    async def gate(self) -> None:
+        while not self.running.is_set():
+            await self.running.wait()
+
+
+class SimStore:
+    """The embedded store, and what failover and restarts do to it."""
+
+    def __init__(self) -> None:
+        self.server = fakeredis.FakeServer(version=STORE_VERSION)
+
+    def client(self) -> Any:
+        return fakeredis.FakeAsyncRedis(server=self.server)
+
+    async def snapshot(self) -> dict[bytes, tuple[bytes, int]]:
+        """The dataset as a replica would hold it at this moment: every key's DUMP and remaining TTL."""
+        client = self.client()
+        try:
+            return {key: (await client.dump(key), await client.pttl(key)) for key in await client.keys("*")}
+        finally:
+            await client.aclose()
+
+    async def promote(self, snapshot: dict[bytes, tuple[bytes, int]]) -> None:
+        """A replica holding ``snapshot`` becomes the primary: what it had not received is gone, and so are the
+        scripts (they are not replicated)."""
+        self.server = fakeredis.FakeServer(version=STORE_VERSION)
+        client = self.client()
+        try:
+            for key, (dumped, ttl) in snapshot.items():
+                if ttl != -2:
+                    await client.restore(key, max(ttl, 0), dumped)
+        finally:
+            await client.aclose()
+
+    async def lose_everything(self) -> None:
+        """A restart without persistence: empty, no cached scripts."""
+        self.server = fakeredis.FakeServer(version=STORE_VERSION)
+
+
+@dataclass
+class SimInstance:
+    world: World
+    spec: InstanceSpec
+    clock: SimClock = field(init=False)
+    link: Link | None = None
+    scheduler: Scheduler[Any] | None = None
+    running_jobs: dict[str, Execution] = field(default_factory=dict)  # by token
+
+    def __post_init__(self) -> None:
+        self.clock = SimClock(self.spec.offset_ms, self.spec.drift)
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def up(self) -> bool:
+        return self.scheduler is not None
+
+    async def start(self) -> None:
+        world = self.world
+        self.link = Link(adapt(world.store.client()), self.name, gate=self.clock.gate)
+        backend: RedisBackend[Any] = RedisBackend(
+            redis=self.link, strategy=world.scenario.strategy_option(world.strategy)
+        )  # type: ignore[call-overload]
+        backend.strategy = RecordingStrategy(backend.strategy, world.history, self.name, world.now)
+        scheduler: Scheduler[Any] = Scheduler(
+            backend,
+            clock=self.clock,
+            instance_id=self.name,
+            random=random.Random(world.rng.getrandbits(64)),
+            **world.scenario.scheduler_options(world.strategy),
+        )
+        for job in world.scenario.jobs:
+            scheduler.add_job(job.name, job.cron, self._work(job), **world.scenario.job_options(job, world.strategy))
+        await scheduler.start()
+        self.scheduler = scheduler
+
+    def _work(self, job: JobSpec) -> Any:
+        async def work(run: RunContext) -> None:
+            execution = Execution(
+                self.name, run.job, run.slot, str(run.slot), run.attempt, run.fence, run.token, run.manual,
+                self.world.now(),
+            )  # fmt: skip
+            self.world.history.executions.append(execution)
+            self.running_jobs[run.token] = execution
+            try:
+                await self.clock.sleep(job.work_s)  # the work: virtual time, frozen while paused
+            finally:
+                execution.ended = self.world.now()
+                self.running_jobs.pop(run.token, None)
+            execution.completed = True
+
+        return work
+
+    async def crash(self) -> None:
+        """SIGKILL: the store hears nothing more from this process; its jobs stop where they are."""
+        if self.scheduler is None or self.link is None:
+            return
+        self.link.cut()
+        self.clock.running.set()  # a paused process can be killed too
+        scheduler, self.scheduler = self.scheduler, None
+        await scheduler.stop(timeout=0)
+
+    async def restart(self) -> None:
+        self.clock.running.set()
+        await self.start()
+
+
+class World:
+    def __init__(self, scenario: Scenario, strategy: str, seed: int) -> None:
+        self.scenario = scenario
+        self.strategy = strategy
+        self.seed = seed
+        self.rng = random.Random(seed)
+        self.history = History()
+        self.store = SimStore()
+        self.instances = {spec.name: SimInstance(self, spec) for spec in scenario.instances}
+        self.fault_windows: list[FaultWindow] = []
+
+    @staticmethod
+    def now() -> float:
+        return asyncio.get_running_loop().time()
+
+    def record_fault(self, fault: FaultSpec, detail: str) -> None:
+        self.history.add(Event(self.now(), "fault", "nemesis", fault.kind, value=detail))
+
+    async def run(self) -> History:
+        for instance in self.instances.values():
+            await instance.start()
+        faults = [asyncio.ensure_future(self._strike(fault)) for fault in self.scenario.faults]
+        await asyncio.sleep(self.scenario.duration_s)
+        for task in faults:
+            task.cancel()
+        await asyncio.gather(*faults, return_exceptions=True)
+        for instance in self.instances.values():
+            await instance.crash()  # the end: nothing after this moment is judged
+        return self.history
+
+    def _target(self, fault: FaultSpec) -> SimInstance:
+        if fault.instance != "winner":
+            return self.instances[fault.instance]
+        running = [i for i in self.instances.values() if i.up and i.running_jobs]
+        if running:  # the one whose run started first
+            return min(running, key=lambda i: min(e.started for e in i.running_jobs.values()))
+        return next(i for i in self.instances.values() if i.up)
+
+    async def _strike(self, fault: FaultSpec) -> None:
+        start = fault.at_s
+        if fault.kind == "failover":
+            lag_s = float(fault.settings["lag_ms"]) / 1000
+            await asyncio.sleep(max(0.0, start - lag_s))
+            snapshot = await self.store.snapshot()  # what the replica has received by the failover
+            await asyncio.sleep(start - self.now())
+            await self.store.promote(snapshot)
+            await self._redirect()
+            self.record_fault(fault, f"promoted a replica {lag_s * 1000:.0f} ms behind")
+            self.fault_windows.append(FaultWindow(start - lag_s, self.now(), fault.kind))
+            return
+        await asyncio.sleep(start)
+        if fault.kind == "store-restart":
+            await self.store.lose_everything()
+            await self._redirect()
+            self.record_fault(fault, "store restarted empty")
+            self.fault_windows.append(FaultWindow(start, start, fault.kind))
+            return
+        target = self._target(fault)
+        detail = f"instance {target.name}"
+        if fault.kind == "crash":
+            self.record_fault(fault, f"{detail} killed")
+            await target.crash()
+            restart = fault.settings.get("restart_after_s")
+            end = self.scenario.duration_s if restart is None else start + float(restart)
+            self.fault_windows.append(FaultWindow(start, end, fault.kind, target.name))
+            if restart is not None:
+                await asyncio.sleep(float(restart))
+                await target.restart()
+                self.record_fault(fault, f"{detail} restarted")
+        elif fault.kind == "pause":
+            self.record_fault(fault, f"{detail} paused")
+            target.clock.running.clear()
+            self.fault_windows.append(FaultWindow(start, start + fault.duration_s, fault.kind, target.name))
+            await asyncio.sleep(fault.duration_s)
+            target.clock.running.set()
+            self.record_fault(fault, f"{detail} resumed")
+        elif fault.kind == "partition":
+            self.record_fault(fault, f"{detail} cut off from the store")
+            if target.link is not None:
+                target.link.cut()
+            self.fault_windows.append(FaultWindow(start, start + fault.duration_s, fault.kind, target.name))
+            await asyncio.sleep(fault.duration_s)
+            if target.link is not None:
+                target.link.heal()
+            self.record_fault(fault, f"{detail} reconnected")
+        elif fault.kind == "skew":
+            target.clock.offset_ms += float(fault.settings["offset_ms"])
+            self.record_fault(fault, f"{detail} clock jumps {fault.settings['offset_ms']} ms")
+            self.fault_windows.append(FaultWindow(start, start, fault.kind, target.name))
+        elif fault.kind == "manual":
+            if target.scheduler is not None:
+                self.record_fault(fault, f"{detail} runs {fault.settings['job']} now")
+                self.fault_windows.append(FaultWindow(start, start, fault.kind, target.name))
+                await target.scheduler.run_now(str(fault.settings["job"]))
+        elif fault.kind == "late":
+            delay = float(fault.settings["delay_ms"])
+            target.clock.offset_ms -= delay
+            self.record_fault(fault, f"{detail} claims {delay:.0f} ms late")
+            self.fault_windows.append(FaultWindow(start, start + fault.duration_s, fault.kind, target.name))
+            await asyncio.sleep(fault.duration_s)
+            target.clock.offset_ms += delay
+            self.record_fault(fault, f"{detail} back on time")
+
+    async def _redirect(self) -> None:
+        """Every instance's connection now reaches the current store (Sentinel or DNS would do this)."""
+        for instance in self.instances.values():
+            if instance.link is not None:
+                instance.link.inner = adapt(self.store.client())

@@ -1,0 +1,182 @@
+"""The virtual-time simulator: time, determinism, faults and checkers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import fakeredis
+import pytest
+
+from sim import scenario as scenarios
+from sim.checkers import judge
+from sim.history import Execution, History
+from sim.run import simulate
+from sim.scenario import ScenarioError, parse
+from sim.vtime import SimulationDeadlock, run_virtual
+from sim.world import EPOCH_S, FaultWindow
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_virtual_time_jumps_and_is_the_stores_clock() -> None:
+    async def main() -> tuple[float, list[int], bytes | None]:
+        store = fakeredis.FakeAsyncRedis()
+        await store.set("k", "v", px=1500)
+        began = asyncio.get_running_loop().time()
+        await asyncio.sleep(3600)
+        seconds, _ = await store.time()
+        value = await store.get("k")
+        await store.aclose()
+        return asyncio.get_running_loop().time() - began, [seconds], value
+
+    wall = time.perf_counter()
+    elapsed, [store_seconds], value = run_virtual(main(), epoch_s=EPOCH_S, seed=1)
+    assert elapsed == 3600
+    assert store_seconds == EPOCH_S + 3600
+    assert value is None  # expired in virtual time
+    assert time.perf_counter() - wall < 5  # an hour of sleeping took no real hour
+
+
+def test_a_simulation_that_can_never_progress_says_so() -> None:
+    async def stuck() -> None:
+        await asyncio.get_running_loop().create_future()
+
+    with pytest.raises(SimulationDeadlock):
+        run_virtual(stuck(), epoch_s=EPOCH_S, seed=1)
+
+
+@pytest.mark.parametrize("scenario", scenarios.load_all(), ids=lambda s: s.name)
+def test_one_seed_gives_one_history(scenario: scenarios.Scenario) -> None:
+    for strategy in ("lease", "script"):
+        first, second = simulate(scenario, strategy, 7), simulate(scenario, strategy, 7)
+        assert first.digest == second.digest
+        assert first.history.events == second.history.events
+
+
+def test_different_seeds_give_different_histories() -> None:
+    scenario = scenarios.load("winner-crash")
+    assert len({simulate(scenario, "lease", seed).digest for seed in range(4)}) > 1
+
+
+def test_the_command_line_replays_a_run_and_prints_json() -> None:
+    def run(*args: str) -> dict[str, object]:
+        done = subprocess.run(
+            [sys.executable, "-m", "sim", "run", "zombie", "--strategy", "lease", "--seed", "5", *args],
+            cwd=REPO, capture_output=True, text=True, timeout=120, check=True,
+        )  # fmt: skip
+        return dict(json.loads(done.stdout))
+
+    first, second = run("--json"), run("--json")
+    assert first["digest"] == second["digest"]
+    assert first["seed"] == 5
+    assert first["verdicts"] == {"P1": "invalid", "P2": "valid", "P3": "valid", "P4": "invalid", "P5": "valid",
+                                 "P6": "valid"}  # fmt: skip
+    assert "python -m sim run" in str(first["replay"])
+    text = subprocess.run(
+        [sys.executable, "-m", "sim", "run", "zombie", "--seed", "5"], cwd=REPO, capture_output=True, text=True,
+        timeout=120, check=True,
+    ).stdout  # fmt: skip
+    assert f"digest {first['digest']}" in text
+    assert "replay: python -m sim run" in text  # printed because the run found a violation
+
+
+def test_faults_are_history_entries() -> None:
+    outcome = simulate(scenarios.load("winner-crash"), "lease", 1)
+    faults = [e for e in outcome.history.events if e.kind == "fault"]
+    assert [e.value.split()[-1] for e in faults] == ["killed", "restarted"]
+    assert faults[0].t == pytest.approx(31.0)
+    assert faults[1].t == pytest.approx(61.0)
+
+
+def test_the_zombie_finishes_after_its_backup_started() -> None:
+    """The pause outlives the lease: a backup starts attempt 2 while the paused winner is frozen, and the winner
+    resumes and runs to the end of its work - two executions of one slot at once."""
+    outcome = simulate(scenarios.load("zombie"), "lease", 1)
+    by_slot: dict[int, list[Execution]] = {}
+    for execution in outcome.history.executions:
+        by_slot.setdefault(execution.slot, []).append(execution)
+    [pair] = [runs for runs in by_slot.values() if len(runs) > 1]
+    first, second = sorted(pair, key=lambda e: e.attempt)
+    assert (first.attempt, second.attempt) == (1, 2)
+    assert first.completed
+    assert second.completed
+    assert second.started < (first.ended or 0)
+
+
+def _execution(instance: str, slot_s: float, started: float, ended: float | None, completed: bool, attempt: int = 1,
+               job: str = "tick") -> Execution:  # fmt: skip
+    slot = int((EPOCH_S + slot_s) * 1000)
+    return Execution(instance, job, slot, str(slot), attempt, attempt, f"t-{instance}-{attempt}", False, started,
+                     ended, completed)  # fmt: skip
+
+
+SCENARIO = parse(
+    {
+        "name": "unit",
+        "duration_s": 100,
+        "scheduler": {"lease_ms": 3000},
+        "instances": [{"name": "a"}, {"name": "b"}],
+        "jobs": [{"name": "tick", "cron": "*/10 * * * * *", "work_s": 1.0}],
+    }
+)
+
+
+def _verdicts(executions: list[Execution], windows: list[FaultWindow] | None = None) -> dict[str, str]:
+    history = History(executions=executions)
+    return {name: v.status for name, v in judge(SCENARIO, "lease", history, windows or []).verdicts.items()}
+
+
+def _every_slot(skip: float | None = None) -> list[Execution]:
+    return [_execution("a", s, s, s + 1, True) for s in range(10, 100, 10) if s != skip]
+
+
+def test_checkers_accept_a_clean_history() -> None:
+    assert _verdicts(_every_slot()) == {"P1": "valid", "P2": "valid", "P3": "valid", "P4": "valid", "P5": "valid",
+                                        "P6": "valid"}  # fmt: skip
+
+
+def test_two_completed_runs_of_a_slot_are_a_duplicate_but_a_stopped_one_is_not() -> None:
+    runs = _every_slot(skip=40)
+    retried = [*runs, _execution("a", 40, 40, 41, False), _execution("b", 40, 44, 45, True, attempt=2)]
+    assert _verdicts(retried)["P1"] == "valid"
+    assert _verdicts(retried)["P4"] == "valid"
+    twice = [*runs, _execution("a", 40, 40, 41, True), _execution("b", 40, 44, 45, True, attempt=2)]
+    assert _verdicts(twice)["P1"] == "invalid"
+    overlapping = [*runs, _execution("a", 40, 40, 43, False), _execution("b", 40, 42, 45, True, attempt=2)]
+    assert _verdicts(overlapping)["P1"] == "invalid"
+    assert _verdicts(overlapping)["P4"] == "invalid"
+
+
+def test_a_slot_nobody_finished_is_missed_unless_every_instance_was_down() -> None:
+    assert _verdicts(_every_slot(skip=40))["P2"] == "invalid"
+    down = [FaultWindow(35, 70, "crash", "a"), FaultWindow(38, 70, "partition", "b")]
+    assert _verdicts(_every_slot(skip=40), down)["P2"] == "valid"
+
+
+def test_runs_of_two_slots_at_once_are_an_overlap() -> None:
+    runs = [*_every_slot(skip=40), _execution("a", 40, 40, 52, True)]
+    assert _verdicts(runs)["P3"] == "invalid"
+
+
+def test_bad_scenarios_are_refused_with_the_reason() -> None:
+    base = {
+        "name": "x",
+        "duration_s": 10,
+        "instances": [{"name": "a"}],
+        "jobs": [{"name": "j", "cron": "* * * * *", "work_s": 1}],
+    }
+    with pytest.raises(ScenarioError, match="unknown fault kind"):
+        parse({**base, "faults": [{"at_s": 1, "kind": "meteor"}]})
+    with pytest.raises(ScenarioError, match="unknown instance 'z'"):
+        parse({**base, "faults": [{"at_s": 1, "kind": "crash", "instance": "z"}]})
+    with pytest.raises(ScenarioError, match="does not take"):
+        parse({**base, "faults": [{"at_s": 1, "kind": "crash", "instance": "a", "colour": 1}]})
+    with pytest.raises(ScenarioError, match="not a checker"):
+        parse({**base, "expect": {"lease": {"P9": "valid"}}})
+    with pytest.raises(ScenarioError, match="needs 'work_s'"):
+        parse({**base, "jobs": [{"name": "j", "cron": "* * * * *"}]})
