@@ -18,6 +18,7 @@ import fakeredis
 
 from anarchon import RedisBackend, RunContext, Scheduler
 from anarchon._adapters import adapt
+from sim import fakestore
 from sim.history import Event, Execution, History, RecordingStrategy
 from sim.links import Link
 from sim.scenario import FaultSpec, InstanceSpec, JobSpec, Scenario
@@ -75,6 +76,7 @@ class SimStore:
     """The embedded store, and what failover and restarts do to it."""
 
     def __init__(self) -> None:
+        fakestore.install()
         self.server = fakeredis.FakeServer(version=STORE_VERSION)
 
     def client(self) -> Any:
