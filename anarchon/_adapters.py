@@ -43,7 +43,7 @@ _CODES = {
     "MasterDown": "MASTERDOWN",
 }
 _UNAVAILABLE = ("ConnectionError", "TimeoutError", "ClosingError", "BusyLoadingError", "MaxConnectionsError")
-_CODE_WORD = re.compile(r"[A-Z]{3,}\b")
+_CODE_WORD = re.compile(r"[A-Z]{3,} ")  # WRONGTYPE Operation…, but not IDMP-DURATION must…
 _GLIDE_KIND = re.compile(r"- (\w+): (.*)", re.DOTALL)
 
 

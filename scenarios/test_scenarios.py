@@ -1,6 +1,7 @@
 """Every scenario with every strategy: each declared verdict holds (`pytest -m scenarios`).
 
-Virtual mode, on the embedded store, three seeds each. A failing run prints the command that replays it.
+Virtual mode, on the embedded store (Redis 8.6's IDMP emulated for idmp), three seeds each. A failing run prints
+the command that replays it.
 """
 
 from __future__ import annotations
@@ -18,8 +19,6 @@ SCENARIOS = load_all()
 @pytest.mark.parametrize("strategy", STRATEGIES)
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=[s.name for s in SCENARIOS])
 def test_declared_verdicts_hold_in_virtual_time(scenario: Scenario, strategy: str) -> None:
-    if strategy == "idmp":
-        pytest.skip("virtual mode: the embedded store's IDMP is not Redis 8.6's (idmp runs against real 8.6)")
     expected = scenario.expect.get(strategy, {})
     assert expected, f"{scenario.name} declares no verdict for {strategy}"
     for seed in SEEDS:

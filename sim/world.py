@@ -18,13 +18,16 @@ import fakeredis
 
 from anarchon import RedisBackend, RunContext, Scheduler
 from anarchon._adapters import adapt
+from anarchon._store import Connection
 from sim import fakestore
 from sim.history import Event, Execution, History, RecordingStrategy
+from sim.idmp import IdmpConnection, IdmpState
 from sim.links import Link
 from sim.scenario import FaultSpec, InstanceSpec, JobSpec, Scenario
 
 EPOCH_S = 1_800_000_000  # 2027-01-15T08:00:00Z: simulations start at a fixed, round moment
 STORE_VERSION = (7, 0)
+IDMP_VERSION = (8, 6)  # the idmp strategy needs it; its IDMP is emulated (sim.idmp)
 log = logging.getLogger("sim")
 
 
@@ -72,31 +75,42 @@ class SimClock:
             await self.running.wait()
 
 
+@dataclass
+class Snapshot:
+    keys: dict[bytes, tuple[bytes, int]]  # DUMP and remaining TTL of every key
+    idmp: IdmpState
+
+
 class SimStore:
-    """The embedded store, and what failover and restarts do to it."""
+    """The embedded store (Redis 7.0, or 8.6 with IDMP emulated), and what failover and restarts do to it."""
 
-    def __init__(self) -> None:
+    def __init__(self, version: tuple[int, ...] = STORE_VERSION) -> None:
         fakestore.install()
-        self.server = fakeredis.FakeServer(version=STORE_VERSION)
+        self.version = version
+        self.server = fakeredis.FakeServer(version=version)
+        self.idmp = IdmpState()
 
-    def client(self) -> Any:
-        return fakeredis.FakeAsyncRedis(server=self.server)
+    def connection(self) -> Connection:
+        connection = adapt(fakeredis.FakeAsyncRedis(server=self.server))
+        return IdmpConnection(connection, self.idmp) if self.version >= (8, 6) else connection
 
-    async def snapshot(self) -> dict[bytes, tuple[bytes, int]]:
-        """The dataset as a replica would hold it at this moment: every key's DUMP and remaining TTL."""
-        client = self.client()
+    async def snapshot(self) -> Snapshot:
+        """The dataset as a replica would hold it at this moment."""
+        client = fakeredis.FakeAsyncRedis(server=self.server)
         try:
-            return {key: (await client.dump(key), await client.pttl(key)) for key in await client.keys("*")}
+            keys = {key: (await client.dump(key), await client.pttl(key)) for key in await client.keys("*")}
         finally:
             await client.aclose()
+        return Snapshot(keys, self.idmp.copy())
 
-    async def promote(self, snapshot: dict[bytes, tuple[bytes, int]]) -> None:
+    async def promote(self, snapshot: Snapshot) -> None:
         """A replica holding ``snapshot`` becomes the primary: what it had not received is gone, and so are the
         scripts (they are not replicated)."""
-        self.server = fakeredis.FakeServer(version=STORE_VERSION)
-        client = self.client()
+        self.server = fakeredis.FakeServer(version=self.version)
+        self.idmp = snapshot.idmp.copy()
+        client = fakeredis.FakeAsyncRedis(server=self.server)
         try:
-            for key, (dumped, ttl) in snapshot.items():
+            for key, (dumped, ttl) in snapshot.keys.items():
                 if ttl != -2:
                     await client.restore(key, max(ttl, 0), dumped)
         finally:
@@ -104,7 +118,8 @@ class SimStore:
 
     async def lose_everything(self) -> None:
         """A restart without persistence: empty, no cached scripts."""
-        self.server = fakeredis.FakeServer(version=STORE_VERSION)
+        self.server = fakeredis.FakeServer(version=self.version)
+        self.idmp = IdmpState()
 
 
 @dataclass
@@ -129,7 +144,7 @@ class SimInstance:
 
     async def start(self) -> None:
         world = self.world
-        self.link = Link(adapt(world.store.client()), self.name, gate=self.clock.gate)
+        self.link = Link(world.store.connection(), self.name, gate=self.clock.gate)
         backend: RedisBackend[Any] = RedisBackend(
             redis=self.link, strategy=world.scenario.strategy_option(world.strategy)
         )  # type: ignore[call-overload]
@@ -184,7 +199,7 @@ class World:
         self.seed = seed
         self.rng = random.Random(seed)
         self.history = History()
-        self.store = SimStore()
+        self.store = SimStore(IDMP_VERSION if strategy == "idmp" else STORE_VERSION)
         self.instances = {spec.name: SimInstance(self, spec) for spec in scenario.instances}
         self.fault_windows: list[FaultWindow] = []
 
@@ -284,4 +299,4 @@ class World:
         """Every instance's connection now reaches the current store (Sentinel or DNS would do this)."""
         for instance in self.instances.values():
             if instance.link is not None:
-                instance.link.inner = adapt(self.store.client())
+                instance.link.inner = self.store.connection()

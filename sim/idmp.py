@@ -1,0 +1,165 @@
+"""Redis 8.6's idempotent XADD (IDMP), emulated on top of the embedded store.
+
+fakeredis 2.41 accepts ``XADD … IDMP`` but gets it wrong (no expiry, no size limit, XCFGSET does not clear). This
+connection wrapper answers ``XADD … IDMP``, ``XCFGSET`` and the IDMP fields of ``XINFO STREAM`` the way Redis
+8.6.3 does (``src/t_stream.c``), and passes everything else through:
+
+- per stream, per producer id, a map of idempotent id → the ID of the entry it created, in insertion order;
+- a repeat returns the original entry's ID without writing, whether or not that entry still exists;
+- a map holds at most ``IDMP-MAXSIZE`` ids per producer (the oldest goes), and forgets an id once its entry's ID
+  is ``IDMP-DURATION`` seconds old (Redis does this from its cron, every 100 ms; here, when the map is read);
+- ``XCFGSET`` needs an existing stream, checks 1..86400 s and 1..10000, and clears every map when it changes a
+  value (not when it sets the same one); new streams start at 100 s and 100 ids.
+
+The state is part of the dataset: :class:`IdmpState` is snapshotted and restored with it across a failover.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from anarchon._errors import StoreReplyError
+from anarchon._store import Command, Connection, Reply, ServerInfo
+
+DEFAULT_DURATION_S = 100
+DEFAULT_MAXSIZE = 100
+
+
+@dataclass
+class StreamIdmp:
+    duration_s: int = DEFAULT_DURATION_S
+    maxsize: int = DEFAULT_MAXSIZE
+    producers: dict[str, OrderedDict[str, str]] = field(default_factory=dict)
+    added: int = 0
+    duplicates: int = 0
+
+    def expire(self, now_ms: int) -> None:
+        threshold = now_ms - self.duration_s * 1000
+        for pid in list(self.producers):
+            ids = self.producers[pid]
+            while ids and int(next(iter(ids.values())).split("-")[0]) <= threshold:
+                ids.popitem(last=False)
+            if not ids:
+                del self.producers[pid]
+
+
+@dataclass
+class IdmpState:
+    streams: dict[str, StreamIdmp] = field(default_factory=dict)
+    # The server runs one command at a time: a lookup and the insert it leads to are one step.
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False, compare=False)
+
+    def copy(self) -> IdmpState:
+        return IdmpState(copy.deepcopy(self.streams))
+
+
+def _text(arg: object) -> str:
+    return arg.decode() if isinstance(arg, bytes) else str(arg)
+
+
+class IdmpConnection:
+    """Wraps a connection to the embedded store with Redis 8.6's IDMP semantics."""
+
+    def __init__(self, inner: Connection, state: IdmpState) -> None:
+        self.inner = inner
+        self.state = state
+
+    @staticmethod
+    def _now_ms() -> int:
+        return int(time.time() * 1000)  # the store's clock (virtual in a simulation)
+
+    async def execute(self, command: Command) -> Reply:
+        name = _text(command[0]).upper()
+        if name == "XADD":
+            args = [_text(a) for a in command]
+            upper = [a.upper() for a in args]
+            if "IDMP" in upper[2:]:
+                return await self._xadd_idmp(args, upper.index("IDMP", 2))
+        elif name == "XCFGSET":
+            return await self._xcfgset([_text(a) for a in command])
+        elif name == "XINFO" and len(command) >= 3 and _text(command[1]).upper() == "STREAM":
+            return await self._xinfo(command)
+        return await self.inner.execute(command)
+
+    async def execute_many(self, commands: Sequence[Command]) -> list[Reply | StoreReplyError]:
+        results: list[Reply | StoreReplyError] = []
+        for command in commands:  # one by one: IDMP commands must see the effects of the ones before them
+            try:
+                results.append(await self.execute(command))
+            except StoreReplyError as error:
+                results.append(error)
+        return results
+
+    async def server_info(self) -> ServerInfo:
+        return await self.inner.server_info()
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+    async def _xadd_idmp(self, args: list[str], at: int) -> Reply:
+        if "*" not in args[at + 3 :]:
+            raise StoreReplyError("ERR syntax error, IDMP/IDMPAUTO can be used only with auto-generated IDs")
+        async with self.state.lock:
+            return await self._xadd_idmp_locked(args, at)
+
+    async def _xadd_idmp_locked(self, args: list[str], at: int) -> Reply:
+        key, pid, iid = args[1], args[at + 1], args[at + 2]
+        stream = self.state.streams.get(key)
+        if stream is not None:
+            stream.expire(self._now_ms())
+            original = stream.producers.get(pid, {}).get(iid)
+            if original is not None:
+                stream.duplicates += 1
+                return original
+        plain = args[:at] + args[at + 3 :]  # the same XADD without IDMP pid iid
+        entry_id = _text(await self.inner.execute(plain))
+        stream = self.state.streams.setdefault(key, StreamIdmp())
+        ids = stream.producers.setdefault(pid, OrderedDict())
+        ids[iid] = entry_id
+        stream.added += 1
+        if len(ids) > stream.maxsize:
+            ids.popitem(last=False)
+        return entry_id
+
+    async def _xcfgset(self, args: list[str]) -> Reply:
+        key = args[1]
+        if not await self.inner.execute(["EXISTS", key]):
+            raise StoreReplyError("ERR no such key")
+        settings = dict(zip((a.upper() for a in args[2::2]), args[3::2], strict=False))
+        duration = int(settings["IDMP-DURATION"]) if "IDMP-DURATION" in settings else None
+        maxsize = int(settings["IDMP-MAXSIZE"]) if "IDMP-MAXSIZE" in settings else None
+        if duration is not None and not 1 <= duration <= 86_400:
+            raise StoreReplyError("ERR IDMP-DURATION must be between 1 and 86400 seconds")
+        if maxsize is not None and not 1 <= maxsize <= 10_000:
+            raise StoreReplyError("ERR IDMP-MAXSIZE must be between 1 and 10000 entries")
+        stream = self.state.streams.setdefault(key, StreamIdmp())
+        if duration is not None and duration != stream.duration_s:
+            stream.duration_s = duration
+            stream.producers.clear()
+        if maxsize is not None and maxsize != stream.maxsize:
+            stream.maxsize = maxsize
+            stream.producers.clear()
+        return "OK"
+
+    async def _xinfo(self, command: Command) -> Reply:
+        reply = await self.inner.execute(command)
+        if not isinstance(reply, list):
+            return reply
+        stream = self.state.streams.get(_text(command[2]), StreamIdmp())
+        stream.expire(self._now_ms())
+        ours = {
+            "idmp-duration": stream.duration_s,
+            "idmp-maxsize": stream.maxsize,
+            "pids-tracked": len(stream.producers),
+            "iids-tracked": sum(len(ids) for ids in stream.producers.values()),
+            "iids-added": stream.added,
+            "iids-duplicates": stream.duplicates,
+        }
+        fields = dict(zip(reply[::2], reply[1::2], strict=True))
+        fields.update(ours)
+        return [item for pair in fields.items() for item in pair]

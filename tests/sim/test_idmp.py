@@ -1,0 +1,73 @@
+"""The simulator's IDMP emulation answers like a real Redis 8.6, command for command."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from anarchon._adapters import RedisPyAsync
+from anarchon._errors import StoreReplyError
+from anarchon._store import Connection
+from sim.servers.testing import ServerUnderTest
+from sim.world import SimStore
+
+# (command, pause in seconds afterwards). Durations are short so that expiry can be seen in real time.
+PROGRAM: list[tuple[tuple[Any, ...], float]] = [
+    (("XADD", "s", "IDMP", "p", "a", "*", "f", "1"), 0),
+    (("XADD", "s", "IDMP", "p", "a", "*", "f", "2"), 0),  # duplicate: the first entry's ID, nothing written
+    (("XADD", "s", "IDMP", "q", "a", "*", "f", "3"), 0),  # another producer: new
+    (("XCFGSET", "s", "IDMP-DURATION", 100, "IDMP-MAXSIZE", 100), 0),  # the defaults: nothing cleared
+    (("XADD", "s", "IDMP", "p", "a", "*", "f", "4"), 0),  # still a duplicate
+    (("XCFGSET", "s", "IDMP-DURATION", 1, "IDMP-MAXSIZE", 2), 0),  # changed: every id forgotten
+    (("XADD", "s", "IDMP", "p", "a", "*", "f", "5"), 0),  # new again
+    (("XADD", "s", "IDMP", "p", "b", "*", "f", "6"), 0),
+    (("XADD", "s", "IDMP", "p", "c", "*", "f", "7"), 0),  # a third id: the oldest (a) goes
+    (("XADD", "s", "IDMP", "p", "a", "*", "f", "8"), 0),  # new: a was evicted (and b goes now)
+    (("XADD", "s", "IDMP", "p", "c", "*", "f", "9"), 2.5),  # duplicate of c; then wait out the duration
+    (("XADD", "s", "IDMP", "p", "c", "*", "f", "10"), 0),  # expired: new
+    (("XADD", "s", "MAXLEN", 0, "IDMP", "p", "z", "*", "f", "11"), 0),  # written, then trimmed away at once
+    (("XADD", "s", "IDMP", "p", "z", "*", "f", "12"), 0),  # the original's ID, though the entry is gone
+    (("XLEN", "s"), 0),
+    (("XCFGSET", "missing", "IDMP-DURATION", 5), 0),
+    (("XCFGSET", "s", "IDMP-DURATION", 0), 0),
+    (("XCFGSET", "s", "IDMP-MAXSIZE", 10_001), 0),
+    (("XADD", "s", "IDMP", "p", "x", "5-0", "f", "13"), 0),
+]
+
+
+async def play(connection: Connection) -> list[str]:
+    """The program's answers, with entry IDs replaced by the step that created them (IDs differ by clock)."""
+    created: dict[str, int] = {}
+    answers = []
+    for step, (command, pause) in enumerate(PROGRAM):
+        try:
+            reply = await connection.execute(command)
+        except StoreReplyError as error:
+            answers.append(f"error {error.reply}")
+        else:
+            if command[0] == "XADD":
+                text = str(reply)
+                answers.append(f"entry of step {created.setdefault(text, step)}")
+            else:
+                answers.append(str(reply))
+        await asyncio.sleep(pause)
+    info = await connection.execute(("XINFO", "STREAM", "s"))
+    assert isinstance(info, list)
+    fields = dict(zip(info[::2], info[1::2], strict=True))
+    answers.append(f"duration {fields['idmp-duration']} maxsize {fields['idmp-maxsize']}")
+    return answers
+
+
+async def test_emulated_idmp_answers_like_redis_8_6(real_server: ServerUnderTest) -> None:
+    if real_server.target != "redis-8.6":
+        pytest.skip(f"IDMP exists on redis-8.6 only; {real_server.target} has none to compare with")
+    real = RedisPyAsync(real_server.async_client())
+    emulated = SimStore((8, 6)).connection()
+    expected, got = await asyncio.gather(play(real), play(emulated))
+    assert got == expected
+    assert expected[1] == "entry of step 0"  # the program does test what it says
+    assert expected[9] == "entry of step 9"
+    assert expected[11] == "entry of step 11"
+    await emulated.close()
