@@ -1,7 +1,8 @@
 """python -m sim: the testbed's command line.
 
-python -m sim run SCENARIO --strategy S --seed N [--json]   one simulated run, judged
-python -m sim report [--out DIR]                           compare the strategies (see sim.demo for now)
+- python -m sim run SCENARIO --strategy S --seed N [--json]: one simulated run, judged
+- python -m sim report [--seeds N] [--out DIR]: compare the strategies (report.md, index.html)
+- python -m sim search --strategy S --budget SECONDS: find fault schedules that break a checker, shrunk
 """
 
 from __future__ import annotations
@@ -59,6 +60,13 @@ def report(args: argparse.Namespace) -> int:
     return 0
 
 
+def search(args: argparse.Namespace) -> int:
+    from sim import search as property_search  # Hypothesis is a testbed dependency, loaded when used
+
+    property_search.run(args.strategy, args.budget, args.out)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sim")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -72,6 +80,11 @@ def main(argv: list[str] | None = None) -> int:
     compare.add_argument("--out", type=Path, default=Path("reports/latest"))
     compare.add_argument("--seeds", type=int, default=20, help="runs of each scenario with each strategy")
     compare.set_defaults(handler=report)
+    hunt = commands.add_parser("search", help="generate fault schedules, find and shrink violations")
+    hunt.add_argument("--strategy", choices=STRATEGIES, default="lease")
+    hunt.add_argument("--budget", type=float, default=60.0, help="seconds to spend, roughly")
+    hunt.add_argument("--out", type=Path, default=Path("reports/latest/search"))
+    hunt.set_defaults(handler=search)
     args = parser.parse_args(argv)
     _deterministic_hashing()
     return int(args.handler(args))

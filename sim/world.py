@@ -158,8 +158,8 @@ class SimInstance:
         )
         for job in world.scenario.jobs:
             scheduler.add_job(job.name, job.cron, self._work(job), **world.scenario.job_options(job, world.strategy))
+        self.scheduler = scheduler  # up from now: a second restart racing this one must see it
         await scheduler.start()
-        self.scheduler = scheduler
 
     def _work(self, job: JobSpec) -> Any:
         async def work(run: RunContext) -> None:
@@ -187,9 +187,12 @@ class SimInstance:
         scheduler, self.scheduler = self.scheduler, None
         await scheduler.stop(timeout=0)
 
-    async def restart(self) -> None:
+    async def restart(self) -> bool:
+        if self.up:  # two overlapping crash faults end with two restarts: one process
+            return False
         self.clock.running.set()
         await self.start()
+        return True
 
 
 class World:
@@ -259,8 +262,8 @@ class World:
             self.fault_windows.append(FaultWindow(start, end, fault.kind, target.name))
             if restart is not None:
                 await asyncio.sleep(float(restart))
-                await target.restart()
-                self.record_fault(fault, f"{detail} restarted")
+                if await target.restart():
+                    self.record_fault(fault, f"{detail} restarted")
         elif fault.kind == "pause":
             self.record_fault(fault, f"{detail} paused")
             target.clock.running.clear()
