@@ -23,7 +23,7 @@ from zoneinfo import ZoneInfo
 from anarchon._cron import CronSchedule
 from sim.history import Execution, History
 from sim.scenario import Scenario
-from sim.world import EPOCH_S, FaultWindow
+from sim.world import FaultWindow
 
 STORE_FAULTS = ("failover", "store-restart")
 
@@ -52,11 +52,13 @@ class Judgement:
         }
 
 
-def true_s(slot_ms: int) -> float:
-    return slot_ms / 1000 - EPOCH_S
+def true_s(slot_ms: int, epoch_s: float) -> float:
+    """A slot (epoch ms) as true time: seconds since the run began at wall time ``epoch_s``."""
+    return slot_ms / 1000 - epoch_s
 
 
 def judge(scenario: Scenario, strategy: str, history: History, fault_windows: list[FaultWindow]) -> Judgement:
+    epoch = history.epoch_s
     runs = [e for e in history.executions if not e.manual]
     by_slot: dict[tuple[str, int], list[Execution]] = defaultdict(list)
     for execution in runs:
@@ -71,27 +73,27 @@ def judge(scenario: Scenario, strategy: str, history: History, fault_windows: li
 
     expected = [
         (job, slot)
-        for job, slot in _expected_slots(scenario, 0.0, scenario.duration_s - settle_s)
-        if someone_healthy(true_s(slot))
+        for job, slot in _expected_slots(scenario, epoch, 0.0, scenario.duration_s - settle_s)
+        if someone_healthy(true_s(slot, epoch))
     ]
 
     verdicts = {
-        "P1": _no_duplicate(by_slot),
-        "P2": _no_missed(by_slot, expected),
-        "P3": _no_overlap(scenario, runs + [e for e in history.executions if e.manual]),
-        "P4": _lease_safety(strategy, by_slot),
+        "P1": _no_duplicate(by_slot, epoch),
+        "P2": _no_missed(by_slot, expected, epoch),
+        "P3": _no_overlap(scenario, runs + [e for e in history.executions if e.manual], epoch),
+        "P4": _lease_safety(strategy, by_slot, epoch),
         "P5": _no_lost_ack(strategy, history, fault_windows),
         "P6": _fencing(history),
     }
-    lateness = [(e.started - true_s(e.slot)) * 1000 for e in runs if e.attempt == 1]
+    lateness = [(e.started - true_s(e.slot, epoch)) * 1000 for e in runs if e.attempt == 1]
     return Judgement(verdicts, len(expected), lateness, _margins(by_slot) if strategy == "lease" else [])
 
 
-def _expected_slots(scenario: Scenario, start_s: float, end_s: float) -> list[tuple[str, int]]:
+def _expected_slots(scenario: Scenario, epoch: float, start_s: float, end_s: float) -> list[tuple[str, int]]:
     slots = []
     for job in scenario.jobs:
         schedule = CronSchedule(job.cron, ZoneInfo(str(job.options.get("timezone", "UTC"))))
-        low, high = int((EPOCH_S + start_s) * 1000), int((EPOCH_S + end_s) * 1000)
+        low, high = int((epoch + start_s) * 1000), int((epoch + end_s) * 1000)
         slots.extend((job.name, slot) for slot in schedule.slots_between(low, high))
     return slots
 
@@ -102,18 +104,20 @@ def _describe(e: Execution) -> str:
     return f"{e.instance} attempt {e.attempt} [{e.started:.3f} .. {end}] {state}"
 
 
-def _no_duplicate(by_slot: dict[tuple[str, int], list[Execution]]) -> Verdict:
+def _no_duplicate(by_slot: dict[tuple[str, int], list[Execution]], epoch: float) -> Verdict:
     bad = []
     for (job, slot), executions in sorted(by_slot.items()):
         completed = [e for e in executions if e.completed]
         overlapping = [(a, b) for a, b in itertools.combinations(executions, 2) if a.overlaps(b)]
         if len(completed) > 1 or overlapping:
             pair = overlapping[0] if overlapping else (completed[0], completed[1])
-            bad.append(f"{job} slot at {true_s(slot):.0f} s: {_describe(pair[0])}; {_describe(pair[1])}")
+            bad.append(f"{job} slot at {true_s(slot, epoch):.0f} s: {_describe(pair[0])}; {_describe(pair[1])}")
     return Verdict("P1", "invalid" if bad else "valid", bad[0] if bad else "", len(bad))
 
 
-def _no_missed(by_slot: dict[tuple[str, int], list[Execution]], expected: list[tuple[str, int]]) -> Verdict:
+def _no_missed(
+    by_slot: dict[tuple[str, int], list[Execution]], expected: list[tuple[str, int]], epoch: float
+) -> Verdict:
     if not expected:
         return Verdict("P2", "unknown", "no slot was due while an instance was healthy")
     missed = [(job, slot) for job, slot in expected if not any(e.completed for e in by_slot.get((job, slot), []))]
@@ -122,11 +126,11 @@ def _no_missed(by_slot: dict[tuple[str, int], list[Execution]], expected: list[t
         job, slot = missed[0]
         tried = by_slot.get((job, slot), [])
         how = "; ".join(_describe(e) for e in tried) if tried else "never started"
-        witness = f"{job} slot at {true_s(slot):.0f} s: {how}"
+        witness = f"{job} slot at {true_s(slot, epoch):.0f} s: {how}"
     return Verdict("P2", "invalid" if missed else "valid", witness, len(missed))
 
 
-def _no_overlap(scenario: Scenario, executions: list[Execution]) -> Verdict:
+def _no_overlap(scenario: Scenario, executions: list[Execution], epoch: float) -> Verdict:
     forbidden = {job.name for job in scenario.jobs if not job.options.get("overlap", False)}
     bad = []
     by_job: dict[str, list[Execution]] = defaultdict(list)
@@ -137,19 +141,19 @@ def _no_overlap(scenario: Scenario, executions: list[Execution]) -> Verdict:
         runs.sort(key=lambda e: e.started)
         for a, b in itertools.pairwise(runs):
             if a.slot != b.slot and a.overlaps(b):
-                bad.append(f"{job}: slot at {true_s(a.slot):.0f} s ({_describe(a)}) and slot at "
-                           f"{true_s(b.slot):.0f} s ({_describe(b)})")  # fmt: skip
+                bad.append(f"{job}: slot at {true_s(a.slot, epoch):.0f} s ({_describe(a)}) and slot at "
+                           f"{true_s(b.slot, epoch):.0f} s ({_describe(b)})")  # fmt: skip
     return Verdict("P3", "invalid" if bad else "valid", bad[0] if bad else "", len(bad))
 
 
-def _lease_safety(strategy: str, by_slot: dict[tuple[str, int], list[Execution]]) -> Verdict:
+def _lease_safety(strategy: str, by_slot: dict[tuple[str, int], list[Execution]], epoch: float) -> Verdict:
     if strategy != "lease":
         return Verdict("P4", "unknown", "no leases under this strategy")
     bad = []
     for (job, slot), executions in sorted(by_slot.items()):
         for a, b in itertools.combinations(sorted(executions, key=lambda e: e.started), 2):
             if a.attempt != b.attempt and a.overlaps(b):
-                bad.append(f"{job} slot at {true_s(slot):.0f} s: {_describe(a)} overlaps {_describe(b)}")
+                bad.append(f"{job} slot at {true_s(slot, epoch):.0f} s: {_describe(a)} overlaps {_describe(b)}")
     return Verdict("P4", "invalid" if bad else "valid", bad[0] if bad else "", len(bad))
 
 

@@ -52,6 +52,7 @@ class Execution:
 
 @dataclass
 class History:
+    epoch_s: float = 0.0  # the wall clock (s since the Unix epoch) at true time 0: slots are wall times
     events: list[Event] = field(default_factory=list)
     executions: list[Execution] = field(default_factory=list)
 

@@ -163,7 +163,7 @@ def timeline_figure(outcome: Outcome, checker: str) -> bytes:
         colour = "#2a9d8f" if e.completed else "#e76f51"
         axis.broken_barh([(e.started, max(end - e.started, 0.05))], (lanes[e.instance] - 0.25, 0.5), color=colour,
                          zorder=2)  # fmt: skip
-        label = f" slot {true_s(e.slot):.0f} s, attempt {e.attempt}"
+        label = f" slot {true_s(e.slot, history.epoch_s):.0f} s, attempt {e.attempt}"
         inside = end - e.started > (high - low) / 8  # a short bar gets its label above it
         axis.text(e.started, lanes[e.instance] + (-0.05 if inside else 0.27), label, fontsize=6,
                   color="white" if inside else "black", zorder=3)  # fmt: skip

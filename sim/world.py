@@ -201,7 +201,7 @@ class World:
         self.strategy = strategy
         self.seed = seed
         self.rng = random.Random(seed)
-        self.history = History()
+        self.history = History(epoch_s=EPOCH_S)
         self.store = SimStore(IDMP_VERSION if strategy == "idmp" else STORE_VERSION)
         self.instances = {spec.name: SimInstance(self, spec) for spec in scenario.instances}
         self.fault_windows: list[FaultWindow] = []

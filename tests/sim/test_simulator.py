@@ -127,7 +127,7 @@ SCENARIO = parse(
 
 
 def _verdicts(executions: list[Execution], windows: list[FaultWindow] | None = None) -> dict[str, str]:
-    history = History(executions=executions)
+    history = History(epoch_s=EPOCH_S, executions=executions)
     return {name: v.status for name, v in judge(SCENARIO, "lease", history, windows or []).verdicts.items()}
 
 
