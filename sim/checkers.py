@@ -57,7 +57,10 @@ def true_s(slot_ms: int, epoch_s: float) -> float:
     return slot_ms / 1000 - epoch_s
 
 
-def judge(scenario: Scenario, strategy: str, history: History, fault_windows: list[FaultWindow]) -> Judgement:
+def judge(
+    scenario: Scenario, strategy: str, history: History, fault_windows: list[FaultWindow], slack_s: float = 5.0
+) -> Judgement:
+    """Run every checker. ``slack_s`` is added to the time a takeover may take before a slot counts as missed."""
     epoch = history.epoch_s
     runs = [e for e in history.executions if not e.manual]
     by_slot: dict[tuple[str, int], list[Execution]] = defaultdict(list)
@@ -65,7 +68,7 @@ def judge(scenario: Scenario, strategy: str, history: History, fault_windows: li
         by_slot[(execution.job, execution.slot)].append(execution)
     lease_s = float(scenario.scheduler.get("lease_ms", 30_000)) / 1000
     longest = max(job.work_s for job in scenario.jobs)
-    settle_s = lease_s * 3 + longest + 5  # long enough for backups to take a run over and finish it
+    settle_s = lease_s * 3 + longest + slack_s  # long enough for backups to take a run over and finish it
     names = [instance.name for instance in scenario.instances]
 
     def someone_healthy(t: float) -> bool:

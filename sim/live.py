@@ -1,0 +1,435 @@
+"""Live mode: the scenario files against real Redis 5 / 7 / 8.6 and Valkey 9, in real time.
+
+Every scheduler instance is an OS process (:mod:`sim.live_instance`) running the production library. Durations
+are compressed by :data:`SCALE` (a job every 10 s runs every 2 s, leases of 3 s last 600 ms); the strategies of
+a scenario run side by side on one server, each with its own instances and key prefix. Faults are real:
+
+- crash: SIGKILL (and a new process on restart); pause: SIGSTOP / SIGCONT;
+- partition: each instance reaches the server through its own TCP proxy, owned here, which drops the instance's
+  connections and refuses new ones while the partition lasts;
+- clock skew and late claims: the instance's clock offset, changed through its stdin;
+- failover: the server has a replica; ``lag_ms`` before the failover the replica is detached (REPLICAOF NO ONE),
+  so it deterministically misses what the primary acknowledges meanwhile; then the primary is killed and every
+  proxy sends its instance to the former replica;
+- store restart: the server restarts without persistence, empty;
+- run_now: sent to the instance's stdin.
+
+The history comes from the processes' JSON lines and the faults recorded here, on the machine's monotonic clock,
+which every process shares; the checkers are the virtual mode's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import re
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from sim.checkers import judge
+from sim.history import Event, Execution, History
+from sim.run import Outcome
+from sim.scenario import FaultSpec, JobSpec, Scenario, ScenarioError
+from sim.servers import RunningServer, start_server
+from sim.world import FaultWindow
+
+SCALE = 0.2  # live seconds per scenario second
+SETTLE_AFTER_FAULTS_S = 60  # scenario seconds judged after the last fault heals; the rest is cut
+READY_TIMEOUT_S = 60
+REPO = Path(__file__).resolve().parent.parent
+
+
+def scaled(scenario: Scenario, factor: float = SCALE) -> Scenario:
+    """The scenario in live time: every duration, offset and period multiplied by ``factor``, and the run cut
+    ``SETTLE_AFTER_FAULTS_S`` scenario seconds after the last fault heals."""
+    last_fault = max((f.at_s + min(f.duration_s, scenario.duration_s) for f in scenario.faults), default=0.0)
+    duration = min(scenario.duration_s, last_fault + SETTLE_AFTER_FAULTS_S)
+
+    def ms(value: Any) -> int:
+        return round(float(value) * factor)
+
+    def job(spec: JobSpec) -> JobSpec:
+        match = re.fullmatch(r"\*/(\d+) \* \* \* \* \*", spec.cron)
+        period = int(match.group(1)) * factor if match else 0
+        if not match or period != int(period) or period < 1:
+            raise ScenarioError(f"{scenario.name}: live mode scales crons like '*/10 * * * * *' to whole seconds; "
+                                f"{spec.cron!r} does not scale by {factor}")  # fmt: skip
+        options = {k: ms(v) if k.endswith("_ms") else v for k, v in spec.options.items()}
+        return replace(spec, cron=f"*/{int(period)} * * * * *", work_s=spec.work_s * factor, options=options)
+
+    def fault(spec: FaultSpec) -> FaultSpec:
+        settings = {
+            k: ms(v) if k.endswith("_ms") else float(v) * factor if k.endswith("_s") else v
+            for k, v in spec.settings.items()
+        }
+        return replace(spec, at_s=spec.at_s * factor, settings=settings)
+
+    strategies = {
+        name: {k: max(1, round(v * factor)) if k.endswith(("_ms", "_sec")) else v for k, v in settings.items()}
+        for name, settings in scenario.strategies.items()
+    }
+    return replace(
+        scenario,
+        duration_s=duration * factor,
+        instances=tuple(replace(i, offset_ms=ms(i.offset_ms)) for i in scenario.instances),
+        jobs=tuple(job(j) for j in scenario.jobs),
+        faults=tuple(fault(f) for f in scenario.faults),
+        scheduler={k: ms(v) if k.endswith("_ms") else v for k, v in scenario.scheduler.items()},
+        strategies=strategies,
+    )
+
+
+class Proxy:
+    """A TCP proxy between one instance and the server: it can cut the instance off, or send it elsewhere."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.upstream = (host, port)
+        self.cut_off = False
+        self._pairs: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = set()
+        self._server: asyncio.Server | None = None
+
+    async def start(self) -> int:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return int(self._server.sockets[0].getsockname()[1])
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.cut_off:
+            writer.transport.abort()
+            return
+        try:
+            up_reader, up_writer = await asyncio.open_connection(*self.upstream)
+        except OSError:
+            writer.transport.abort()
+            return
+        pair = (writer, up_writer)
+        self._pairs.add(pair)
+        try:
+            await asyncio.gather(_pump(reader, up_writer), _pump(up_reader, writer))
+        finally:
+            self._pairs.discard(pair)
+            for side in pair:
+                side.transport.abort()
+
+    def drop(self) -> None:
+        for pair in list(self._pairs):
+            for side in pair:
+                side.transport.abort()
+
+    def cut(self) -> None:
+        self.cut_off = True
+        self.drop()
+
+    def heal(self) -> None:
+        self.cut_off = False
+
+    def redirect(self, host: str, port: int) -> None:
+        self.upstream = (host, port)
+        self.drop()
+
+    async def close(self) -> None:
+        self.drop()
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+
+async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    with contextlib.suppress(OSError, asyncio.IncompleteReadError):
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+    writer.transport.abort()
+
+
+@dataclass
+class Instance:
+    """One instance of one strategy's group: its proxy, its current process, its log."""
+
+    name: str
+    strategy: str
+    proxy: Proxy
+    log: Path
+    config: dict[str, Any]
+    offset_ms: float
+    process: asyncio.subprocess.Process | None = None
+    killed_at: list[tuple[int, float]] = field(default_factory=list)  # (pid, monotonic time)
+
+    async def spawn(self) -> None:
+        self.config["offset_ms"] = self.offset_ms
+        stderr = await asyncio.to_thread(open, self.log.with_suffix(".stderr"), "ab")  # its own log records
+        with stderr:
+            self.process = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "sim.live_instance", "--config", json.dumps(self.config),
+                cwd=REPO, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=stderr,
+                env={**os.environ, "PYTHONHASHSEED": "0"},
+            )  # fmt: skip
+
+    async def ready(self) -> None:
+        assert self.process is not None
+        assert self.process.stdout is not None
+        line = await asyncio.wait_for(self.process.stdout.readline(), READY_TIMEOUT_S)
+        if line.strip() != b"ready":
+            raise RuntimeError(f"instance {self.strategy}/{self.name} did not start: {line!r}")
+
+    def signal(self, number: signal.Signals) -> None:
+        if self.process is not None and self.process.returncode is None:
+            os.kill(self.process.pid, number)
+
+    async def kill(self) -> None:
+        if self.process is None:
+            return
+        if self.process.returncode is None:
+            self.signal(signal.SIGCONT)  # a paused process can be killed too
+            self.process.kill()
+            self.killed_at.append((self.process.pid, time.monotonic()))
+        await self.process.wait()
+        self.process = None
+
+    async def tell(self, line: str) -> None:
+        if self.process is not None and self.process.stdin is not None:
+            self.process.stdin.write((line + "\n").encode())
+            with contextlib.suppress(ConnectionError):
+                await self.process.stdin.drain()
+
+
+class LiveRun:
+    def __init__(self, scenario: Scenario, server: RunningServer, strategies: list[str], workdir: Path) -> None:
+        self.scenario = scenario
+        self.server = server
+        self.strategies = strategies
+        self.workdir = workdir
+        self.groups: dict[str, list[Instance]] = {}
+        self.windows: dict[str, list[FaultWindow]] = {s: [] for s in strategies}
+        self.faults: list[Event] = []
+        self.t0 = 0.0
+
+    def now(self) -> float:
+        return time.monotonic() - self.t0
+
+    async def setup(self, scenario_path: Path) -> None:
+        for strategy in self.strategies:
+            group = []
+            for spec in self.scenario.instances:
+                proxy = Proxy(self.server.host, self.server.port)
+                port = await proxy.start()
+                log = self.workdir / f"{strategy}-{spec.name}.jsonl"
+                config = {
+                    "scenario": str(scenario_path), "strategy": strategy, "instance": spec.name, "log": str(log),
+                    "prefix": f"{strategy}:", "valkey": self.server.is_valkey,
+                    "url": f"redis://127.0.0.1:{port}/0?socket_timeout=2&socket_connect_timeout=2",
+                }  # fmt: skip
+                group.append(Instance(spec.name, strategy, proxy, log, config, float(spec.offset_ms)))
+            self.groups[strategy] = group
+        everyone = [i for group in self.groups.values() for i in group]
+        for instance in everyone:
+            await instance.spawn()
+        await asyncio.gather(*(i.ready() for i in everyone))
+
+    async def run(self) -> float:
+        """Run the scenario from the next wall-clock moment aligned like the simulator's start (slots of every
+        job at the same offsets from it as in virtual time); return that moment (epoch seconds)."""
+        grid = 60 * SCALE
+        epoch_s = (time.time() // grid + 1) * grid
+        await asyncio.sleep(epoch_s - time.time())
+        self.t0 = time.monotonic() - (time.time() - epoch_s)
+        strikes = [asyncio.ensure_future(self._strike(f)) for f in self.scenario.faults]
+        await asyncio.sleep(self.scenario.duration_s)
+        for task in strikes:
+            task.cancel()
+        await asyncio.gather(*strikes, return_exceptions=True)
+        for group in self.groups.values():
+            for instance in group:
+                await instance.kill()  # the end: nothing after this moment is judged
+        return epoch_s
+
+    def _record(self, fault: FaultSpec, detail: str) -> None:
+        self.faults.append(Event(self.now(), "fault", "nemesis", fault.kind, value=detail))
+
+    def _window(self, fault: FaultSpec, start: float, end: float, instance: Instance | None = None) -> None:
+        strategies = [instance.strategy] if instance else self.strategies
+        for strategy in strategies:
+            self.windows[strategy].append(FaultWindow(start, end, fault.kind, instance.name if instance else ""))
+
+    def _targets(self, fault: FaultSpec) -> list[Instance]:
+        """The fault's instance in every strategy's group ("winner": whoever is running a job there now)."""
+        chosen = []
+        for group in self.groups.values():
+            if fault.instance != "winner":
+                chosen.append(next(i for i in group if i.name == fault.instance))
+                continue
+            running = [(start, i) for i in group for start in _running_since(i.log)]
+            chosen.append(min(running, key=lambda pair: pair[0])[1] if running else group[0])
+        return chosen
+
+    async def _strike(self, fault: FaultSpec) -> None:
+        if fault.kind == "failover":
+            lag_s = float(fault.settings["lag_ms"]) / 1000
+            await asyncio.sleep(max(0.0, fault.at_s - lag_s - self.now()))
+            replica = self.server.replica
+            assert replica is not None, "a failover scenario needs a server with a replica"
+            detached = self.now()
+            with contextlib.closing(replica.client()) as client:
+                client.execute_command("REPLICAOF", "NO", "ONE")  # from now on it misses the primary's writes
+            await asyncio.sleep(max(0.0, fault.at_s - self.now()))
+            self.server.kill()
+            for group in self.groups.values():
+                for instance in group:
+                    instance.proxy.redirect(replica.host, replica.port)
+            self._record(fault, f"primary killed; the replica, detached {lag_s * 1000:.0f} ms before, took over")
+            self._window(fault, detached, self.now())
+            return
+        await asyncio.sleep(max(0.0, fault.at_s - self.now()))
+        if fault.kind == "store-restart":
+            await asyncio.to_thread(self.server.restart)
+            self._record(fault, "store restarted empty")
+            self._window(fault, self.now(), self.now())
+            return
+        await asyncio.gather(*(self._strike_instance(fault, target) for target in self._targets(fault)))
+
+    async def _strike_instance(self, fault: FaultSpec, target: Instance) -> None:
+        start = self.now()
+        detail = f"{target.strategy} instance {target.name}"
+        if fault.kind == "crash":
+            self._record(fault, f"{detail} killed")
+            await target.kill()
+            restart = fault.settings.get("restart_after_s")
+            end = self.scenario.duration_s if restart is None else start + float(restart)
+            self._window(fault, start, end, target)
+            if restart is not None:
+                await asyncio.sleep(float(restart))
+                await target.spawn()
+                await target.ready()
+                self._record(fault, f"{detail} restarted")
+        elif fault.kind == "pause":
+            self._record(fault, f"{detail} paused")
+            target.signal(signal.SIGSTOP)
+            self._window(fault, start, start + fault.duration_s, target)
+            await asyncio.sleep(fault.duration_s)
+            target.signal(signal.SIGCONT)
+            self._record(fault, f"{detail} resumed")
+        elif fault.kind == "partition":
+            self._record(fault, f"{detail} cut off from the store")
+            target.proxy.cut()
+            self._window(fault, start, start + fault.duration_s, target)
+            await asyncio.sleep(fault.duration_s)
+            target.proxy.heal()
+            self._record(fault, f"{detail} reconnected")
+        elif fault.kind == "skew":
+            target.offset_ms += float(fault.settings["offset_ms"])
+            await target.tell(f"offset {target.offset_ms}")
+            self._record(fault, f"{detail} clock jumps {fault.settings['offset_ms']} ms")
+            self._window(fault, start, start, target)
+        elif fault.kind == "late":
+            delay = float(fault.settings["delay_ms"])
+            target.offset_ms -= delay
+            await target.tell(f"offset {target.offset_ms}")
+            self._record(fault, f"{detail} claims {delay:.0f} ms late")
+            self._window(fault, start, start + fault.duration_s, target)
+            await asyncio.sleep(fault.duration_s)
+            target.offset_ms += delay
+            await target.tell(f"offset {target.offset_ms}")
+        elif fault.kind == "manual":
+            await target.tell(f"run_now {fault.settings['job']}")
+            self._record(fault, f"{detail} runs {fault.settings['job']} now")
+            self._window(fault, start, start, target)
+
+    def history(self, strategy: str, epoch_s: float) -> History:
+        history = History(epoch_s=epoch_s)
+        history.events.extend(self.faults)
+        for instance in self.groups[strategy]:
+            kills = sorted(t - self.t0 for _, t in instance.killed_at)
+            by_token: dict[str, Execution] = {}
+            for record in _read(instance.log):
+                if "event" in record:
+                    history.events.append(Event(**{**record["event"], "t": record["event"]["t"] - self.t0}))
+                elif "start" in record:
+                    s = record["start"]
+                    execution = Execution(s["instance"], s["job"], s["slot"], str(s["slot"]), s["attempt"],
+                                          s["fence"], s["token"], s["manual"], s["t"] - self.t0)  # fmt: skip
+                    by_token[s["token"]] = execution
+                    history.executions.append(execution)
+                elif "end" in record and record["end"]["token"] in by_token:
+                    execution = by_token[record["end"]["token"]]
+                    execution.ended = record["end"]["t"] - self.t0
+                    execution.completed = record["end"]["completed"]
+            for execution in by_token.values():
+                if execution.ended is None:  # its process was killed: it stopped then
+                    execution.ended = next((k for k in kills if k >= execution.started), self.scenario.duration_s)
+        history.events.sort(key=lambda e: e.t)
+        history.executions.sort(key=lambda e: e.started)
+        return history
+
+
+def _read(path: Path) -> Iterator[dict[str, Any]]:
+    if not path.exists():
+        return
+    for line in path.read_text().splitlines():
+        with contextlib.suppress(json.JSONDecodeError):  # a line cut short by SIGKILL
+            yield json.loads(line)
+
+
+def _running_since(path: Path) -> list[float]:
+    started: dict[str, float] = {}
+    for record in _read(path):
+        if "start" in record:
+            started[record["start"]["token"]] = record["start"]["t"]
+        elif "end" in record:
+            started.pop(record["end"]["token"], None)
+    return list(started.values())
+
+
+def supported(strategy: str, server: RunningServer) -> bool:
+    return strategy != "idmp" or (not server.is_valkey and server.version_info[:2] >= (8, 6))
+
+
+async def run_live(scenario: Scenario, target: str, strategies: list[str]) -> dict[str, Outcome]:
+    """Run ``scenario`` (unscaled) on a fresh server of ``target`` with each strategy side by side; judge each."""
+    live = scaled(scenario)
+    uses_failover = any(f.kind == "failover" for f in live.faults)
+    with tempfile.TemporaryDirectory(prefix="anarchon-live-") as directory:
+        workdir = Path(directory)
+        scenario_path = workdir / "scenario.toml"
+        scenario_path.write_text(_toml(live))
+        with start_server(target, replica=uses_failover) as server:
+            chosen = [s for s in strategies if supported(s, server)]
+            run = LiveRun(live, server, chosen, workdir)
+            try:
+                await run.setup(scenario_path)
+                epoch_s = await run.run()
+            finally:
+                for group in run.groups.values():
+                    for instance in group:
+                        await instance.kill()
+                        await instance.proxy.close()
+            outcomes = {}
+            for strategy in chosen:
+                history = run.history(strategy, epoch_s)
+                judgement = judge(live, strategy, history, run.windows[strategy], slack_s=5 * SCALE)
+                outcomes[strategy] = Outcome(live, strategy, 0, history, judgement, run.windows[strategy])
+            return outcomes
+
+
+def _toml(scenario: Scenario) -> str:
+    """A scenario as a TOML file, for the instance processes to load."""
+
+    def value(v: Any) -> str:
+        return json.dumps(v) if isinstance(v, str) else str(v).lower() if isinstance(v, bool) else str(v)
+
+    lines = [f"name = {json.dumps(scenario.name)}", f"duration_s = {scenario.duration_s}", "", "[scheduler]"]
+    lines += [f"{k} = {value(v)}" for k, v in scenario.scheduler.items()]
+    for name, settings in scenario.strategies.items():
+        lines += ["", f'[strategies."{name}"]', *[f"{k} = {value(v)}" for k, v in settings.items()]]
+    for instance in scenario.instances:
+        lines += ["", "[[instances]]", f"name = {json.dumps(instance.name)}", f"offset_ms = {instance.offset_ms}"]
+    for job in scenario.jobs:
+        lines += ["", "[[jobs]]", f"name = {json.dumps(job.name)}", f"cron = {json.dumps(job.cron)}",
+                  f"work_s = {job.work_s}", *[f"{k} = {value(v)}" for k, v in job.options.items()]]  # fmt: skip
+    return "\n".join(lines) + "\n"

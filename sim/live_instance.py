@@ -1,0 +1,112 @@
+"""One scheduler instance of a live run: an OS process running the production library against a real server.
+
+Started by :mod:`sim.live` as ``python -m sim.live_instance --config JSON``. It writes what it does as JSON lines
+(claims and their answers, job starts and ends) stamped with the machine's monotonic clock, which every process
+shares, prints ``ready`` once its scheduler has started, and takes commands on stdin: ``offset MS`` (its wall
+clock jumps to MS ahead of the machine's), ``run_now JOB``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import threading
+import time
+from dataclasses import asdict
+from typing import Any
+
+from anarchon import RedisBackend, RunContext, Scheduler, SystemClock, ValkeyBackend
+from sim.history import Event, History, RecordingStrategy
+from sim.scenario import load
+
+
+class OffsetClock(SystemClock):
+    """The machine's clock, ``offset_ms`` ahead (negative: behind); the offset can change while running."""
+
+    def __init__(self, offset_ms: float) -> None:
+        self.offset_ms = offset_ms
+
+    def wall_ms(self) -> int:
+        return super().wall_ms() + int(self.offset_ms)
+
+
+class JsonLines(History):
+    """A history written to a file as it happens: a process killed with SIGKILL loses nothing it wrote."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__()
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+
+    def write(self, record: dict[str, Any]) -> None:
+        os.write(self._fd, (json.dumps(record) + "\n").encode())
+
+    def add(self, event: Event) -> None:
+        self.write({"event": asdict(event)})
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--config", required=True)
+    config = json.loads(parser.parse_args().config)
+    asyncio.run(serve(config))
+
+
+async def serve(config: dict[str, Any]) -> None:
+    scenario = load(config["scenario"])  # already scaled to live time by sim.live
+    name, strategy = config["instance"], config["strategy"]
+    history = JsonLines(config["log"])
+    clock = OffsetClock(config["offset_ms"])
+    options: dict[str, Any] = {"strategy": scenario.strategy_option(strategy), "prefix": config["prefix"]}
+    backend: RedisBackend[Any] = (
+        ValkeyBackend(valkey=config["url"], **options)
+        if config["valkey"]
+        else RedisBackend(redis=config["url"], **options)
+    )
+    backend.strategy = RecordingStrategy(backend.strategy, history, name, time.monotonic)
+    scheduler: Scheduler[Any] = Scheduler(
+        backend, clock=clock, instance_id=name, **scenario.scheduler_options(strategy)
+    )
+
+    def work(seconds: float) -> Any:
+        async def job(run: RunContext) -> None:
+            base = {"instance": name, "job": run.job, "slot": run.slot, "attempt": run.attempt, "fence": run.fence,
+                    "token": run.token, "manual": run.manual}  # fmt: skip
+            history.write({"start": {**base, "t": time.monotonic()}})
+            try:
+                await asyncio.sleep(seconds)
+            except asyncio.CancelledError:
+                history.write({"end": {"token": run.token, "t": time.monotonic(), "completed": False}})
+                raise
+            history.write({"end": {"token": run.token, "t": time.monotonic(), "completed": True}})
+
+        return job
+
+    for spec in scenario.jobs:
+        scheduler.add_job(spec.name, spec.cron, work(spec.work_s), **scenario.job_options(spec, strategy))
+    await scheduler.start()
+    loop = asyncio.get_running_loop()
+    manual: set[asyncio.Task[Any]] = set()
+
+    def command(line: str) -> None:
+        word, _, argument = line.strip().partition(" ")
+        if word == "offset":
+            clock.offset_ms = float(argument)
+        elif word == "run_now":
+            task = asyncio.ensure_future(scheduler.run_now(argument))
+            manual.add(task)
+            task.add_done_callback(manual.discard)
+
+    def read_commands() -> None:
+        for line in sys.stdin:
+            loop.call_soon_threadsafe(command, line)
+
+    threading.Thread(target=read_commands, daemon=True).start()
+    print("ready", flush=True)
+    await asyncio.Event().wait()  # until killed: the end of a live run is a SIGKILL, like a crash
+
+
+if __name__ == "__main__":
+    main()
