@@ -17,6 +17,7 @@ from pathlib import Path
 from sim import report as comparison
 from sim.run import simulate
 from sim.scenario import STRATEGIES, ScenarioError, load
+from sim.servers import available_targets
 
 
 def _deterministic_hashing() -> None:
@@ -55,7 +56,8 @@ def run(args: argparse.Namespace) -> int:
 
 def report(args: argparse.Namespace) -> int:
     began = time.monotonic()
-    markdown, page = comparison.main(args.out, args.seeds)
+    targets = [t for t in args.servers.split(",") if t] if args.servers else list(available_targets())
+    markdown, page = comparison.main(args.out, args.seeds, mode=args.mode, targets=targets)
     print(f"written {markdown} and {page} in {time.monotonic() - began:.1f} s")
     return 0
 
@@ -78,7 +80,9 @@ def main(argv: list[str] | None = None) -> int:
     one.set_defaults(handler=run)
     compare = commands.add_parser("report", help="compare the strategies under faults; write report.md")
     compare.add_argument("--out", type=Path, default=Path("reports/latest"))
-    compare.add_argument("--seeds", type=int, default=20, help="runs of each scenario with each strategy")
+    compare.add_argument("--seeds", type=int, default=20, help="runs of each scenario (live: per server)")
+    compare.add_argument("--mode", choices=("virtual", "live"), default="virtual")
+    compare.add_argument("--servers", default="", help="live mode: comma list (default: every provisioned one)")
     compare.set_defaults(handler=report)
     hunt = commands.add_parser("search", help="generate fault schedules, find and shrink violations")
     hunt.add_argument("--strategy", choices=STRATEGIES, default="lease")

@@ -258,6 +258,86 @@ async def store_memory(target: str, history_size: int = 1000) -> dict[str, Any]:
     return result
 
 
+class _Counting:
+    """Counts round trips through a connection."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.round_trips = 0
+
+    async def execute(self, command: Any) -> Any:
+        self.round_trips += 1
+        return await self.inner.execute(command)
+
+    async def execute_many(self, commands: Any) -> Any:
+        self.round_trips += 1
+        return await self.inner.execute_many(commands)
+
+    async def server_info(self) -> Any:
+        return await self.inner.server_info()
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+async def commands_per_claim(targets: Sequence[str], claims: int = 100) -> dict[str, dict[str, dict[str, float]]]:
+    """For each target and strategy: round trips and server commands (INFO commandstats) per won claim."""
+    results: dict[str, dict[str, dict[str, float]]] = {}
+    for target in targets:
+        with start_server(target) as server:
+            results[target] = {}
+            for strategy in STRATEGIES:
+                if not supports(server, strategy):
+                    continue
+                client = redis.asyncio.Redis(host=server.host, port=server.port, protocol=2)
+                counting = _Counting(RedisPyAsync(client))
+                backend = make_backend(server, counting, strategy, f"count-{strategy}:")
+                await backend.start(["job"])
+                policy = JobPolicy(overlap=True)
+                before, trips = await _calls(client), counting.round_trips
+                for i in range(claims):
+                    slot = 1_700_000_000_000 + i * 1000
+                    await backend.strategy.claim(
+                        backend.store, [(RunRequest("job", str(slot), slot, f"t{i}", "c"), policy)]
+                    )
+                after = await _calls(client)
+                results[target][strategy] = {
+                    "round_trips": (counting.round_trips - trips) / claims,
+                    "commands": (after - before - 1) / claims,  # the INFO that read the counters
+                }
+                await backend.stop()
+                await client.aclose()
+    return results
+
+
+async def _calls(client: Any) -> int:
+    text = (await client.execute_command(b"INFO", "commandstats")).decode()
+    return sum(int(line.split("calls=")[1].split(",")[0]) for line in text.splitlines() if "calls=" in line)
+
+
+def simulator_speed(simulated_s: float = 900.0) -> dict[str, Any]:
+    """Virtual time: 3 instances × 10 jobs every 10 s (work 1 s, lease strategy); simulated seconds per wall
+    second."""
+    from sim.run import simulate
+    from sim.scenario import parse
+
+    scenario = parse({
+        "name": "speed", "duration_s": simulated_s, "scheduler": {"lease_ms": 3000, "heartbeat_ms": 1000},
+        "instances": [{"name": n} for n in "abc"],
+        "jobs": [{"name": f"job{j}", "cron": "*/10 * * * * *", "work_s": 1.0} for j in range(10)],
+    })  # fmt: skip
+    began = time.perf_counter()
+    outcome = simulate(scenario, "lease", 1)
+    wall = time.perf_counter() - began
+    return {
+        "simulated_s": simulated_s,
+        "wall_s": round(wall, 2),
+        "speedup": round(simulated_s / wall),
+        "executions": len(outcome.history.executions),
+        "day_estimate_s": round(86_400 / (simulated_s / wall), 1),
+    }
+
+
 def print_claims(results: dict[str, Any]) -> None:
     print(f"{'target':<10} {'op':<10} {'p50 µs':>8} {'p99 µs':>8} {'p50 / SET NX PX':>16}")
     for target, ops in results.items():
@@ -286,6 +366,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"burst: {json.dumps(out['burst'])}")
     out["memory"] = {"scheduler": scheduler_memory(), "store": asyncio.run(store_memory(burst_target))}
     print(f"memory: {json.dumps(out['memory'])}")
+    out["sim"] = simulator_speed(300.0 if args.quick else 900.0)
+    print(f"simulator: {json.dumps(out['sim'])}")
     out["seconds"] = round(time.monotonic() - began, 1)
     if args.json_path:
         with open(args.json_path, "w") as handle:

@@ -413,7 +413,9 @@ async def run_live(scenario: Scenario, target: str, strategies: list[str]) -> di
             for strategy in chosen:
                 history = run.history(strategy, epoch_s)
                 judgement = judge(live, strategy, history, run.windows[strategy], slack_s=5 * SCALE)
-                outcomes[strategy] = Outcome(live, strategy, 0, history, judgement, run.windows[strategy])
+                outcomes[strategy] = Outcome(
+                    live, strategy, 0, history, judgement, run.windows[strategy], target, server.version
+                )
             return outcomes
 
 

@@ -62,45 +62,73 @@ class Cell:
     counts: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     slots: int = 0
     first_violation: dict[str, Outcome] = field(default_factory=dict)
+    targets: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))  # live: where each was seen
 
 
 @dataclass
 class Results:
-    seeds: int
+    mode: str  # virtual | live
+    seeds: int  # runs of each scenario (per target in live mode)
+    targets: list[str]  # live mode: the servers
     scenarios: list[Scenario]
-    cells: dict[tuple[str, str], Cell]
-    lateness: dict[str, list[float]]
-    margins: list[float]
-    seconds: float
-    simulated_s: float
+    cells: dict[tuple[str, str], Cell] = field(default_factory=dict)
+    lateness: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+    margins: list[float] = field(default_factory=list)
+    seconds: float = 0.0
+    simulated_s: float = 0.0
+    bench: dict[str, Any] = field(default_factory=dict)  # live mode: claim latency and store memory per target
 
-
-def collect(seeds: int, progress: bool = True) -> Results:
-    scenarios = load_all()
-    cells: dict[tuple[str, str], Cell] = {}
-    lateness: dict[str, list[float]] = defaultdict(list)
-    margins: list[float] = []
-    began = time.perf_counter()
-    simulated = 0.0
-    jobs = [(s, strategy, seed) for s in scenarios for strategy in STRATEGIES for seed in range(1, seeds + 1)]
-    for scenario, strategy, seed in tqdm(jobs, desc="simulating", unit="run", disable=not progress):
-        outcome = simulate(scenario, strategy, seed)
-        simulated += scenario.duration_s
-        cell = cells.setdefault((scenario.name, strategy), Cell())
+    def add(self, outcome: Outcome, target: str = "") -> None:
+        cell = self.cells.setdefault((outcome.scenario.name, outcome.strategy), Cell())
         cell.runs += 1
         cell.slots += outcome.judgement.slots_checked
         for name, verdict in outcome.judgement.verdicts.items():
             if verdict.status == "invalid":
                 cell.violations[name] += 1
                 cell.counts[name] += verdict.count
+                cell.targets[name].add(target)
                 shortest = cell.first_violation.get(name)
                 if shortest is None or len(outcome.history.events) < len(shortest.history.events):
                     cell.first_violation[name] = outcome
             elif verdict.status == "unknown":
                 cell.unknown[name] += 1
-        lateness[strategy].extend(outcome.judgement.lateness_ms)
-        margins.extend(outcome.judgement.lease_margins_ms)
-    return Results(seeds, scenarios, cells, lateness, margins, time.perf_counter() - began, simulated)
+        self.lateness[outcome.strategy].extend(outcome.judgement.lateness_ms)
+        self.margins.extend(outcome.judgement.lease_margins_ms)
+        self.simulated_s += outcome.scenario.duration_s
+
+
+def collect(seeds: int, progress: bool = True) -> Results:
+    """Virtual mode: every scenario × strategy × seed on the embedded store."""
+    results = Results("virtual", seeds, [], load_all())
+    began = time.perf_counter()
+    jobs = [(s, strategy, seed) for s in results.scenarios for strategy in STRATEGIES for seed in range(1, seeds + 1)]
+    for scenario, strategy, seed in tqdm(jobs, desc="simulating", unit="run", disable=not progress):
+        results.add(simulate(scenario, strategy, seed))
+    results.seconds = time.perf_counter() - began
+    return results
+
+
+def collect_live(targets: Sequence[str], runs: int, progress: bool = True) -> Results:
+    """Live mode: every scenario on every real server, strategies side by side, ``runs`` times; plus claim
+    latency and store memory per target."""
+    import asyncio
+
+    from sim import bench
+    from sim.live import run_live
+
+    results = Results("live", runs, list(targets), load_all())
+    began = time.perf_counter()
+    jobs = [(s, target) for s in results.scenarios for target in targets for _ in range(runs)]
+    for scenario, target in tqdm(jobs, desc="live runs", unit="run", disable=not progress):
+        for outcome in asyncio.run(run_live(scenario, target, list(STRATEGIES))).values():
+            results.add(outcome, target)
+    results.bench = {
+        "claims": asyncio.run(bench.claim_latency(list(targets), 1000)),
+        "memory": {target: asyncio.run(bench.store_memory(target, 1000)) for target in targets},
+        "commands": asyncio.run(bench.commands_per_claim(list(targets))),
+    }
+    results.seconds = time.perf_counter() - began
+    return results
 
 
 # --- figures ---------------------------------------------------------------------------------------------------
@@ -207,15 +235,68 @@ def _rate(violations: int, runs: int) -> str:
     return f"{violations}/{runs} ({100 * low:.0f}–{100 * high:.0f}%)"
 
 
+def _replay(outcome: Outcome, commit: str) -> str:
+    if outcome.target:
+        where = f"{outcome.target} {outcome.server_version}"
+        return (f"pytest scenarios/test_live.py --servers={outcome.target} -k '{outcome.scenario.name}'"
+                f"   # commit {commit}, {where}, a live run (timing varies)")  # fmt: skip
+    return f"{outcome.replay_command()}   # commit {commit}, embedded store (fakeredis, Redis 7.0 semantics)"
+
+
+def _bench_sections(bench: dict[str, Any]) -> list[str]:
+    lines = [
+        "",
+        "## Claim cost per server",
+        "",
+        "Sequential claims by one asyncio redis-py client (RESP2), beside PING and a per-slot SET NX PX with the same",
+        "client in the same loop; µs, p50 / p99, and p50 over SET NX PX's.",
+        "",
+        "| server | PING | SET NX PX | " + " | ".join(STRATEGIES) + " |",
+        "|---|---|---|" + "---|" * len(STRATEGIES),
+    ]
+    for target, ops in bench["claims"].items():
+        cells = [f"{ops[op]['p50_us']:.0f} / {ops[op]['p99_us']:.0f}" for op in ("ping", "set_nx_px")]
+        for strategy in STRATEGIES:
+            row = ops.get(strategy)
+            cells.append(
+                f"{row['p50_us']:.0f} / {row['p99_us']:.0f} ({row['ratio_to_set_nx_px']:.2f}×)" if row else "–"
+            )
+        lines.append(f"| {target} {ops.get('version', '')} | " + " | ".join(cells) + " |")
+    lines += ["", "Round trips and server commands per claim (a won claim; lease includes none of its finish):", "",
+              "| server | " + " | ".join(STRATEGIES) + " |", "|---|" + "---|" * len(STRATEGIES)]  # fmt: skip
+    for target, per in bench["commands"].items():
+        cells = [f"{per[s]['round_trips']:g} / {per[s]['commands']:g}" if s in per else "–" for s in STRATEGIES]
+        lines.append(f"| {target} | " + " | ".join(cells) + " |")
+    lines += ["", "Store memory of one job after 1,200 runs with history_size 1,000 (MEMORY USAGE of its keys):", "",
+              "| server | " + " | ".join(STRATEGIES) + " |", "|---|" + "---|" * len(STRATEGIES)]  # fmt: skip
+    for target, memory in bench["memory"].items():
+        cells = [f"{memory[s]['bytes'] / 1024:.0f} KiB ({memory[s]['bytes_per_run']} B/run)" if s in memory else "–"
+                 for s in STRATEGIES]  # fmt: skip
+        lines.append(f"| {target} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def render(results: Results, figure: Callable[[str, bytes], str]) -> str:
     """The report in Markdown; ``figure(name, png)`` stores a figure and returns how to reference it."""
+    if results.mode == "virtual":
+        how = [
+            f"{len(results.scenarios)} scenarios × {len(STRATEGIES)} strategies × {results.seeds} seeds, virtual",
+            "time on the embedded store (fakeredis running the real Lua scripts; for idmp, Redis 8.6's idempotent",
+            "XADD emulated as in its source, since fakeredis's own is incomplete).",
+        ]
+    else:
+        how = [
+            f"{len(results.scenarios)} scenarios × {len(STRATEGIES)} strategies on {', '.join(results.targets)},",
+            f"{results.seeds} run(s) each, in real time: instances are OS processes, crashes SIGKILL, pauses SIGSTOP,",
+            "partitions and failovers go through TCP proxies and a real replica; durations are compressed 5x. idmp",
+            "runs where the server has IDMP (Redis 8.6).",
+        ]
     lines = [
         "# Strategy comparison",
         "",
-        f"{len(results.scenarios)} scenarios × {len(STRATEGIES)} strategies × {results.seeds} seeds, virtual time",
-        "on the embedded store (fakeredis running the real Lua scripts; for idmp, Redis 8.6's idempotent XADD",
-        "emulated as in its source, since fakeredis's own is incomplete). Each run is judged by the checkers P1–P6;",
-        "a cell shows the checkers violated, in how many runs, with the 95% Wilson interval of the violation rate.",
+        *how,
+        "Each run is judged by the checkers P1–P6; a cell shows the checkers violated, in how many runs, with the",
+        "95% Wilson interval of the violation rate" + (", and on which servers." if results.mode == "live" else "."),
         "",
         "| checker | meaning |",
         "|---|---|",
@@ -229,9 +310,13 @@ def render(results: Results, figure: Callable[[str, bytes], str]) -> str:
     for scenario in results.scenarios:
         row = [f"**{scenario.name}**"]
         for strategy in STRATEGIES:
-            cell = results.cells[(scenario.name, strategy)]
-            bad = [f"{name} {_rate(n, cell.runs)}" for name, n in sorted(cell.violations.items())]
-            row.append("<br>".join(bad) if bad else f"all hold ({cell.runs} runs)")
+            cell = results.cells.get((scenario.name, strategy), Cell())
+            bad = [
+                f"{name} {_rate(n, cell.runs)}"
+                + (f" on {', '.join(sorted(cell.targets[name]))}" if results.targets else "")
+                for name, n in sorted(cell.violations.items())
+            ]
+            row.append("<br>".join(bad) if bad else f"all hold ({cell.runs} runs)" if cell.runs else "not run")
         lines.append("| " + " | ".join(row) + " |")
     lines += ["", "Scenarios:", ""]
     lines += [f"- **{s.name}**: {' '.join(s.description.split())}" for s in results.scenarios]
@@ -249,6 +334,8 @@ def render(results: Results, figure: Callable[[str, bytes], str]) -> str:
         slots = sum(c.slots for c in cells)
         per = [1000 * sum(c.counts.get(k, 0) for c in cells) / max(slots, 1) for k in ("P1", "P2", "P3", "P5")]
         lines.append(f"| {strategy} | {slots} | " + " | ".join(f"{v:.1f}" for v in per) + " |")
+    if results.bench:
+        lines += _bench_sections(results.bench)
     lines += [
         "",
         "## Lateness and lease margins",
@@ -276,7 +363,7 @@ def render(results: Results, figure: Callable[[str, bytes], str]) -> str:
                 figure(f"timeline-{name}-{strategy}-{checker}.png", timeline_figure(outcome, checker)),
                 "",
                 "```",
-                f"{outcome.replay_command()}   # commit {commit}, embedded store (fakeredis, Redis 7.0 semantics)",
+                _replay(outcome, commit),
                 "```",
                 "",
             ]
@@ -359,6 +446,8 @@ def _inline(text: str) -> str:
     return "".join(f"<b>{p}</b>" if i % 2 else p for i, p in enumerate(parts))
 
 
-def main(out: Path, seeds: int, progress: bool = True) -> Sequence[Path]:
-    results = collect(seeds, progress)
+def main(
+    out: Path, seeds: int, progress: bool = True, mode: str = "virtual", targets: Sequence[str] = ()
+) -> Sequence[Path]:
+    results = collect(seeds, progress) if mode == "virtual" else collect_live(targets, seeds, progress)
     return write(results, out)

@@ -21,6 +21,8 @@ class Outcome:
     history: History
     judgement: Judgement
     fault_windows: list[FaultWindow]
+    target: str = ""  # live mode: the server it ran against
+    server_version: str = ""
 
     @property
     def digest(self) -> str:
