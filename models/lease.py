@@ -1,0 +1,136 @@
+"""lease: the job's run states, as lease_claim/heartbeat/finish/skip.lua keep them.
+
+The state hash holds one run per run id plus the job's fence counter. The scripts keep the ACTIVE set equal to
+the runs whose status is ``running`` and the SLOTS set equal to the others, so the model keeps only the runs and
+the counter. It covers scheduled runs (run id = slot); a manual run differs only in never being retried.
+History (the runs stream, the results set) is not modelled: no answer depends on it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+
+from anarchon._strategies import Claim, JobPolicy, Outcome
+
+RUNNING = "running"
+ABANDONED_SAMPLE = 3  # trim looks at SRANDMEMBER(active, 3)
+
+
+class Unpredictable(Exception):
+    """The store's next state depends on a random choice the model does not make."""
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    status: str  # running | ok | error | interrupted | skipped-late | skipped-overlap
+    attempt: int
+    token: str
+    lease_end: int  # server ms; 0 for a run that never ran
+    fence: int
+
+    @property
+    def running(self) -> bool:
+        return self.status == RUNNING
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseStore:
+    runs: tuple[tuple[int, Run], ...] = ()  # (slot, run), sorted by slot
+    fence: int = 0  # the job's fence counter: the fence of the latest attempt started
+
+    def run(self, slot: int) -> Run | None:
+        for s, r in self.runs:
+            if s == slot:
+                return r
+        return None
+
+    def put(self, slot: int, run: Run, fence: int | None = None) -> LeaseStore:
+        runs = sorted((*(pair for pair in self.runs if pair[0] != slot), (slot, run)), key=lambda pair: pair[0])
+        return LeaseStore(tuple(runs), self.fence if fence is None else fence)
+
+    def drop(self, slots: Iterable[int]) -> LeaseStore:
+        gone = set(slots)
+        return LeaseStore(tuple(pair for pair in self.runs if pair[0] not in gone), self.fence)
+
+
+def claim(store: LeaseStore, slot: int, token: str, now: int, policy: JobPolicy) -> tuple[LeaseStore, Claim]:
+    r = store.run(slot)
+    other_end = _live_other(store, slot, now, policy)
+    if r is None:
+        if other_end is not None:
+            skipped = Run("skipped-overlap", 1, token, 0, 0)
+            return store.put(slot, skipped), Claim(Outcome.OVERLAP, 0, 0, other_end - now)
+        return _start(store, slot, token, now, policy, 1)
+    if not r.running:
+        return store, Claim(Outcome.DONE, r.attempt, r.fence)
+    if r.token == token:  # a retried claim: the caller already holds the run
+        return store, Claim(Outcome.WON, r.attempt, r.fence, max(0, r.lease_end - now))
+    if r.lease_end > now:
+        return store, Claim(Outcome.RUNNING, r.attempt, r.fence, r.lease_end - now)
+    if r.attempt >= policy.max_attempts:
+        return store.put(slot, replace(r, status="interrupted")), Claim(Outcome.DONE, r.attempt, r.fence)
+    if other_end is not None:  # a takeover would run beside another live run: the backup waits for its lease
+        return store, Claim(Outcome.RUNNING, r.attempt, r.fence, other_end - now)
+    return _start(store, slot, token, now, policy, r.attempt + 1)
+
+
+def _live_other(store: LeaseStore, slot: int, now: int, policy: JobPolicy) -> int | None:
+    """The lease end of another live run of the job, when overlap is forbidden. SMEMBERS of a set of integers
+    comes sorted (an intset): the lowest other live run answers."""
+    if policy.overlap:
+        return None
+    return next((o.lease_end for other, o in store.runs if other != slot and o.running and o.lease_end > now), None)
+
+
+def _start(
+    store: LeaseStore, slot: int, token: str, now: int, policy: JobPolicy, attempt: int
+) -> tuple[LeaseStore, Claim]:
+    fence = store.fence + 1
+    run = Run(RUNNING, attempt, token, now + policy.lease_ms, fence)
+    return store.put(slot, run, fence), Claim(Outcome.WON, attempt, fence, policy.lease_ms)
+
+
+def heartbeat(store: LeaseStore, slot: int, token: str, now: int, policy: JobPolicy) -> tuple[LeaseStore, int]:
+    """The lease ms left after the extension, 0 if refused. An expired lease is extended all the same when
+    nobody took the run over."""
+    r = store.run(slot)
+    if r is None or not r.running or r.token != token:
+        return store, 0
+    return store.put(slot, replace(r, lease_end=now + policy.lease_ms)), policy.lease_ms
+
+
+def finish(
+    store: LeaseStore, slot: int, token: str, status: str, now: int, policy: JobPolicy
+) -> tuple[LeaseStore, bool]:
+    r = store.run(slot)
+    if r is None or not r.running or r.token != token:
+        return store, False
+    return trim(store.put(slot, replace(r, status=status)), now, policy), True
+
+
+def skip(store: LeaseStore, slot: int, token: str, now: int, policy: JobPolicy) -> tuple[LeaseStore, bool]:
+    """Record a run claimed too late as skipped-late, unless it already has a state."""
+    if store.run(slot) is not None:
+        return store, False
+    return trim(store.put(slot, Run("skipped-late", 1, token, 0, 0)), now, policy), True
+
+
+def trim(store: LeaseStore, now: int, policy: JobPolicy) -> LeaseStore:
+    """What finish and skip drop: runs nobody can claim any more beyond ``history_size`` or ``history_ttl_ms``,
+    after closing abandoned runs (lease expired and slot both older than ``keep_ms``) as interrupted."""
+    horizon = now - policy.keep_ms
+    active = [(slot, r) for slot, r in store.runs if r.running]
+    abandoned = [(slot, r) for slot, r in active if r.lease_end < horizon and slot < horizon]
+    if abandoned and len(active) > ABANDONED_SAMPLE:
+        raise Unpredictable(f"trim closes the abandoned runs among {ABANDONED_SAMPLE} random active ones")
+    for slot, r in abandoned:
+        store = store.put(slot, replace(r, status="interrupted"))
+    finished = [slot for slot, r in store.runs if not r.running]  # ZRANGEBYSCORE order: by slot
+    dropped: list[int] = []
+    excess = len(finished) - policy.history_size
+    if excess > 0:
+        dropped += [slot for slot in finished if slot < horizon][: min(excess, 100)]
+    if policy.history_ttl_ms:
+        dropped += [slot for slot in finished if slot < min(now - policy.history_ttl_ms, horizon)][:100]
+    return store.drop(dropped)

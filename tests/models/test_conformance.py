@@ -1,0 +1,256 @@
+"""Model and store, fed the same operations through the strategy objects, give the same answers.
+
+One Hypothesis state machine per strategy, run against every target of the `server` fixture (fakeredis and
+the real servers). A mismatch fails with the shrunk program of operations. Each operation on the store is
+compared with the model fed the server's clock of that moment (see tests/models/support.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine, Iterator
+from dataclasses import replace
+from typing import Any, ClassVar, TypeVar
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule, run_state_machine_as_test
+
+from anarchon import RunRecord
+from anarchon._records import Status
+from anarchon._strategies import Claim, JobPolicy, Outcome, RunRequest
+from models import idmp, lease, script, stream_id
+from tests.models.support import SLOT, FenceMap, Harness, assert_same_claim, bind, one_claim
+
+T = TypeVar("T")
+
+# A passing run takes a few seconds; after a mismatch, shrinking replays programs on the store for minutes.
+pytestmark = pytest.mark.timeout(600)
+
+SETTINGS = settings(
+    max_examples=20, stateful_step_count=25, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+TOKENS = st.sampled_from(["a", "b"])
+# Three lease slots: trim looks at 3 random active runs, so with at most 3 it looks at them all.
+LEASE_SLOTS = st.sampled_from([SLOT, SLOT + 60_000, SLOT + 120_000])
+SLOTS = st.sampled_from([SLOT, SLOT + 60_000, SLOT + 120_000, SLOT + 180_000])
+LONG_MS = 600_000  # never over during a test
+SHORT_MS = 1  # over by the next operation: a sleep follows the call that set it
+
+
+@pytest.fixture
+def harness(server: Any) -> Iterator[Harness]:
+    harness = Harness(server)
+    try:
+        yield harness
+    finally:
+        harness.close()
+
+
+class StoreMachine(RuleBasedStateMachine):
+    harness: ClassVar[Harness]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.job = self.harness.new_job()
+        self.slowest_ms = 0
+
+    def timed(self, coroutine: Coroutine[Any, Any, T], *, settle: bool = False) -> tuple[int, T]:
+        """The server's clock before the call, and the call's result. ``settle``: sleep after the call, until a
+        1 ms lease it set is over."""
+        before, result, after = self.harness.timed(coroutine)
+        self.slowest_ms = max(self.slowest_ms, after - before)
+        if settle:
+            self.harness.settle()
+        return before, result
+
+    @property
+    def slack_ms(self) -> int:
+        # A lease end, or the moment of a call, on the server lies within one call's time of the model's.
+        return 2 * self.slowest_ms + 2
+
+    def request(self, slot: int, token: str) -> RunRequest:
+        return RunRequest(self.job, str(slot), slot, token, f"runner-{token}")
+
+
+class LeaseMachine(StoreMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.backend = self.harness.backend("lease")
+        self.model = lease.LeaseStore()
+        self.policy = JobPolicy()
+        self.skips = 0
+
+    @initialize(
+        overlap=st.booleans(),
+        max_attempts=st.integers(1, 3),
+        history_size=st.integers(1, 3),
+        keep_ms=st.sampled_from([0, 3_600_000]),
+        ttl_ms=st.sampled_from([None, 86_400_000]),
+    )
+    def choose_policy(
+        self, overlap: bool, max_attempts: int, history_size: int, keep_ms: int, ttl_ms: int | None
+    ) -> None:
+        self.policy = JobPolicy(
+            overlap=overlap, max_attempts=max_attempts, history_size=history_size, keep_ms=keep_ms,
+            history_ttl_ms=ttl_ms,
+        )  # fmt: skip
+
+    @rule(slot=LEASE_SLOTS, token=TOKENS, short=st.booleans())
+    def claim(self, slot: int, token: str, short: bool) -> None:
+        policy = replace(self.policy, lease_ms=SHORT_MS if short else LONG_MS)
+        strategy, store = self.backend.strategy, self.backend.store
+        now, results = self.timed(strategy.claim(store, [(self.request(slot, token), policy)]), settle=short)
+        before = self.model
+        self.model, expected = lease.claim(self.model, slot, token, now, policy)
+        real = one_claim(results)
+        if expected.outcome is Outcome.OVERLAP and self.harness.target.is_fake:
+            # fakeredis lists a set in hash order, where a server's set of integers comes sorted (the model's
+            # order): there, any other live run may be the one whose lease the answer gives.
+            lefts = [r.lease_end - now for s, r in before.runs if s != slot and r.running and r.lease_end > now]
+            closest = min(lefts, key=lambda left: abs(left - real.lease_ms_left))
+            expected = replace(expected, lease_ms_left=closest)
+        assert_same_claim(expected, real, self.slack_ms)
+
+    def token_for(self, slot: int, token: str, holder: bool) -> str:
+        """``holder``: the token of the run's current attempt (as the model has it), so that heartbeats and
+        finishes are not mostly refused."""
+        run = self.model.run(slot)
+        return run.token if holder and run is not None else token
+
+    @rule(slot=LEASE_SLOTS, token=TOKENS, holder=st.booleans(), short=st.booleans())
+    def heartbeat(self, slot: int, token: str, holder: bool, short: bool) -> None:
+        token = self.token_for(slot, token, holder)
+        policy = replace(self.policy, lease_ms=SHORT_MS if short else LONG_MS)
+        beat = self.backend.strategy.heartbeat(self.backend.store, self.request(slot, token), policy)
+        now, left = self.timed(beat, settle=short)
+        self.model, expected = lease.heartbeat(self.model, slot, token, now, policy)
+        assert left == expected, f"heartbeat: store {left}, model {expected}"
+
+    @rule(slot=LEASE_SLOTS, token=TOKENS, holder=st.booleans(), status=st.sampled_from(["ok", "error", "interrupted"]))
+    def finish(self, slot: int, token: str, holder: bool, status: Status) -> None:
+        token = self.token_for(slot, token, holder)
+        request = self.request(slot, token)
+        record = RunRecord(
+            job=self.job, run=request.run, slot=slot, attempt=1, status=status, runner=request.runner, token=token,
+            fence=0, manual=False, started=slot, ended=slot + 1, message="boom" if status == "error" else None,
+        )  # fmt: skip
+        claim = Claim(Outcome.WON, 1)  # lease's finish goes by the token alone
+        strategy, store = self.backend.strategy, self.backend.store
+        now, accepted = self.timed(strategy.finish(store, request, claim, self.policy, record))
+        self.model, expected = lease.finish(self.model, slot, token, status, now, self.policy)
+        assert accepted == expected, f"finish: store {accepted}, model {expected}"
+
+    # A recorded skip ends a run for good; with a few runs, more skips would leave little else to compare.
+    @precondition(lambda self: self.skips < 2)
+    @rule(slot=LEASE_SLOTS, token=TOKENS)
+    def skip(self, slot: int, token: str) -> None:
+        self.skips += 1
+        skipping = self.backend.strategy.skip(
+            self.backend.store, self.request(slot, token), self.policy, "skipped-late", "too late"
+        )
+        now, recorded = self.timed(skipping)
+        self.model, expected = lease.skip(self.model, slot, token, now, self.policy)
+        assert recorded == expected, f"skip: store {recorded}, model {expected}"
+
+
+class ScriptMachine(StoreMachine):
+    """Claims read the job's stream through a window of 10 minutes (it sees every entry of the test) or of
+    1 ms (it sees none of the earlier entries: such a claim waits a little first)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.backends = {w: self.harness.backend({"name": "script", "window_ms": w}) for w in (LONG_MS, SHORT_MS)}
+        self.model = script.ScriptStore()
+        self.policy = JobPolicy()
+        self.fences = FenceMap()
+
+    @initialize(history_size=st.integers(1, 3), ttl_ms=st.sampled_from([None, 1]))
+    def choose_policy(self, history_size: int, ttl_ms: int | None) -> None:
+        self.policy = JobPolicy(history_size=history_size, history_ttl_ms=ttl_ms)
+
+    @rule(slot=SLOTS, token=TOKENS, short=st.booleans())
+    def claim(self, slot: int, token: str, short: bool) -> None:
+        window_ms = SHORT_MS if short else LONG_MS
+        backend = self.backends[window_ms]
+        if short:
+            self.harness.settle()
+        now, results = self.timed(backend.strategy.claim(backend.store, [(self.request(slot, token), self.policy)]))
+        self.model, expected = script.claim(self.model, slot, token, now, window_ms, self.policy)
+        assert_same_claim(expected, one_claim(results), self.slack_ms, self.fences)
+
+
+class StreamIdMachine(StoreMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.backend = self.harness.backend("stream-id")
+        self.model = stream_id.StreamIdStore()
+
+    @rule(slot=SLOTS, token=TOKENS)
+    def claim(self, slot: int, token: str) -> None:
+        strategy, store = self.backend.strategy, self.backend.store
+        _, results = self.timed(strategy.claim(store, [(self.request(slot, token), JobPolicy())]))
+        self.model, expected = stream_id.claim(self.model, slot)
+        assert_same_claim(expected, one_claim(results), 0)
+
+
+IDMP_MAX_SIZE = 2  # fewer than the slots used: the server forgets the oldest
+
+
+class IdmpMachine(StoreMachine):
+    """A duration far longer than the test; forgetting by duration is test_idmp_forgets_after_the_duration."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.backend = self.harness.backend({"name": "idmp", "duration_sec": 900, "max_size": IDMP_MAX_SIZE})
+        self.harness.run(self.backend.strategy.prepare(self.backend.store, [self.job]))  # XCFGSET on its stream
+        self.model = idmp.IdmpStore()
+        self.fences = FenceMap()
+
+    @rule(slot=SLOTS, token=TOKENS)
+    def claim(self, slot: int, token: str) -> None:
+        strategy, store = self.backend.strategy, self.backend.store
+        now, results = self.timed(strategy.claim(store, [(self.request(slot, token), JobPolicy())]))
+        self.model, expected = idmp.claim(self.model, slot, token, now, 900_000, IDMP_MAX_SIZE)
+        assert_same_claim(expected, one_claim(results), 0, self.fences)
+
+
+def needs_idmp(harness: Harness) -> None:
+    if not harness.target.supports_idmp:
+        pytest.skip(f"idmp needs Redis 8.6+; {harness.target.name} is {harness.target.describe}")
+
+
+def test_lease(harness: Harness) -> None:
+    run_state_machine_as_test(bind(LeaseMachine, harness), settings=settings(SETTINGS, max_examples=40))
+
+
+def test_script(harness: Harness) -> None:
+    run_state_machine_as_test(bind(ScriptMachine, harness), settings=SETTINGS)
+
+
+def test_stream_id(harness: Harness) -> None:
+    run_state_machine_as_test(bind(StreamIdMachine, harness), settings=SETTINGS)
+
+
+def test_idmp(harness: Harness) -> None:
+    needs_idmp(harness)
+    run_state_machine_as_test(bind(IdmpMachine, harness), settings=SETTINGS)
+
+
+def test_idmp_forgets_after_the_duration(harness: Harness) -> None:
+    """The server forgets a run once its entry is 1 s old, from a cron that runs once a second: a claim made
+    2.2 s later wins again."""
+    needs_idmp(harness)
+    backend = harness.backend({"name": "idmp", "duration_sec": 1, "max_size": 10})
+    job = harness.new_job()
+    harness.run(backend.strategy.prepare(backend.store, [job]))
+    model = idmp.IdmpStore()
+    fences = FenceMap()
+    for token, pause_s in (("a", 0.0), ("b", 0.0), ("c", 2.2)):
+        harness.run(asyncio.sleep(pause_s))
+        request = RunRequest(job, str(SLOT), SLOT, token, f"runner-{token}")
+        now, real, _ = harness.timed(backend.strategy.claim(backend.store, [(request, JobPolicy())]))
+        model, expected = idmp.claim(model, SLOT, token, now, 1000, 10)
+        assert_same_claim(expected, one_claim(real), 0, fences)
+    assert len({fence for fence in fences.pairs.values()}) == 2  # "a" won, "b" lost, "c" won again
