@@ -6,7 +6,8 @@
 -- returns "<answer> <attempt> <fence> <lease_ms_left>" (one string: a client reads it faster than an array)
 --   "won"      the caller runs it: a new attempt was stored (or the caller's own token already holds it,
 --              when a claim whose reply was lost is retried); lease_ms_left is its lease
---   "running"  another attempt holds a live lease; lease_ms_left says when to try again (the caller is a backup)
+--   "running"  another attempt holds a live lease, or (overlap forbidden) the run's lease expired but another
+--              run of the job holds a live one; lease_ms_left says when to try again (the caller is a backup)
 --   "overlap"  another run of the job holds a live lease and overlap is forbidden: recorded as skipped-overlap
 --   "done"     the run finished, was skipped, or used up its attempts (then it was recorded as interrupted)
 local run, token, runner = ARGV[1], ARGV[2], ARGV[3]
@@ -20,6 +21,17 @@ end
 
 local r, job_fence = load_run(run, true)
 
+-- The lease end of another run of the job that is live now (nil if none, or if overlap is allowed). An older
+-- run still going blocks this one, and so does a newer one when this claim comes late or takes a run over.
+local function live_other()
+  if overlap_allowed then return nil end
+  for _, other in ipairs(redis.call('SMEMBERS', ACTIVE)) do
+    local o = other ~= run and load_run(other)
+    if o and o.lease_end > now then return other, o.lease_end end
+  end
+  return nil
+end
+
 local function start_attempt(attempt)
   local fence = job_fence + 1
   save_run(run, { status = 'running', attempt = attempt, token = token, runner = runner,
@@ -32,18 +44,12 @@ local function start_attempt(attempt)
 end
 
 if not r then
-  if not overlap_allowed then
-    -- Any other run with a live lease blocks this one: an older run still going, or a newer one when this
-    -- claim comes late. Either way the two would run at the same time.
-    for _, other in ipairs(redis.call('SMEMBERS', ACTIVE)) do
-      local o = other ~= run and load_run(other)
-      if o and o.lease_end > now then
-        local skipped = { status = 'skipped-overlap', attempt = 1, token = token, runner = runner, lease_end = 0,
-          fence = 0, slot = slot, manual = manual, started = now }
-        close_run(run, skipped, 'skipped-overlap', now, '"run ' .. other .. ' was still running"')
-        return reply('overlap', 0, 0, o.lease_end - now)
-      end
-    end
+  local other, other_end = live_other()
+  if other then
+    local skipped = { status = 'skipped-overlap', attempt = 1, token = token, runner = runner, lease_end = 0,
+      fence = 0, slot = slot, manual = manual, started = now }
+    close_run(run, skipped, 'skipped-overlap', now, '"run ' .. other .. ' was still running"')
+    return reply('overlap', 0, 0, other_end - now)
   end
   return start_attempt(1)
 end
@@ -60,6 +66,10 @@ end
 if r.attempt >= max_attempts then
   close_run(run, r, 'interrupted', now, '"lease expired; no attempts left"')
   return reply('done', r.attempt, r.fence, 0)
+end
+local _, other_end = live_other()
+if other_end then -- taking the run over now would run it beside another one: wait for that one's lease
+  return reply('running', r.attempt, r.fence, other_end - now)
 end
 record_result(run, r, 'interrupted', now, '"lease expired; taken over by attempt ' .. (r.attempt + 1) .. '"')
 return start_attempt(r.attempt + 1)

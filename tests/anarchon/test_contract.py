@@ -296,3 +296,21 @@ async def test_results_are_json_records(target: StoreTarget, strategy: str) -> N
         message,
         "runner-a",
     )
+
+
+async def test_a_takeover_waits_while_another_run_holds_a_live_lease(target: StoreTarget) -> None:
+    """Taking an expired run over while a later slot runs would run two runs of the job at once."""
+    backend = await target.started_backend("lease")
+    short, forbid = JobPolicy(lease_ms=150), JobPolicy(lease_ms=5_000)
+    old = await claim_one(backend, request(SLOT, "crashed"), short)
+    assert old.outcome is Outcome.WON
+    await asyncio.sleep(0.2)  # the old run's winner died: its lease ran out
+    new = await claim_one(backend, request(SLOT + 60_000, "b"), forbid)
+    assert new.outcome is Outcome.WON  # an expired lease blocks nothing
+    backup = await claim_one(backend, request(SLOT, "backup"), forbid)
+    assert backup.outcome is Outcome.RUNNING  # it waits: the new run is live
+    assert 0 < backup.lease_ms_left <= 5_000
+    finished = request(SLOT + 60_000, "b")
+    assert await backend.strategy.finish(backend.store, finished, new, forbid, record(finished, new))
+    taken = await claim_one(backend, request(SLOT, "backup"), forbid)
+    assert (taken.outcome, taken.attempt) == (Outcome.WON, 2)
