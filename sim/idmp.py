@@ -7,7 +7,8 @@ connection wrapper answers ``XADD … IDMP``, ``XCFGSET`` and the IDMP fields of
 - per stream, per producer id, a map of idempotent id → the ID of the entry it created, in insertion order;
 - a repeat returns the original entry's ID without writing, whether or not that entry still exists;
 - a map holds at most ``IDMP-MAXSIZE`` ids per producer (the oldest goes), and forgets an id once its entry's ID
-  is ``IDMP-DURATION`` seconds old (Redis does this from its cron, every 100 ms; here, when the map is read);
+  is ``IDMP-DURATION`` seconds old (Redis does this in serverCron, once a second; here, when the map is read,
+  the earliest moment the server may);
 - ``XCFGSET`` needs an existing stream, checks 1..86400 s and 1..10000, and clears every map when it changes a
   value (not when it sets the same one); new streams start at 100 s and 100 ids.
 
