@@ -25,22 +25,22 @@ JOB_NAME_RULE = "1 to 200 characters from A-Z a-z 0-9 _ . - / @ + = (no braces, 
 PREFIX_RULE = "up to 100 characters from A-Z a-z 0-9 _ . - / @ + = : (no braces, spaces or newlines)"
 
 
-def check_job_name(name: object) -> str:
-    if not isinstance(name, str):
-        raise ConfigError("name", f"must be a string, got {type(name).__name__}", JOB_NAME_RULE)
-    if not _JOB_NAME.fullmatch(name):
-        shown = name if len(name) <= 40 else name[:40] + "…"
-        raise ConfigError("name", f"{shown!r} would break the key layout", JOB_NAME_RULE)
-    return name
+def check_job_name(name: object, option: str = "name") -> str:
+    """A job name (or an instance id, which goes into the same records) that keeps the key layout intact."""
+    return _check(option, name, _JOB_NAME, JOB_NAME_RULE)
 
 
 def check_prefix(prefix: object) -> str:
-    if not isinstance(prefix, str):
-        raise ConfigError("prefix", f"must be a string, got {type(prefix).__name__}", PREFIX_RULE)
-    if not _PREFIX.fullmatch(prefix):
-        shown = prefix if len(prefix) <= 40 else prefix[:40] + "…"
-        raise ConfigError("prefix", f"{shown!r} would break the key layout", PREFIX_RULE)
-    return prefix
+    return _check("prefix", prefix, _PREFIX, PREFIX_RULE)
+
+
+def _check(option: str, value: object, pattern: re.Pattern[str], rule: str) -> str:
+    if not isinstance(value, str):
+        raise ConfigError(option, f"must be a string, got {type(value).__name__}", rule)
+    if not pattern.fullmatch(value):
+        shown = value if len(value) <= 40 else value[:40] + "…"
+        raise ConfigError(option, f"{shown!r} would break the key layout", rule)
+    return value
 
 
 @dataclass(frozen=True, slots=True)
