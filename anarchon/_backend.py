@@ -6,9 +6,10 @@ The type parameter records whether the strategy gives leases (:class:`Leased`) o
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Generic, Protocol, TypedDict, TypeVar, overload
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from ._adapters import RedisPyAsync, adapt
 from ._config import (
@@ -224,9 +225,7 @@ def _connection_spec(option: str, value: object) -> str | dict[str, Any] | Conne
     if value is None:
         return DEFAULT_URL
     if isinstance(value, str):
-        parts = urlsplit(value)
-        if parts.scheme not in ("redis", "rediss", "unix"):
-            raise ConfigError(option, f"URL scheme {parts.scheme!r} is not supported", "redis://, rediss://, unix://")
+        _check_url(option, value)
         return value
     if isinstance(value, Mapping):
         options = dict(value)
@@ -236,8 +235,61 @@ def _connection_spec(option: str, value: object) -> str | dict[str, Any] | Conne
             expected = _OPTION_TYPES[key]
             if (isinstance(item, bool) and expected is not bool) or not isinstance(item, expected):
                 raise ConfigTypeError(f"{option}.{key}", f"has type {type(item).__name__}", _type_name(expected))
+            problem = _value_problem(key, item)
+            if problem:
+                raise ConfigError(f"{option}.{key}", problem, _VALUE_RULES[key])
         return options
-    return adapt(value)
+    try:
+        return adapt(value)
+    except ConfigTypeError as error:
+        raise ConfigTypeError(option, error.problem, error.allowed) from None
+
+
+_URL_RULE = "redis://[user:password@]host[:port][/db][?option=value], rediss://… (TLS) or unix://path"
+_VALUE_RULES = {
+    "port": "1..65535",
+    "db": "0 or more",
+    "socket_timeout": "a finite number of seconds above 0",
+    "socket_connect_timeout": "a finite number of seconds above 0",
+}
+
+
+def _value_problem(key: str, value: object) -> str | None:
+    """What is wrong with a connection setting whose type is right (None: nothing)."""
+    if not isinstance(value, int | float) or key not in _VALUE_RULES:
+        return None
+    if key == "port":
+        ok = 1 <= value <= 65_535
+    elif key == "db":
+        ok = value >= 0
+    else:
+        ok = math.isfinite(value) and value > 0
+    return None if ok else f"{value!r} is out of range"
+
+
+def _check_url(option: str, url: str) -> None:
+    """Let redis-py read the URL now (without connecting), so that a bad one fails here and not at start()."""
+    import redis.asyncio
+
+    try:
+        parts = urlsplit(url)
+        password = parts.password
+    except ValueError as error:
+        raise ConfigError(option, f"the URL cannot be read ({error})", _URL_RULE) from None
+    if parts.scheme not in ("redis", "rediss", "unix"):
+        raise ConfigError(option, f"URL scheme {parts.scheme!r} is not supported", "redis://, rediss://, unix://")
+    try:
+        pool = redis.asyncio.ConnectionPool.from_url(url, **_client_settings())
+        pool.make_connection()  # type: ignore[no-untyped-call]  # unknown query options are refused here
+    except Exception as error:  # ValueError (port, db, values), TypeError (unknown option), RedisError (TLS flags)
+        text = str(error)
+        for secret in {password, unquote(password)} if password else ():  # as written, and as redis-py reads it
+            text = text.replace(secret, "***")
+        raise ConfigError(option, f"the URL cannot be used ({text})", _URL_RULE) from None
+    for key, value in pool.connection_kwargs.items():
+        problem = _value_problem(key, value)
+        if problem:
+            raise ConfigError(option, f"the URL's {key}: {problem}", f"{key} {_VALUE_RULES[key]}")
 
 
 def _type_name(expected: type | tuple[type, ...]) -> str:
@@ -249,17 +301,32 @@ def _open(spec: str | dict[str, Any] | Connection) -> Store:
     if isinstance(spec, str | dict):
         import redis.asyncio
 
-        # RESP2: Redis 5 refuses HELLO 3, and every reply shape anarchon reads is RESP2's. Timeouts: a store that
-        # stops answering must surface as an error (retried, logged), never as a scheduler that hangs.
+        settings = _client_settings()
         if isinstance(spec, str):
-            client = redis.asyncio.Redis.from_url(
-                spec, protocol=2, socket_timeout=DEFAULT_TIMEOUT_S, socket_connect_timeout=DEFAULT_TIMEOUT_S
-            )
+            client = redis.asyncio.Redis.from_url(spec, **settings)  # the URL's query wins
         else:
-            timeouts = {"socket_timeout": DEFAULT_TIMEOUT_S, "socket_connect_timeout": DEFAULT_TIMEOUT_S}
-            client = redis.asyncio.Redis(**{**timeouts, **spec}, protocol=2)
+            client = redis.asyncio.Redis(**{**settings, **spec})
         return Store(RedisPyAsync(client), owned=True)
     return Store(spec, owned=False)
+
+
+def _client_settings() -> dict[str, Any]:
+    """How anarchon opens its own connections; a URL's query or the options dict may change the timeouts.
+
+    RESP2: Redis 5 refuses HELLO 3, and every reply shape anarchon reads is RESP2's. Timeouts: a store that stops
+    answering must surface as an error (retried, logged), never as a scheduler that hangs. No client retries
+    (redis-py's default for clients built from options is ten, each waiting a timeout): a command fails after one
+    timeout, and the scheduler retries what is safe to retry (claims with their tokens, results).
+    """
+    from redis.asyncio.retry import Retry
+    from redis.backoff import NoBackoff
+
+    return {
+        "protocol": 2,
+        "socket_timeout": DEFAULT_TIMEOUT_S,
+        "socket_connect_timeout": DEFAULT_TIMEOUT_S,
+        "retry": Retry(NoBackoff(), 0),
+    }
 
 
 def _describe(spec: str | dict[str, Any] | Connection) -> str:

@@ -33,7 +33,7 @@ def load_timezone(name: object) -> ZoneInfo:
         raise ConfigTypeError("timezone", f"must be a string, got {type(name).__name__}", "an IANA name")
     try:
         return ZoneInfo(name)
-    except (ZoneInfoNotFoundError, ValueError) as error:
+    except (ZoneInfoNotFoundError, ValueError, OSError) as error:  # OSError: a folder of the database, a long name
         raise ConfigError("timezone", f"unknown time zone {name!r}", 'an IANA name like "Europe/Berlin"') from error
 
 

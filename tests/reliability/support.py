@@ -1,0 +1,76 @@
+"""Helpers of the reliability tests: an execution ledger kept outside the store, and backends on any target."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter, defaultdict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from anarchon import RedisBackend, RunContext, ValkeyBackend
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+async def eventually(condition: Callable[[], bool], cap_s: float) -> None:
+    """Poll until ``condition()`` holds, for at most ``cap_s`` seconds; the assertions after it say what was
+    missing if it never did."""
+    for _ in range(int(cap_s * 10)):
+        if condition():
+            return
+        await asyncio.sleep(0.1)
+
+
+def backend_for(target: str, connection: Any, strategy: Any = "lease", prefix: str = "cron:") -> RedisBackend[Any]:
+    """ValkeyBackend on Valkey, RedisBackend elsewhere."""
+    if target.startswith("valkey"):
+        return ValkeyBackend(valkey=connection, strategy=strategy, prefix=prefix)
+    return RedisBackend(redis=connection, strategy=strategy, prefix=prefix)
+
+
+@dataclass
+class Execution:
+    instance: str
+    job: str
+    slot: int
+    attempt: int
+    manual: bool
+    started_ms: int  # wall clock of the test process, the same for every instance
+    ended_ms: int | None = None  # None: cancelled or still running
+
+
+@dataclass
+class Ledger:
+    """Every execution of a job function, kept outside the store, by job."""
+
+    executions: list[Execution] = field(default_factory=list)
+
+    def job(
+        self, instance: str, seconds: float = 0.0, before: Callable[[RunContext], Awaitable[None]] | None = None
+    ) -> Callable[[RunContext], Awaitable[None]]:
+        async def work(run: RunContext) -> None:
+            execution = Execution(instance, run.job, run.slot, run.attempt, run.manual, now_ms())
+            self.executions.append(execution)
+            if before is not None:
+                await before(run)
+            if seconds:
+                await asyncio.sleep(seconds)
+            execution.ended_ms = now_ms()
+
+        return work
+
+    def of(self, job: str) -> list[Execution]:
+        return [e for e in self.executions if e.job == job and not e.manual]
+
+    def counts(self, job: str) -> Counter[int]:
+        return Counter(e.slot for e in self.of(job))
+
+    def by_slot(self, job: str) -> dict[int, list[Execution]]:
+        slots: dict[int, list[Execution]] = defaultdict(list)
+        for execution in self.of(job):
+            slots[execution.slot].append(execution)
+        return slots
