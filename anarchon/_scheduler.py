@@ -54,6 +54,7 @@ RETRY_MAX_S = 30.0
 MAX_SLEEP_S = 60.0  # wake at least this often, so a wall clock that jumps is noticed
 LEASE_MARGIN = 0.05  # share of the lease a winner gives up, so that it stops before the store's lease end
 CLAIM_MARGIN_MS = 60_000  # kept beyond a job's claim horizon, for clock differences between instances
+FINISH_RETRY_S = 1.0  # a result the store could not take is sent again this often, while the lease lasts
 
 
 @dataclass(order=True, slots=True)
@@ -158,6 +159,11 @@ class Scheduler(Generic[M]):
         self.clock: Clock = SystemClock() if clock is None else clock
         if not isinstance(self.clock, Clock):
             raise ConfigTypeError("clock", f"got {type(clock).__name__}", "an object with wall_ms, monotonic, sleep")
+        methods = ("getrandbits", "randint")
+        if random is not None and (
+            isinstance(random, type) or not all(callable(getattr(random, m, None)) for m in methods)
+        ):
+            raise ConfigTypeError("random", f"got {type(random).__name__}", "a random.Random instance, or None")
         self.random = _new_random() if random is None else random
         if instance_id is None:
             instance_id = f"{socket.gethostname()}-{os.getpid()}-{self.random.getrandbits(16):04x}"
@@ -564,24 +570,45 @@ class Scheduler(Generic[M]):
                 self._keeper.release(request.token)
             del self._running[request.token]
         record = self._local_record(request, status, message, attempt=claim.attempt, fence=claim.fence, started=started)
-        try:
-            accepted = await self.backend.strategy.finish(
-                self.backend.store, request, claim, self._policies[job.name], record
-            )
-            if not accepted:
-                log.warning(
-                    "job %s slot %d attempt %d: the store refused the result (lease lost)",
-                    job.name,
-                    request.slot,
-                    claim.attempt,
-                    extra=extra,
-                )
-        except StoreError as error:
-            log.warning("job %s slot %d: could not record the result: %s", job.name, request.slot, error, extra=extra)
+        await self._finish(request, claim, record, extra)
         log.info("job %s slot %d attempt %d: %s", job.name, request.slot, claim.attempt, status, extra=extra)
         if self.on_run_end is not None:
             await self._hook(self.on_run_end, context, record)
         return record
+
+    async def _finish(self, request: RunRequest, claim: Claim, record: RunRecord, extra: dict[str, Any]) -> None:
+        """Record how an attempt ended. While the store cannot be reached, try again every second, for as long as
+        the attempt's lease could last: a result that reaches the store before the lease runs out keeps a backup
+        from running the run again. Trying again is safe, the store takes a result only from the current attempt.
+        """
+        job, slot, attempt = request.job, request.slot, claim.attempt
+        give_up = self.clock.monotonic() + self.lease_ms / 1000
+        tried = False
+        while True:
+            try:
+                accepted = await self.backend.strategy.finish(
+                    self.backend.store, request, claim, self._policies[job], record
+                )
+            except StoreUnavailableError as error:
+                if self._started and self.clock.monotonic() + FINISH_RETRY_S < give_up:
+                    log.warning(
+                        "job %s slot %d: could not record the result (%s); retrying in %.1f s", job, slot, error,
+                        FINISH_RETRY_S, extra=extra,
+                    )  # fmt: skip
+                    tried = True
+                    await self.clock.sleep(FINISH_RETRY_S)
+                    continue
+                log.warning("job %s slot %d: could not record the result: %s", job, slot, error, extra=extra)
+                return
+            except StoreError as error:
+                log.warning("job %s slot %d: could not record the result: %s", job, slot, error, extra=extra)
+                return
+            if not accepted:
+                why = "an earlier try recorded it, or the lease was lost" if tried else "lease lost"
+                log.warning(
+                    "job %s slot %d attempt %d: the store refused the result (%s)", job, slot, attempt, why, extra=extra
+                )
+            return
 
     async def _call(self, job: Job, context: RunContext) -> object:
         if job.is_async:
