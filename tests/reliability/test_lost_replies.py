@@ -1,0 +1,155 @@
+"""Lost replies, live: a claim reaches the store, runs, and its reply never comes back (the connection drops).
+
+A small TCP proxy sits between the instance and a real server. Armed, it forwards the claim, waits for the
+server's reply, keeps it and closes the connection instead of passing it on. The client sees a dropped
+connection (outcome unknown) and the scheduler claims again, on a new connection, with the same token.
+
+- ``lease`` and ``script`` claims carry the token and the scripts recognise it: the retry wins if the first try
+  won and loses if it lost, so the run is executed exactly once.
+- ``stream-id`` cannot recognise its own earlier entry: its claim is a bare ``XADD`` at the slot's ID, and the
+  retry gets "equal or smaller than the target stream top item", the same answer as an instance that lost. When
+  the lost reply was a win, the run is executed by nobody: under lost replies stream-id stays at most once but
+  misses the run. That follows from what the strategy is (the server's refusal of the XADD is the lost claim, and
+  nothing else is stored to tell claimers apart); the run's entry stays in the store with the token of the
+  instance that gave it up, which is how such a miss can be found afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from anarchon import Scheduler, StoreUnavailableError
+from anarchon._strategies import Claim, JobPolicy, Outcome, RunRequest, run_id
+from anarchon._strategies._base import fence_of
+from anarchon._strategies.lease import CLAIM as LEASE_CLAIM
+from anarchon._strategies.script import CLAIM as SCRIPT_CLAIM
+from sim.servers import start_server
+from sim.servers._running import RunningServer
+from tests.reliability.proxy import LossyProxy
+from tests.reliability.support import Ledger, backend_for, eventually
+
+MARKERS = {"lease": LEASE_CLAIM.sha.encode(), "script": SCRIPT_CLAIM.sha.encode(), "stream-id": b"XADD"}
+SLOT = 1_700_000_000_000
+POLICY = JobPolicy(lease_ms=30_000)
+
+
+def as_claim(strategy: str, reply: Any) -> Claim:
+    """What the scheduler would have made of the reply it never got."""
+    assert not isinstance(reply, Exception) or strategy == "stream-id", reply
+    if strategy == "lease":
+        answer, attempt, fence, left = reply.split(" ")
+        return Claim(Outcome(answer), int(attempt), int(fence), int(left))
+    if strategy == "script":
+        answer, entry_id = reply
+        return Claim(Outcome.WON, 1, fence_of(entry_id)) if answer == "won" else Claim(Outcome.LOST)
+    return Claim(Outcome.LOST) if isinstance(reply, Exception) else Claim(Outcome.WON, 1, fence_of(reply))
+
+
+def decided(claim: Claim) -> tuple[Outcome, int, int]:
+    """A claim's outcome without the lease time left (which shrinks between the two tries)."""
+    return (claim.outcome, claim.attempt, claim.fence)
+
+
+@pytest.fixture
+async def lossy(live_target: str) -> AsyncIterator[tuple[RunningServer, LossyProxy]]:
+    with start_server(live_target) as server:
+        proxy = await LossyProxy(server.host, server.port).start()
+        try:
+            yield server, proxy
+        finally:
+            await proxy.close()
+
+
+@pytest.mark.parametrize("first", ["won", "lost"])
+@pytest.mark.parametrize("strategy", ["lease", "script"])
+async def test_a_claim_retried_after_its_reply_was_lost_has_the_first_tries_outcome(
+    live_target: str, lossy: tuple[RunningServer, LossyProxy], strategy: str, first: str
+) -> None:
+    server, proxy = lossy
+    mine = backend_for(live_target, proxy.url(), strategy)
+    theirs = backend_for(live_target, server.url(), strategy)
+    await mine.start(["sync"])
+    await theirs.start(["sync"])
+    try:
+        if first == "lost":  # another instance holds the run already
+            [their_claim] = await theirs.strategy.claim(
+                theirs.store, [(RunRequest("sync", str(SLOT), SLOT, "theirs", "b"), POLICY)]
+            )
+            assert isinstance(their_claim, Claim)
+            assert their_claim.outcome is Outcome.WON
+        request = RunRequest("sync", run_id(SLOT), SLOT, "mine", "a")
+        proxy.arm(MARKERS[strategy])
+        with pytest.raises(StoreUnavailableError):
+            await mine.strategy.claim(mine.store, [(request, POLICY)])
+        [lost_reply] = proxy.lost  # the store did decide: this is what it answered
+        [retry] = await mine.strategy.claim(mine.store, [(request, POLICY)])
+        assert isinstance(retry, Claim)
+    finally:
+        await mine.stop()
+        await theirs.stop()
+    first_try = as_claim(strategy, lost_reply)
+    expected = Outcome.WON if first == "won" else (Outcome.RUNNING if strategy == "lease" else Outcome.LOST)
+    assert first_try.outcome is expected
+    assert decided(retry) == decided(first_try)
+
+
+async def test_stream_id_cannot_recognise_its_own_claim_after_a_lost_reply(
+    live_target: str, lossy: tuple[RunningServer, LossyProxy]
+) -> None:
+    _, proxy = lossy
+    mine = backend_for(live_target, proxy.url(), "stream-id")
+    await mine.start(["sync"])
+    try:
+        request = RunRequest("sync", run_id(SLOT), SLOT, "mine", "a")
+        proxy.arm(MARKERS["stream-id"])
+        with pytest.raises(StoreUnavailableError):
+            await mine.strategy.claim(mine.store, [(request, POLICY)])
+        [lost_reply] = proxy.lost
+        [retry] = await mine.strategy.claim(mine.store, [(request, POLICY)])
+        [[entry_id, fields]] = await mine.store.execute("XRANGE", "cron:sync:runs", "-", "+")
+    finally:
+        await mine.stop()
+    assert decided(as_claim("stream-id", lost_reply)) == (Outcome.WON, 1, fence_of(f"{SLOT}-0"))
+    assert isinstance(retry, Claim)
+    assert retry.outcome is Outcome.LOST  # the first try won; the retry cannot tell its own entry from another's
+    assert entry_id == f"{SLOT}-0"
+    assert dict(zip(fields[::2], fields[1::2], strict=True))["token"] == "mine"
+
+
+@pytest.mark.parametrize("strategy", ["lease", "script", "stream-id"])
+async def test_a_scheduler_whose_claim_reply_is_lost(
+    live_target: str, lossy: tuple[RunningServer, LossyProxy], strategy: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """End to end: the scheduler's first claim of a slot loses its reply; the retry comes 0.5 s later."""
+    caplog.set_level(logging.DEBUG, logger="anarchon")
+    _, proxy = lossy
+    ledger = Ledger()
+    scheduler: Scheduler[Any] = Scheduler(backend_for(live_target, proxy.url(), strategy), instance_id="a")
+    due = (int(time.time()) + 2) % 60
+    scheduler.add_job("tick", f"{due} * * * * *", ledger.job("a"))
+
+    def retried() -> bool:  # the retry ran the job, or (stream-id) was answered "lost"
+        lost = any(r.getMessage().endswith(": lost") for r in caplog.records)
+        return bool(proxy.lost) and (bool(ledger.executions) or lost)
+
+    async with scheduler:
+        proxy.arm(MARKERS[strategy])
+        await eventually(retried, 15)
+        await asyncio.sleep(0.5)  # a second execution, were there one, would have started by now
+        history = await scheduler.history("tick")
+    [lost_reply] = proxy.lost
+    assert as_claim(strategy, lost_reply).outcome is Outcome.WON  # the first try won, and was never told
+    assert any("claim of slot" in r.getMessage() and "failed" in r.getMessage() for r in caplog.records)
+    if strategy == "stream-id":
+        # The first try won, the retry was refused: nobody runs the slot (at most once, but missed).
+        assert ledger.executions == []
+        assert history == []
+    else:
+        assert [(e.attempt, e.ended_ms is not None) for e in ledger.executions] == [(1, True)]
+        assert [(r.attempt, r.status, r.runner) for r in history] == [(1, "ok", "a")]
