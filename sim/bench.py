@@ -1,4 +1,4 @@
-"""Benchmarks: claim cost against the floor, burst scale, memory. Every ratio comes from one run, side by side.
+"""Benchmarks: claim cost against the floor, burst scale, memory, testbed speed. Ratios come from one run.
 
     python -m sim.bench [--quick] [--targets redis-7,valkey-9] [--json FILE]
 
@@ -310,6 +310,70 @@ async def commands_per_claim(targets: Sequence[str], claims: int = 100) -> dict[
     return results
 
 
+async def pipelined_claims(targets: Sequence[str], claims: int, batch: int = 1000) -> dict[str, dict[str, int]]:
+    """Claims per second when many are due together: batches of ``batch`` claims of distinct jobs, each batch one
+    pipeline (as the scheduler sends a burst), beside pipelined ``SET NX PX`` with the same client."""
+    results = {}
+    for target in targets:
+        with start_server(target) as server:
+            results[target] = await _pipelined_on(server, claims, batch)
+    return results
+
+
+async def _pipelined_on(server: RunningServer, claims: int, batch: int) -> dict[str, int]:
+    client = redis.asyncio.Redis(host=server.host, port=server.port, protocol=2)
+    store = Store(RedisPyAsync(client), owned=False)
+
+    async def locks(first: int) -> None:
+        await store.execute_many([("SET", f"lock:{first + j}", "t", "NX", "PX", 30_000) for j in range(batch)])
+
+    rates = {"set_nx_px": await _per_second(locks, claims, batch)}
+    jobs = [f"job{j}" for j in range(batch)]
+    for strategy in STRATEGIES:
+        if supports(server, strategy):
+            backend = make_backend(server, client, strategy, f"pipe-{strategy}:")
+            await backend.start(jobs)
+            rates[strategy] = await _per_second(_claim_batch(backend, jobs), claims, batch)
+            await backend.stop()
+    await client.aclose()
+    return {name: round(rate) for name, rate in rates.items()}
+
+
+def _claim_batch(backend: RedisBackend[Any], jobs: list[str]) -> Callable[[int], Awaitable[None]]:
+    """One claim of each job, for the slot that batch number ``first // len(jobs)`` stands for."""
+    policy = JobPolicy(overlap=True)
+
+    async def claim(first: int) -> None:
+        slot = 1_700_000_000_000 + first // len(jobs) * 1000
+        requests = [(RunRequest(job, str(slot), slot, f"t{first}", "b"), policy) for job in jobs]
+        answers = await backend.strategy.claim(backend.store, requests)
+        if not all(isinstance(a, Claim) and a.outcome is Outcome.WON for a in answers):
+            raise RuntimeError(f"pipelined {backend.strategy.name} claims: not every claim was won")
+
+    return claim
+
+
+async def _per_second(send: Callable[[int], Awaitable[None]], total: int, batch: int) -> float:
+    await send(-batch)  # warm-up: connections, script caches
+    began = time.perf_counter()
+    for first in range(0, total, batch):
+        await send(first)
+    return total / (time.perf_counter() - began)
+
+
+def explorer_speed(quick: bool) -> dict[str, Any]:
+    """States per second of the exhaustive explorer (models/), lease with crashes and skew."""
+    from models.explore import MODELS, PROPERTIES, Explorer
+
+    instances, slots, depth = (2, 2, 10) if quick else (3, 3, 12)
+    result = Explorer(MODELS["lease"], instances, slots, ["crash", "skew"], list(PROPERTIES)).run(depth)
+    return {
+        "strategy": "lease", "instances": instances, "slots": slots, "depth": depth, "faults": "crash,skew",
+        "states": result.states, "seconds": round(result.seconds, 2),
+        "states_per_s": round(result.states / result.seconds) if result.seconds else None,
+    }  # fmt: skip
+
+
 async def _calls(client: Any) -> int:
     text = (await client.execute_command(b"INFO", "commandstats")).decode()
     return sum(int(line.split("calls=")[1].split(",")[0]) for line in text.splitlines() if "calls=" in line)
@@ -361,6 +425,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     began = time.monotonic()
     out: dict[str, Any] = {"targets": asyncio.run(claim_latency(targets, iterations))}
     print_claims(out["targets"])
+    out["pipelined"] = asyncio.run(pipelined_claims(targets, 5_000 if args.quick else 50_000))
+    print(f"pipelined claims per second: {json.dumps(out['pipelined'])}")
     burst_target = "redis-7" if "redis-7" in targets else targets[0]
     out["burst"] = burst(burst_target, burst_jobs)
     print(f"burst: {json.dumps(out['burst'])}")
@@ -368,6 +434,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"memory: {json.dumps(out['memory'])}")
     out["sim"] = simulator_speed(300.0 if args.quick else 900.0)
     print(f"simulator: {json.dumps(out['sim'])}")
+    out["explorer"] = explorer_speed(args.quick)
+    print(f"explorer: {json.dumps(out['explorer'])}")
     out["seconds"] = round(time.monotonic() - began, 1)
     if args.json_path:
         with open(args.json_path, "w") as handle:
