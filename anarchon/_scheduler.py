@@ -445,8 +445,11 @@ class Scheduler(Generic[M]):
                 continue
             delay = MAX_SLEEP_S if not self._queue else (self._queue[0].at_ms - now) / 1000
             self._sleeper = asyncio.ensure_future(self.clock.sleep(min(delay, MAX_SLEEP_S)))
-            await asyncio.wait([self._sleeper])  # returns early when _wake cancels the sleep
-            self._sleeper = None
+            try:
+                await asyncio.wait([self._sleeper])  # returns early when _wake cancels the sleep
+            finally:
+                self._sleeper.cancel()  # when stop() cancels the dispatcher, its sleep ends too
+                self._sleeper = None
 
     async def _claim(self, due: list[_Due], now: int) -> None:
         batch: list[tuple[_Due, RunRequest]] = []

@@ -7,6 +7,7 @@ the embedded store. Every test checks what was executed against a ledger kept ou
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import random
 import threading
@@ -471,7 +472,7 @@ async def test_run_now_and_history_need_a_known_job_and_a_started_scheduler(fake
     assert history[0].slot >= history[1].slot
 
 
-def test_a_background_thread_serves_sync_apps(server: ServerUnderTest) -> None:
+def test_a_background_thread_serves_sync_apps(server: ServerUnderTest, caplog: pytest.LogCaptureFixture) -> None:
     ledger = Ledger()
     connection: Any = server.url() if not server.is_fake else None
     if connection is None:
@@ -489,6 +490,10 @@ def test_a_background_thread_serves_sync_apps(server: ServerUnderTest) -> None:
     assert record.status == "ok"
     assert [r.token for r in history] == [record.token]
     assert len(ledger.executions) == 1
+    # stop() ends every task of the thread's loop (the dispatcher's sleep too) before the loop closes.
+    del thread, scheduler
+    gc.collect()
+    assert [r.getMessage() for r in caplog.records if "destroyed but it is pending" in r.getMessage()] == []
 
 
 async def test_a_job_hogging_the_event_loop_keeps_its_lease(real_server: ServerUnderTest) -> None:
