@@ -70,6 +70,9 @@ class LeaseKeeper:
             self._held[request.token] = held
             if min(held.next_beat, held.deadline) < self._sleeping_until:
                 self._wake()
+                # Woken once is enough: its next pass sees every run held until then. Without this, a burst of
+                # runs held before the keeper's thread gets to run would each send it another wake-up.
+                self._sleeping_until = -float("inf")
 
     def release(self, token: str) -> None:
         with self._lock:
@@ -138,17 +141,25 @@ class HeartbeatThread:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="anarchon-heartbeats", daemon=True)
         self._thread.start()
-        self._serving = self.submit(keeper.serve())
+        self.submit(keeper.serve())
 
     def submit(self, coroutine: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop)
+
+    async def _shut_down(self) -> None:
+        # Every task of this loop (the keeper, its sleeper, beats in flight) ends before the loop closes: a task
+        # still pending then would be destroyed unfinished.
+        others = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+        for task in others:
+            task.cancel()
+        await asyncio.gather(*others, return_exceptions=True)
+        await self.keeper.store.close()
 
     def close(self) -> None:
         """Stop beating, close the thread's connection and end the thread (blocking: call it from a worker
         thread in async code)."""
         try:
-            self._serving.cancel()
-            self.submit(self.keeper.store.close()).result(timeout=10)
+            self.submit(self._shut_down()).result(timeout=10)
         finally:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=10)
