@@ -172,7 +172,7 @@ def _margins(by_slot: dict[tuple[str, int], list[Execution]]) -> list[float]:
 
 
 def _no_lost_ack(strategy: str, history: History, fault_windows: list[FaultWindow]) -> Verdict:
-    store_faults = sorted(w.end for w in fault_windows if w.kind in STORE_FAULTS)
+    store_faults = sorted(_data_lost_at(w) for w in fault_windows if w.kind in STORE_FAULTS)
     if not store_faults:
         return Verdict("P5", "valid", "no failover or store restart happened")
     wins: dict[tuple[str, str], list[tuple[float, str, int]]] = defaultdict(list)
@@ -190,6 +190,13 @@ def _no_lost_ack(strategy: str, history: History, fault_windows: list[FaultWindo
                            "after the store lost it")  # fmt: skip
                 break
     return Verdict("P5", "invalid" if bad else "valid", bad[0] if bad else "", len(bad))
+
+
+def _data_lost_at(window: FaultWindow) -> float:
+    """When the store forgot what it had acknowledged: a restart forgets everything as it goes down (claims may
+    be won on the empty store before the restart is seen to be over); a failover forgets the writes the replica
+    had not received when the old primary dies and the replica takes over, at the end of the window."""
+    return window.start if window.kind == "store-restart" else window.end
 
 
 def _fencing(history: History) -> Verdict:

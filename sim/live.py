@@ -288,9 +288,10 @@ class LiveRun:
             return
         await asyncio.sleep(max(0.0, fault.at_s - self.now()))
         if fault.kind == "store-restart":
+            down = self.now()  # everything acknowledged so far is lost from here
             await asyncio.to_thread(self.server.restart)
             self._record(fault, "store restarted empty")
-            self._window(fault, self.now(), self.now())
+            self._window(fault, down, self.now())
             return
         await asyncio.gather(*(self._strike_instance(fault, target) for target in self._targets(fault)))
 

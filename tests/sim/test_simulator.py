@@ -14,7 +14,7 @@ import pytest
 
 from sim import scenario as scenarios
 from sim.checkers import judge
-from sim.history import Execution, History
+from sim.history import Event, Execution, History
 from sim.run import simulate
 from sim.scenario import ScenarioError, parse
 from sim.vtime import SimulationDeadlock, run_virtual
@@ -161,6 +161,31 @@ def test_a_slot_nobody_finished_is_missed_unless_every_instance_was_down() -> No
 def test_runs_of_two_slots_at_once_are_an_overlap() -> None:
     runs = [*_every_slot(skip=40), _execution("a", 40, 40, 52, True)]
     assert _verdicts(runs)["P3"] == "invalid"
+
+
+def _claims_won(*wins: tuple[float, str]) -> History:
+    slot = int((EPOCH_S + 40) * 1000)
+    history = History(epoch_s=EPOCH_S, executions=_every_slot())
+    for t, instance in wins:
+        value = "won attempt=1 fence=1"
+        history.add(Event(t, "ok", instance, "claim", "tick", str(slot), f"t-{instance}", value))
+    return history
+
+
+def _p5(history: History, windows: list[FaultWindow]) -> str:
+    return judge(SCENARIO, "lease", history, windows).verdicts["P5"].status
+
+
+def test_a_run_won_again_after_the_store_forgot_it_is_a_lost_acknowledged_claim() -> None:
+    twice = _claims_won((40.0, "a"), (41.0, "b"))
+    # A restart forgets everything as the store goes down, even if the second claim is answered before the
+    # restart is seen to be over.
+    assert _p5(twice, [FaultWindow(40.5, 41.2, "store-restart")]) == "invalid"
+    # A failover forgets what the replica had not received when the replica takes over.
+    assert _p5(twice, [FaultWindow(39.5, 40.5, "failover")]) == "invalid"
+    # Won again before anything was lost: a store bug, not a lost claim (P1 reports the duplicate).
+    assert _p5(twice, [FaultWindow(41.5, 41.5, "store-restart")]) == "valid"
+    assert _p5(_claims_won((40.0, "a")), [FaultWindow(40.5, 41.2, "store-restart")]) == "valid"
 
 
 def test_bad_scenarios_are_refused_with_the_reason() -> None:
