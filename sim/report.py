@@ -251,8 +251,7 @@ def _bench_sections(bench: dict[str, Any]) -> list[str]:
         "Sequential claims by one asyncio redis-py client (RESP2), beside PING and a per-slot SET NX PX with the same",
         "client in the same loop; µs, p50 / p99, and p50 over SET NX PX's.",
         "",
-        "| server | PING | SET NX PX | " + " | ".join(STRATEGIES) + " |",
-        "|---|---|---|" + "---|" * len(STRATEGIES),
+        *_head("server", "PING", "SET NX PX", *STRATEGIES),
     ]
     for target, ops in bench["claims"].items():
         cells = [f"{ops[op]['p50_us']:.0f} / {ops[op]['p99_us']:.0f}" for op in ("ping", "set_nx_px")]
@@ -261,19 +260,28 @@ def _bench_sections(bench: dict[str, Any]) -> list[str]:
             cells.append(
                 f"{row['p50_us']:.0f} / {row['p99_us']:.0f} ({row['ratio_to_set_nx_px']:.2f}×)" if row else "–"
             )
-        lines.append(f"| {target} {ops.get('version', '')} | " + " | ".join(cells) + " |")
+        lines.append(_row(f"{target} {ops.get('version', '')}", *cells))
     lines += ["", "Round trips and server commands per claim (a won claim; lease includes none of its finish):", "",
-              "| server | " + " | ".join(STRATEGIES) + " |", "|---|" + "---|" * len(STRATEGIES)]  # fmt: skip
+              *_head("server", *STRATEGIES)]  # fmt: skip
     for target, per in bench["commands"].items():
         cells = [f"{per[s]['round_trips']:g} / {per[s]['commands']:g}" if s in per else "–" for s in STRATEGIES]
-        lines.append(f"| {target} | " + " | ".join(cells) + " |")
+        lines.append(_row(target, *cells))
     lines += ["", "Store memory of one job after 1,200 runs with history_size 1,000 (MEMORY USAGE of its keys):", "",
-              "| server | " + " | ".join(STRATEGIES) + " |", "|---|" + "---|" * len(STRATEGIES)]  # fmt: skip
+              *_head("server", *STRATEGIES)]  # fmt: skip
     for target, memory in bench["memory"].items():
         cells = [f"{memory[s]['bytes'] / 1024:.0f} KiB ({memory[s]['bytes_per_run']} B/run)" if s in memory else "–"
                  for s in STRATEGIES]  # fmt: skip
-        lines.append(f"| {target} | " + " | ".join(cells) + " |")
+        lines.append(_row(target, *cells))
     return lines
+
+
+def _row(*cells: object) -> str:
+    return "| " + " | ".join(map(str, cells)) + " |"
+
+
+def _head(*columns: str) -> list[str]:
+    """A Markdown table's header row and the line under it."""
+    return [_row(*columns), "|" + "---|" * len(columns)]
 
 
 def render(results: Results, figure: Callable[[str, bytes], str]) -> str:
@@ -298,14 +306,12 @@ def render(results: Results, figure: Callable[[str, bytes], str]) -> str:
         "Each run is judged by the checkers P1–P6; a cell shows the checkers violated, in how many runs, with the",
         "95% Wilson interval of the violation rate" + (", and on which servers." if results.mode == "live" else "."),
         "",
-        "| checker | meaning |",
-        "|---|---|",
-        *[f"| {name} | {meaning} |" for name, meaning in CHECKER_NAMES.items()],
+        *_head("checker", "meaning"),
+        *[_row(name, meaning) for name, meaning in CHECKER_NAMES.items()],
         "",
         "## Verdicts",
         "",
-        "| scenario | " + " | ".join(STRATEGIES) + " |",
-        "|---|" + "---|" * len(STRATEGIES),
+        *_head("scenario", *STRATEGIES),
     ]
     for scenario in results.scenarios:
         row = [f"**{scenario.name}**"]
@@ -317,7 +323,7 @@ def render(results: Results, figure: Callable[[str, bytes], str]) -> str:
                 for name, n in sorted(cell.violations.items())
             ]
             row.append("<br>".join(bad) if bad else f"all hold ({cell.runs} runs)" if cell.runs else "not run")
-        lines.append("| " + " | ".join(row) + " |")
+        lines.append(_row(*row))
     lines += ["", "Scenarios:", ""]
     lines += [f"- **{s.name}**: {' '.join(s.description.split())}" for s in results.scenarios]
     lines += [
@@ -326,14 +332,13 @@ def render(results: Results, figure: Callable[[str, bytes], str]) -> str:
         "",
         "Violations counted by the checkers, over all scenarios, per 1,000 slots the checkers examined.",
         "",
-        "| strategy | slots | duplicates (P1) | missed (P2) | overlaps (P3) | lost acknowledged claims (P5) |",
-        "|---|---|---|---|---|---|",
+        *_head("strategy", "slots", "duplicates (P1)", "missed (P2)", "overlaps (P3)", "lost acknowledged claims (P5)"),
     ]
     for strategy in STRATEGIES:
         cells = [c for (_, s), c in results.cells.items() if s == strategy]
         slots = sum(c.slots for c in cells)
         per = [1000 * sum(c.counts.get(k, 0) for c in cells) / max(slots, 1) for k in ("P1", "P2", "P3", "P5")]
-        lines.append(f"| {strategy} | {slots} | " + " | ".join(f"{v:.1f}" for v in per) + " |")
+        lines.append(_row(strategy, slots, *(f"{v:.1f}" for v in per)))
     if results.bench:
         lines += _bench_sections(results.bench)
     lines += [
