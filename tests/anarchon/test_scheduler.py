@@ -12,8 +12,6 @@ import logging
 import random
 import threading
 import time
-from collections import Counter
-from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -34,37 +32,9 @@ from anarchon._strategies.lease import CLAIM
 from sim.links import Link
 from sim.servers.testing import ServerUnderTest
 from tests.anarchon.support import StoreTarget
+from tests.support import Execution, Ledger, backend_for, now_ms, second_from_now
 
 STRATEGIES = ("lease", "stream-id", "idmp", "script")
-
-
-@dataclass(frozen=True)
-class Execution:
-    instance: str
-    job: str
-    slot: int
-    attempt: int
-    manual: bool
-    started: float  # time.monotonic(), the same clock for every instance of the test
-    ended: float | None = None
-
-
-@dataclass
-class Ledger:
-    """Every execution of a job function, kept outside the store."""
-
-    executions: list[Execution] = field(default_factory=list)
-
-    def job(self, instance: str, seconds: float = 0.0) -> Any:
-        async def work(run: RunContext) -> None:
-            self.executions.append(Execution(instance, run.job, run.slot, run.attempt, run.manual, time.monotonic()))
-            if seconds:
-                await asyncio.sleep(seconds)
-
-        return work
-
-    def slots(self, job: str | None = None) -> Counter[int]:
-        return Counter(e.slot for e in self.executions if not e.manual and (job is None or e.job == job))
 
 
 class OffsetClock(SystemClock):
@@ -75,15 +45,6 @@ class OffsetClock(SystemClock):
 
     def wall_ms(self) -> int:
         return super().wall_ms() + self.offset_ms
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
-def second_from_now(seconds: int) -> str:
-    """A cron expression (seconds field first) that fires once a minute, ``seconds`` from now."""
-    return f"{(int(time.time()) + seconds) % 60} * * * * *"
 
 
 def strategies_for(target: StoreTarget) -> list[str]:
@@ -137,7 +98,7 @@ async def test_three_schedulers_run_every_slot_exactly_once(target: StoreTarget)
 
 async def test_a_backup_reruns_the_slot_of_a_winner_cut_off_mid_run(target: StoreTarget) -> None:
     ledger = Ledger()
-    lost: list[tuple[str, bool, float]] = []
+    lost: list[tuple[str, bool, int]] = []
     started = asyncio.Event()
     links = {}
     schedulers = []
@@ -145,12 +106,12 @@ async def test_a_backup_reruns_the_slot_of_a_winner_cut_off_mid_run(target: Stor
 
     def job(instance: str) -> Any:
         async def work(run: RunContext) -> None:
-            ledger.executions.append(Execution(instance, run.job, run.slot, run.attempt, False, time.monotonic()))
+            ledger.executions.append(Execution(instance, run.job, run.slot, run.attempt, False, now_ms()))
             started.set()
             try:
                 await asyncio.sleep(1.5)
             except asyncio.CancelledError:
-                lost.append((instance, run.lease_is_lost, time.monotonic()))
+                lost.append((instance, run.lease_is_lost, now_ms()))
                 raise
 
         return work
@@ -178,7 +139,7 @@ async def test_a_backup_reruns_the_slot_of_a_winner_cut_off_mid_run(target: Stor
     # The cut-off winner learnt that its lease was lost and stopped before the backup started.
     [(instance, lease_was_lost, stopped_at)] = lost
     assert (instance, lease_was_lost) == (winner.instance, True)
-    assert stopped_at < backup.started
+    assert stopped_at < backup.started_ms
     assert [(r.attempt, r.status) for r in history] == [(2, "ok"), (1, "interrupted")]
 
 
@@ -407,24 +368,18 @@ async def test_stop_waits_then_interrupts_and_records(fake_target: StoreTarget) 
 
 async def test_stop_closes_only_connections_it_opened(real_server: ServerUnderTest) -> None:
     mine = real_server.async_client()
-    scheduler = Scheduler(_backend_for(real_server, mine))
+    scheduler = Scheduler(backend_for(real_server.target, mine))
     async with scheduler:
         pass
     assert await mine.ping()  # still open
 
-    owned = Scheduler(_backend_for(real_server, real_server.url()))
+    owned = Scheduler(backend_for(real_server.target, real_server.url()))
     await owned.start()
     store = owned.backend.store
     await owned.stop()
     with pytest.raises(SchedulerStateError):
         owned.backend.store  # noqa: B018
     assert store.owned
-
-
-def _backend_for(server: ServerUnderTest, connection: Any) -> Any:
-    from anarchon import RedisBackend, ValkeyBackend
-
-    return ValkeyBackend(valkey=connection) if server.is_valkey else RedisBackend(redis=connection)
 
 
 async def test_hooks_and_log_records_carry_job_slot_and_attempt(
@@ -479,7 +434,7 @@ def test_a_background_thread_serves_sync_apps(server: ServerUnderTest, caplog: p
         import fakeredis
 
         connection = fakeredis.FakeAsyncRedis(server=server.fake_server)
-    scheduler = Scheduler(_backend_for(server, connection))
+    scheduler = Scheduler(backend_for(server.target, connection))
     scheduler.add_job("job", "0 0 1 1 *", ledger.job("a"))
     thread: SchedulerThread = scheduler.run_in_thread()
     try:
@@ -504,7 +459,7 @@ async def test_a_job_hogging_the_event_loop_keeps_its_lease(real_server: ServerU
 
     started = threading.Event()
     scheduler = Scheduler(
-        _backend_for(real_server, real_server.url()),
+        backend_for(real_server.target, real_server.url()),
         lease_ms=300,
         heartbeat_ms=100,
         on_run_start=lambda run: started.set(),
@@ -520,7 +475,7 @@ async def test_a_job_hogging_the_event_loop_keeps_its_lease(real_server: ServerU
         for _ in range(10):  # a backup asks for the run all through the hog
             request = RunRequest("hog", run, 0, "backup-token", "backup", manual=True)
             [claim] = await backup.strategy.claim(backup.store, [(request, JobPolicy(lease_ms=300))])
-            answers.append(claim.outcome)  # type: ignore[union-attr]
+            answers.append(claim.outcome)
             await asyncio.sleep(0.1)
         record = await manual_run
     finally:
@@ -531,7 +486,7 @@ async def test_a_job_hogging_the_event_loop_keeps_its_lease(real_server: ServerU
 
 
 async def target_backend(server: ServerUnderTest) -> Any:
-    backend = _backend_for(server, server.url())
+    backend = backend_for(server.target, server.url())
     await backend.start(["hog"])
     return backend
 

@@ -32,7 +32,7 @@ from anarchon._strategies.script import CLAIM as SCRIPT_CLAIM
 from sim.servers import start_server
 from sim.servers._running import RunningServer
 from tests.reliability.proxy import LossyProxy
-from tests.reliability.support import Ledger, backend_for, eventually
+from tests.support import Ledger, backend_for, eventually
 
 MARKERS = {"lease": LEASE_CLAIM.sha.encode(), "script": SCRIPT_CLAIM.sha.encode(), "stream-id": b"XADD"}
 SLOT = 1_700_000_000_000

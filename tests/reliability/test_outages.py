@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-import time
 from collections.abc import Iterator
 from typing import Any, Literal
 
@@ -31,7 +30,7 @@ import pytest
 from anarchon import RunContext, Scheduler, StoreUnavailableError
 from sim.servers import start_server
 from sim.servers._running import RunningServer
-from tests.reliability.support import Ledger, backend_for, eventually, now_ms
+from tests.support import Ledger, backend_for, eventually, now_ms, second_from_now
 
 Outage = Literal["pause", "crash", "empty"]
 OUTAGE_S = 10.0
@@ -39,11 +38,6 @@ TIMEOUT_QUERY = "?socket_timeout=2"
 LEASE_MS = 18_000  # longer than the outage: a run in progress when the store went away is still leased after it
 DURABLE = ("--appendonly", "yes", "--appendfsync", "always")
 RETRY = re.compile(r"job (\S+): claim of slot (\d+) failed .*; retrying in ([\d.]+) s")
-
-
-def second_from_now(seconds: int) -> str:
-    """A six-field cron expression that fires once a minute, ``seconds`` from now."""
-    return f"{(int(time.time()) + seconds) % 60} * * * * *"
 
 
 class Outages:
@@ -118,7 +112,7 @@ async def test_schedulers_ride_out_a_store_outage(
             settled_ms = max(back_ms + 2_000, long_run + LEASE_MS + 3_000)
 
             def settled() -> bool:
-                ran = ledger.counts("tick")
+                ran = ledger.slots("tick")
                 return now_ms() >= settled_ms and all(ran[slot] for slot in every_slot(first, back_ms))
 
             await eventually(settled, 40)
@@ -151,12 +145,12 @@ async def test_schedulers_ride_out_a_store_outage(
     # Never stopped scheduling, and the slots due during the outage ran once the store was back (well within
     # max_late_ms): every slot of the jobs free to overlap, before, during and after the outage.
     for job in ("tick", "script-tick"):
-        ran = ledger.counts(job)
+        ran = ledger.slots(job)
         assert [slot for slot in every_slot(first, last) if not ran[slot]] == [], (job, down_ms, back_ms)
         assert any(slot >= back_ms for slot in ran)
     # A job that must not overlap: each slot of the outage ran, or (its backlog claimed at once when the store
     # came back, each claim finding the previous run still going) was recorded as skipped-overlap. None is lost.
-    solo_ran = ledger.counts("solo")
+    solo_ran = ledger.slots("solo")
     recorded = {r.slot: r.status for r in history["solo"]}
     unaccounted = [slot for slot in every_slot(down_ms // 1000 * 1000 + 1000, last) if not solo_ran[slot]]
     assert {slot: recorded.get(slot) for slot in unaccounted} == dict.fromkeys(unaccounted, "skipped-overlap")

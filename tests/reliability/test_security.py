@@ -15,7 +15,6 @@ import json
 import logging
 import shutil
 import subprocess
-import time
 import traceback
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
@@ -35,7 +34,7 @@ from sim.servers import start_server
 from sim.servers._local import pick_port
 from sim.servers._running import RunningServer
 from sim.servers.testing import resolve_selection
-from tests.reliability.support import Ledger, eventually
+from tests.support import Ledger, eventually, second_from_now
 
 TARGET = "redis-7"
 PASSWORDS = {"alice": "s3cr3t-Alice-pw", "bob": "s3cr3t-Bob-pw"}
@@ -113,10 +112,6 @@ def secure(tls_server: TlsServer) -> Iterator[TlsServer]:
         yield tls_server
     finally:
         admin.close()
-
-
-def second_from_now(seconds: int) -> str:
-    return f"{(int(time.time()) + seconds) % 60} * * * * *"
 
 
 def secrets_in(text: str) -> list[str]:

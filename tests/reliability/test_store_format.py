@@ -8,23 +8,12 @@ write (catch-up, idmp's stream settings), and every key is compared byte for byt
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
 from anarchon import Scheduler, SchedulerStateError, StoreFormatError, StoreReplyError
-from sim.servers.testing import ServerUnderTest
 from tests.anarchon.support import StoreTarget
-
-
-@pytest.fixture
-async def target(server: ServerUnderTest) -> AsyncIterator[StoreTarget]:
-    store_target = StoreTarget(server)
-    try:
-        yield store_target
-    finally:
-        await store_target.close()
 
 
 def strategies(target: StoreTarget) -> list[Any]:

@@ -1,4 +1,5 @@
-"""Helpers of the reliability tests: an execution ledger kept outside the store, and backends on any target."""
+"""Helpers of the tests that run schedulers on a store: an execution ledger kept outside the store, backends on
+any target, and waiting for something to happen."""
 
 from __future__ import annotations
 
@@ -16,6 +17,11 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+def second_from_now(seconds: int) -> str:
+    """A cron expression (seconds field first) that fires once a minute, ``seconds`` from now."""
+    return f"{(int(time.time()) + seconds) % 60} * * * * *"
+
+
 async def eventually(condition: Callable[[], bool], cap_s: float) -> None:
     """Poll until ``condition()`` holds, for at most ``cap_s`` seconds; the assertions after it say what was
     missing if it never did."""
@@ -26,7 +32,7 @@ async def eventually(condition: Callable[[], bool], cap_s: float) -> None:
 
 
 def backend_for(target: str, connection: Any, strategy: Any = "lease", prefix: str = "cron:") -> RedisBackend[Any]:
-    """ValkeyBackend on Valkey, RedisBackend elsewhere."""
+    """ValkeyBackend on a Valkey target (``valkey-9``), RedisBackend elsewhere."""
     if target.startswith("valkey"):
         return ValkeyBackend(valkey=connection, strategy=strategy, prefix=prefix)
     return RedisBackend(redis=connection, strategy=strategy, prefix=prefix)
@@ -45,7 +51,7 @@ class Execution:
 
 @dataclass
 class Ledger:
-    """Every execution of a job function, kept outside the store, by job."""
+    """Every execution of a job function, kept outside the store."""
 
     executions: list[Execution] = field(default_factory=list)
 
@@ -63,10 +69,11 @@ class Ledger:
 
         return work
 
-    def of(self, job: str) -> list[Execution]:
-        return [e for e in self.executions if e.job == job and not e.manual]
+    def of(self, job: str | None = None) -> list[Execution]:
+        """Scheduled (not manual) executions, of one job or of all."""
+        return [e for e in self.executions if not e.manual and (job is None or e.job == job)]
 
-    def counts(self, job: str) -> Counter[int]:
+    def slots(self, job: str | None = None) -> Counter[int]:
         return Counter(e.slot for e in self.of(job))
 
     def by_slot(self, job: str) -> dict[int, list[Execution]]:
