@@ -592,20 +592,18 @@ class Scheduler(Generic[M]):
                 accepted = await self.backend.strategy.finish(
                     self.backend.store, request, claim, self._policies[job], record
                 )
-            except StoreUnavailableError as error:
-                if self._started and self.clock.monotonic() + FINISH_RETRY_S < give_up:
-                    log.warning(
-                        "job %s slot %d: could not record the result (%s); retrying in %.1f s", job, slot, error,
-                        FINISH_RETRY_S, extra=extra,
-                    )  # fmt: skip
-                    tried = True
-                    await self.clock.sleep(FINISH_RETRY_S)
-                    continue
-                log.warning("job %s slot %d: could not record the result: %s", job, slot, error, extra=extra)
-                return
             except StoreError as error:
-                log.warning("job %s slot %d: could not record the result: %s", job, slot, error, extra=extra)
-                return
+                unreachable = isinstance(error, StoreUnavailableError)
+                if not (unreachable and self._started and self.clock.monotonic() + FINISH_RETRY_S < give_up):
+                    log.warning("job %s slot %d: could not record the result: %s", job, slot, error, extra=extra)
+                    return
+                log.warning(
+                    "job %s slot %d: could not record the result (%s); retrying in %.1f s", job, slot, error,
+                    FINISH_RETRY_S, extra=extra,
+                )  # fmt: skip
+                tried = True
+                await self.clock.sleep(FINISH_RETRY_S)
+                continue
             if not accepted:
                 why = "an earlier try recorded it, or the lease was lost" if tried else "lease lost"
                 log.warning(
