@@ -13,7 +13,9 @@
 local run, token, runner = ARGV[1], ARGV[2], ARGV[3]
 local lease_ms, max_attempts, overlap_allowed = tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6] == '1'
 local slot, manual = run_slot(run)
-local now = server_now()
+-- The server's ms, read (TIME) only where an answer depends on it: a new run with no other run in progress,
+-- the common claim, takes its time from the runs entry it adds instead.
+local now
 
 local function reply(answer, attempt, fence, lease_ms_left)
   return answer .. ' ' .. attempt .. ' ' .. fence .. ' ' .. lease_ms_left
@@ -25,7 +27,10 @@ local r, job_fence = load_run(run, true)
 -- run still going blocks this one, and so does a newer one when this claim comes late or takes a run over.
 local function live_other()
   if overlap_allowed then return nil end
-  for _, other in ipairs(redis.call('SMEMBERS', ACTIVE)) do
+  local active = redis.call('SMEMBERS', ACTIVE)
+  if #active == 0 then return nil end
+  now = now or server_now()
+  for _, other in ipairs(active) do
     local o = other ~= run and load_run(other)
     if o and o.lease_end > now then return other, o.lease_end end
   end
@@ -34,12 +39,14 @@ end
 
 local function start_attempt(attempt)
   local fence = job_fence + 1
-  save_run(run, { status = 'running', attempt = attempt, token = token, runner = runner,
-    lease_end = now + lease_ms, fence = fence, slot = slot, manual = manual, started = now }, fence)
-  redis.call('SADD', ACTIVE, run)
   -- Trimming (of this stream too) is left to finish, which follows every won claim: claims stay short.
-  redis.call('XADD', RUNS, '*', 'run', run, 'slot', slot, 'attempt', attempt, 'token', token, 'runner', runner,
-    'fence', fence)
+  local entry = redis.call('XADD', RUNS, '*', 'run', run, 'slot', slot, 'attempt', attempt, 'token', token,
+    'runner', runner, 'fence', fence)
+  -- The entry id's first part is the server's ms (never below the stream's last id): the attempt's start.
+  local started = tonumber(string.match(entry, '^%d+'))
+  save_run(run, { status = 'running', attempt = attempt, token = token, runner = runner,
+    lease_end = started + lease_ms, fence = fence, slot = slot, manual = manual, started = started }, fence)
+  redis.call('SADD', ACTIVE, run)
   return reply('won', attempt, fence, lease_ms)
 end
 
@@ -57,6 +64,7 @@ end
 if r.status ~= 'running' then
   return reply('done', r.attempt, r.fence, 0)
 end
+now = server_now()
 if r.token == token then
   return reply('won', r.attempt, r.fence, r.lease_end - now)
 end
