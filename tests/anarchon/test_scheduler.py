@@ -366,6 +366,23 @@ async def test_stop_waits_then_interrupts_and_records(fake_target: StoreTarget) 
     assert stored.status == "interrupted"
 
 
+async def test_a_run_stopped_during_its_start_hook_never_calls_the_job(fake_target: StoreTarget) -> None:
+    ledger = Ledger()
+
+    async def slow_hook(run: RunContext) -> None:
+        await asyncio.sleep(0.5)
+
+    scheduler = Scheduler(fake_target.backend("lease"), on_run_start=slow_hook)
+    scheduler.add_job("job", "0 0 1 1 *", ledger.job("a"))
+    await scheduler.start()
+    run = asyncio.create_task(scheduler.run_now("job"))
+    await asyncio.sleep(0.1)
+    await scheduler.stop(timeout=0.1)
+    record = await run
+    assert (record.status, record.message) == ("interrupted", "the scheduler stopped")
+    assert ledger.executions == []
+
+
 async def test_stop_closes_only_connections_it_opened(real_server: ServerUnderTest) -> None:
     mine = real_server.async_client()
     scheduler = Scheduler(backend_for(real_server.target, mine))
