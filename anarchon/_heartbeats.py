@@ -75,8 +75,9 @@ class LeaseKeeper:
                 self._sleeping_until = -float("inf")
 
     def release(self, token: str) -> None:
-        with self._lock:
-            self._held.pop(token, None)
+        # No lock: a dict's pop is atomic, and serve() reads the runs only through atomic copies. A burst of
+        # runs ending together must not queue behind the keeper's thread for the lock (and the GIL) each time.
+        self._held.pop(token, None)
 
     async def serve(self) -> None:
         """Beat until cancelled."""
@@ -97,7 +98,7 @@ class LeaseKeeper:
                 await self._beat(due)
                 continue
             with self._lock:
-                upcoming = [min(run.next_beat, run.deadline) for run in self._held.values()]
+                upcoming = [min(run.next_beat, run.deadline) for run in list(self._held.values())]
                 target = min(upcoming, default=now + IDLE_S)
                 sleeper = asyncio.ensure_future(self.clock.sleep(target - now))
                 self._wake = partial(loop.call_soon_threadsafe, sleeper.cancel)
