@@ -79,6 +79,11 @@ class LeaseKeeper:
         # runs ending together must not queue behind the keeper's thread for the lock (and the GIL) each time.
         self._held.pop(token, None)
 
+    def _forget(self, run: _Held) -> bool:
+        """Stop keeping ``run``; False if it was released meanwhile: its job ended and its result was (or is being)
+        recorded, which is also why a heartbeat sent meanwhile is refused. Nothing was lost then."""
+        return self._held.pop(run.request.token, None) is not None
+
     async def serve(self) -> None:
         """Beat until cancelled."""
         loop = asyncio.get_running_loop()
@@ -90,8 +95,7 @@ class LeaseKeeper:
             with self._lock:
                 held = list(self._held.values())
             for run in held:
-                if run.deadline <= now:
-                    self.release(run.request.token)
+                if run.deadline <= now and self._forget(run):
                     run.lose("the lease ran out before a heartbeat reached the store")
             due = [run for run in held if run.deadline > now and run.next_beat <= now]
             if due:
@@ -127,8 +131,8 @@ class LeaseKeeper:
                 log.warning("job %s: heartbeat failed: %s", run.request.job, answer)
                 run.next_beat = min(sent + RETRY_S, run.deadline)
             elif answer <= 0:
-                self.release(run.request.token)
-                run.lose("the heartbeat was refused: another attempt holds the run")
+                if self._forget(run):
+                    run.lose("the heartbeat was refused: another attempt holds the run")
             else:
                 run.deadline = sent + answer / 1000 - self.margin_s
                 run.next_beat = sent + self.heartbeat_s
