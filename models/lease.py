@@ -86,6 +86,9 @@ def _live_other(store: LeaseStore, slot: int, now: int, policy: JobPolicy) -> in
 def _start(
     store: LeaseStore, slot: int, token: str, now: int, policy: JobPolicy, attempt: int
 ) -> tuple[LeaseStore, Claim]:
+    """The script starts the lease at its runs entry's id, which is ``now`` unless the server's clock went back
+    below the stream's last id (then the lease starts at that id: later, never earlier). The conformance tests
+    compare on servers whose clocks only move forward, where the two agree."""
     fence = store.fence + 1
     run = Run(RUNNING, attempt, token, now + policy.lease_ms, fence)
     return store.put(slot, run, fence), Claim(Outcome.WON, attempt, fence, policy.lease_ms)
