@@ -74,15 +74,12 @@ class LeaseKeeper:
                 # runs held before the keeper's thread gets to run would each send it another wake-up.
                 self._sleeping_until = -float("inf")
 
-    def release(self, token: str) -> None:
+    def release(self, token: str) -> bool:
+        """Stop keeping a run; False if it was no longer kept (released meanwhile: its job ended, and a heartbeat
+        refused meanwhile means nothing was lost)."""
         # No lock: a dict's pop is atomic, and serve() reads the runs only through atomic copies. A burst of
         # runs ending together must not queue behind the keeper's thread for the lock (and the GIL) each time.
-        self._held.pop(token, None)
-
-    def _forget(self, run: _Held) -> bool:
-        """Stop keeping ``run``; False if it was released meanwhile: its job ended and its result was (or is being)
-        recorded, which is also why a heartbeat sent meanwhile is refused. Nothing was lost then."""
-        return self._held.pop(run.request.token, None) is not None
+        return self._held.pop(token, None) is not None
 
     async def serve(self) -> None:
         """Beat until cancelled."""
@@ -95,7 +92,7 @@ class LeaseKeeper:
             with self._lock:
                 held = list(self._held.values())
             for run in held:
-                if run.deadline <= now and self._forget(run):
+                if run.deadline <= now and self.release(run.request.token):
                     run.lose("the lease ran out before a heartbeat reached the store")
             due = [run for run in held if run.deadline > now and run.next_beat <= now]
             if due:
@@ -131,7 +128,7 @@ class LeaseKeeper:
                 log.warning("job %s: heartbeat failed: %s", run.request.job, answer)
                 run.next_beat = min(sent + RETRY_S, run.deadline)
             elif answer <= 0:
-                if self._forget(run):
+                if self.release(run.request.token):
                     run.lose("the heartbeat was refused: another attempt holds the run")
             else:
                 run.deadline = sent + answer / 1000 - self.margin_s

@@ -569,10 +569,11 @@ class Scheduler(Generic[M]):
         try:
             if self.on_run_start is not None:
                 await self._hook(self.on_run_start, context)
-            if running.reason is not None:  # interrupted before the job started
-                raise asyncio.CancelledError
-            running.task = task
-            await self._call(job, context)
+            if running.reason is None:
+                running.task = task
+                await self._call(job, context)
+            else:  # interrupted while the start hook ran: the job is not started
+                status, message = "interrupted", running.reason
         except asyncio.CancelledError:
             if running.reason is None or task is None:
                 raise  # this task was cancelled from outside: not an interruption the scheduler asked for
