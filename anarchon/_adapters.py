@@ -126,24 +126,55 @@ def _command_key(command: Command) -> Arg | None:
 
 
 class RedisPyAsync:
-    """redis-py / valkey-py / fakeredis asyncio clients (``redis.asyncio.Redis``)."""
+    """redis-py / valkey-py / fakeredis asyncio clients (``redis.asyncio.Redis``).
+
+    Commands travel on connections borrowed from the client's own pool, so its address, TLS, credentials,
+    database and timeouts apply, but anarchon packs them and reads the replies itself: redis-py's per-command
+    path (argument encoding, retry wrapper, observability hooks, pipeline objects) costs more client time than a
+    claim script costs the server. The client's retry policy is not used; the scheduler retries what is safe to
+    retry (see ``_client_settings``). A client with one dedicated connection (``single_connection_client``) goes
+    through ``execute_command``, which guards that connection with the client's lock.
+    """
 
     def __init__(self, client: Any) -> None:
         self.client = client
+        self._pool: Any = None if getattr(client, "single_connection_client", False) else client.connection_pool
+        self._borrow_args = _borrow_args(self._pool)
 
     async def execute(self, command: Command) -> Reply:
-        try:
-            reply = await self.client.execute_command(*_wire_name(command))
-        except Exception as error:
-            raise translate(error) or error from error
+        if self._pool is None:
+            try:
+                reply = await self.client.execute_command(*_wire_name(command))
+            except Exception as error:
+                raise translate(error) or error from error
+            return decode(reply)
+        [reply] = await self._exchange((command,))
+        if isinstance(reply, StoreReplyError):
+            raise reply
         return decode(reply)
 
     async def execute_many(self, commands: Sequence[Command]) -> list[Reply | StoreReplyError]:
-        pipe = self.client.pipeline(transaction=False)
-        for command in commands:
-            pipe.execute_command(*_wire_name(command))
-        replies = await _guard(pipe.execute(raise_on_error=False))
-        return [decode_in_place(reply) for reply in replies]
+        if self._pool is None:
+            pipe = self.client.pipeline(transaction=False)
+            for command in commands:
+                pipe.execute_command(*_wire_name(command))
+            replies = await _guard(pipe.execute(raise_on_error=False))
+            return [decode_in_place(reply) for reply in replies]
+        return [
+            reply if isinstance(reply, StoreReplyError) else decode(reply) for reply in await self._exchange(commands)
+        ]
+
+    async def _exchange(self, commands: Sequence[Command]) -> list[Any]:
+        """Write the commands at once on one borrowed connection, then read one reply each (error replies as
+        values). redis-py closes a connection whose write or read fails or is cancelled, so none goes back to the
+        pool with replies still unread."""
+        pool = self._pool
+        connection = await _guard(pool.get_connection(*self._borrow_args))
+        try:
+            await _guard(connection.send_packed_command(b"".join(map(pack, commands))))
+            return [await _read_reply(connection) for _ in commands]
+        finally:
+            await pool.release(connection)
 
     async def server_info(self) -> ServerInfo:
         fake = _fake_server_info(self.client)
@@ -157,6 +188,34 @@ class RedisPyAsync:
         pool = self.client.connection_pool
         twin = pool.__class__(connection_class=pool.connection_class, **pool.connection_kwargs)
         return RedisPyAsync(self.client.__class__(connection_pool=twin))
+
+
+def pack(command: Command) -> bytes:
+    """One command as the server reads it: a RESP array of bulk strings (ints and floats in decimal)."""
+    parts = [b"*%d\r\n" % len(command)]
+    for arg in command:
+        data = arg if isinstance(arg, bytes) else (arg if isinstance(arg, str) else str(arg)).encode()
+        parts.append(b"$%d\r\n%b\r\n" % (len(data), data))
+    return b"".join(parts)
+
+
+def _borrow_args(pool: Any) -> tuple[str, ...]:
+    """What ``pool.get_connection`` needs: valkey-py and redis-py before 5.3 require a command name (unused
+    since), later redis-py versions warn when given one."""
+    if pool is None:
+        return ()
+    parameter = inspect.signature(pool.get_connection).parameters.get("command_name")
+    return ("EVALSHA",) if parameter is not None and parameter.default is inspect.Parameter.empty else ()
+
+
+async def _read_reply(connection: Any) -> Any:
+    try:
+        return await connection.read_response()
+    except Exception as error:
+        translated = translate(error)
+        if isinstance(translated, StoreReplyError):
+            return translated
+        raise translated or error from error
 
 
 class RedisPySync:

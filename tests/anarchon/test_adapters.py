@@ -25,6 +25,7 @@ from glide import (
 )
 
 from anarchon import RedisBackend, RunRecord, StoreReplyError
+from anarchon._adapters import RedisPyAsync
 from anarchon._strategies import Claim, JobPolicy, Outcome, RunRequest
 from sim.servers import RunningServer
 from sim.servers.testing import ServerPool, ServerUnderTest, flush
@@ -181,3 +182,44 @@ async def test_anarchon_opens_and_closes_its_own_connection(real_server: ServerU
 def test_unrecognised_objects_are_refused() -> None:
     with pytest.raises(TypeError, match="send"):
         RedisBackend(redis=object())  # type: ignore[call-overload]
+
+
+@pytest.mark.parametrize("single_connection", [False, True], ids=["pooled", "single-connection"])
+async def test_redis_py_asyncio_batches_keep_error_replies_in_place(
+    real_server: ServerUnderTest, single_connection: bool
+) -> None:
+    client = redis.asyncio.Redis(
+        host=real_server.host, port=real_server.port, protocol=2, single_connection_client=single_connection
+    )
+    connection = RedisPyAsync(client)
+    try:
+        replies = await connection.execute_many(
+            [("SET", "adapter:k", "é 1"), ("INCR", "adapter:k"), ("GET", "adapter:k"), ("PING",)]
+        )
+        assert replies[0] == "OK"
+        assert isinstance(replies[1], StoreReplyError)
+        assert replies[1].reply.startswith("ERR value is not an integer")
+        assert replies[2:] == ["é 1", "PONG"]
+        with pytest.raises(StoreReplyError):
+            await connection.execute(("INCR", "adapter:k"))
+        assert await connection.execute(("ECHO", 12.5)) == "12.5"
+    finally:
+        await client.aclose()
+
+
+async def test_a_command_cancelled_while_waiting_leaves_no_reply_behind(real_server: ServerUnderTest) -> None:
+    """The connection of a cancelled command is closed, never returned to the pool with its reply unread: the
+    next command on the client gets its own reply, not the late one."""
+    client = redis.asyncio.Redis(host=real_server.host, port=real_server.port, protocol=2)
+    connection = RedisPyAsync(client)
+    try:
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(connection.execute_many([("PING",), ("BLPOP", "adapter:empty", 1)]), 0.1)
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(connection.execute(("BLPOP", "adapter:empty", 1)), 0.1)
+        real_server.client().rpush("adapter:empty", "late")  # would answer a BLPOP still waiting
+        assert await connection.execute(("ECHO", "mine")) == "mine"
+        assert await connection.execute_many([("ECHO", "a"), ("ECHO", "b")]) == ["a", "b"]
+        assert await connection.execute(("LLEN", "adapter:empty")) == 1  # no BLPOP was left to take it
+    finally:
+        await client.aclose()
