@@ -12,6 +12,7 @@ import logging
 import random
 import threading
 import time
+from collections import Counter
 from typing import Any
 
 import pytest
@@ -25,6 +26,7 @@ from anarchon import (
     StoreUnavailableError,
     SystemClock,
 )
+from anarchon import _scheduler as scheduler_module
 from anarchon._adapters import adapt
 from anarchon._scheduler import SchedulerThread
 from anarchon._strategies import JobPolicy, Outcome, RunRequest
@@ -310,6 +312,38 @@ async def test_a_claim_later_than_max_late_ms_is_skipped_and_recorded(fake_targe
     assert skipped[0].message is not None
     assert "max_late_ms is 200" in skipped[0].message
     assert not {r.slot for r in skipped} & set(ledger.slots())
+
+
+async def test_runs_due_together_are_claimed_in_consecutive_pipelines(
+    fake_target: StoreTarget, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """25 jobs due each second, pipelines of 10: every run is claimed in a pipeline of at most 10 and runs once."""
+    monkeypatch.setattr(scheduler_module, "CLAIM_BATCH", 10)
+    ledger = Ledger()
+    schedulers = []
+    for i in range(2):
+        scheduler = Scheduler(fake_target.backend("lease"), instance_id=f"i{i}")
+        for j in range(25):
+            scheduler.add_job(f"job{j}", "* * * * * *", ledger.job(f"i{i}"))
+        schedulers.append(scheduler)
+    batches: list[int] = []
+    claim = schedulers[0].backend.strategy.claim
+
+    async def counted(store: Any, requests: Any) -> Any:
+        batches.append(len(requests))
+        return await claim(store, requests)
+
+    monkeypatch.setattr(schedulers[0].backend.strategy, "claim", counted)
+    await asyncio.gather(*(s.start() for s in schedulers))
+    await asyncio.sleep(2.5)
+    await asyncio.gather(*(s.stop() for s in schedulers))
+    assert max(batches) == 10
+    assert batches.count(5) >= 2  # each second's last pipeline: 25 = 10 + 10 + 5
+    runs = Counter((e.job, e.slot) for e in ledger.of())
+    assert max(runs.values()) == 1
+    slots = sorted({slot for _, slot in runs})
+    assert len(slots) >= 2
+    assert all(runs[(f"job{j}", slot)] == 1 for j in range(25) for slot in slots[:-1])  # the last may be cut off
 
 
 async def test_jitter_comes_from_the_injected_random(fake_target: StoreTarget) -> None:
