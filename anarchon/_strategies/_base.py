@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from .._errors import StoreError
 from .._records import RunRecord, Status, decode_record
@@ -23,8 +23,10 @@ class Outcome(enum.StrEnum):
 OUTCOMES = {outcome.value: outcome for outcome in Outcome}  # by value, cheaper than Outcome(value)
 
 
-@dataclass(frozen=True, slots=True)
-class Claim:
+class Claim(NamedTuple):
+    """A claim's answer. A named tuple: one is made per claim, and a tuple is built faster than a frozen
+    dataclass."""
+
     outcome: Outcome
     attempt: int = 0
     fence: int = 0

@@ -110,7 +110,7 @@ class LeaseMachine(StoreMachine):
             # order): there, any other live run may be the one whose lease the answer gives.
             lefts = [r.lease_end - now for s, r in before.runs if s != slot and r.running and r.lease_end > now]
             closest = min(lefts, key=lambda left: abs(left - real.lease_ms_left))
-            expected = replace(expected, lease_ms_left=closest)
+            expected = expected._replace(lease_ms_left=closest)
         assert_same_claim(expected, real, self.slack_ms)
 
     def token_for(self, slot: int, token: str, holder: bool) -> str:
