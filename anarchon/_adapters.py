@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import math
 import re
 from collections.abc import Awaitable, Sequence
 from typing import Any, TypeVar, cast
@@ -171,8 +172,7 @@ class RedisPyAsync:
         pool = self._pool
         connection = await _guard(pool.get_connection(*self._borrow_args))
         try:
-            await _guard(connection.send_packed_command(b"".join(map(pack, commands))))
-            return [await _read_reply(connection) for _ in commands]
+            return await _guard(_talk(connection, commands))
         finally:
             await pool.release(connection)
 
@@ -208,9 +208,34 @@ def _borrow_args(pool: Any) -> tuple[str, ...]:
     return ("EVALSHA",) if parameter is not None and parameter.default is inspect.Parameter.empty else ()
 
 
-async def _read_reply(connection: Any) -> Any:
+async def _talk(connection: Any, commands: Sequence[Command]) -> list[Any]:
+    """Send the commands in one write and read their replies.
+
+    The connection's socket timeout still bounds the wait for each next reply, but through one deadline that is
+    moved on as replies come in (at most every quarter of the timeout): redis-py's timeout per read (a timer set
+    and cancelled for every reply) costs more than parsing a short reply. ``math.inf`` tells redis-py to set none.
+    """
+    limit: float | None = connection.socket_timeout
+    if limit is None:
+        await connection.send_packed_command(b"".join(map(pack, commands)))
+        return [await _read_reply(connection, None) for _ in commands]
+    loop = asyncio.get_running_loop()
+    async with asyncio.timeout(limit) as deadline:
+        await connection.send_packed_command(b"".join(map(pack, commands)))
+        replies = []
+        renew_at = loop.time() + limit / 4
+        for _ in commands:
+            replies.append(await _read_reply(connection, math.inf))
+            now = loop.time()
+            if now >= renew_at:
+                deadline.reschedule(now + limit)
+                renew_at = now + limit / 4
+        return replies
+
+
+async def _read_reply(connection: Any, timeout: float | None) -> Any:
     try:
-        return await connection.read_response()
+        return await connection.read_response(timeout=timeout)
     except Exception as error:
         translated = translate(error)
         if isinstance(translated, StoreReplyError):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -24,7 +25,7 @@ from glide import (
     ProtocolVersion,
 )
 
-from anarchon import RedisBackend, RunRecord, StoreReplyError
+from anarchon import RedisBackend, RunRecord, StoreReplyError, StoreUnavailableError
 from anarchon._adapters import RedisPyAsync
 from anarchon._strategies import Claim, JobPolicy, Outcome, RunRequest
 from sim.servers import RunningServer
@@ -221,5 +222,23 @@ async def test_a_command_cancelled_while_waiting_leaves_no_reply_behind(real_ser
         assert await connection.execute(("ECHO", "mine")) == "mine"
         assert await connection.execute_many([("ECHO", "a"), ("ECHO", "b")]) == ["a", "b"]
         assert await connection.execute(("LLEN", "adapter:empty")) == 1  # no BLPOP was left to take it
+    finally:
+        await client.aclose()
+
+
+async def test_a_batch_waits_as_long_as_replies_keep_coming_and_no_longer(real_server: ServerUnderTest) -> None:
+    """The socket timeout bounds the wait for each next reply of a batch, not the batch as a whole."""
+    client = redis.asyncio.Redis(host=real_server.host, port=real_server.port, protocol=2, socket_timeout=1.6)
+    connection = RedisPyAsync(client)
+    try:
+        # Three blocking pops of 1 s each: 3 s in all, but a reply every second.
+        slow = [("BLPOP", "adapter:none", 1)] * 3
+        assert await connection.execute_many([*slow, ("ECHO", "done")]) == [None, None, None, "done"]
+        # A pop that blocks past the timeout: the batch fails as unreachable, and nothing of it is left behind.
+        began = time.monotonic()
+        with pytest.raises(StoreUnavailableError):
+            await connection.execute_many([("PING",), ("BLPOP", "adapter:none", 5)])
+        assert time.monotonic() - began < 4
+        assert await connection.execute(("ECHO", "next")) == "next"
     finally:
         await client.aclose()
