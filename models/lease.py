@@ -121,7 +121,12 @@ def skip(store: LeaseStore, slot: int, token: str, now: int, policy: JobPolicy) 
 
 def trim(store: LeaseStore, now: int, policy: JobPolicy) -> LeaseStore:
     """What finish and skip drop: runs nobody can claim any more beyond ``history_size`` or ``history_ttl_ms``,
-    after closing abandoned runs (lease expired and slot both older than ``keep_ms``) as interrupted."""
+    after closing abandoned runs (lease expired and slot both older than ``keep_ms``) as interrupted. Without
+    ``history_ttl_ms``, only once the finished runs are a tenth over ``history_size`` (at least one)."""
+    slack = max(1, policy.history_size // 10)
+    finished_before = sum(1 for _, r in store.runs if not r.running)
+    if not policy.history_ttl_ms and finished_before <= policy.history_size + slack:
+        return store
     horizon = now - policy.keep_ms
     active = [(slot, r) for slot, r in store.runs if r.running]
     abandoned = [(slot, r) for slot, r in active if r.lease_end < horizon and slot < horizon]

@@ -195,7 +195,10 @@ async def test_history_is_trimmed_but_never_a_running_or_claimable_run(target: S
         c = await claim_one(backend, req, keep_none)
         await backend.strategy.finish(backend.store, req, c, keep_none, record(req, c))
     results = "{cron:sync}:results" if strategy == "lease" else "cron:sync:results"
-    assert await target.raw("ZCARD", results) == 5
+    if strategy == "lease":  # trimmed once the history is a tenth (here one run) over history_size
+        assert 5 <= await target.raw("ZCARD", results) <= 6
+    else:
+        assert await target.raw("ZCARD", results) == 5
     if strategy == "lease":
         assert await target.raw("ZCARD", "{cron:sync}:slots") <= 5 + 1 + 100
         # The hour-old run is still in progress: its state stays, and a backup still gets "running".
