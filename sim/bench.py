@@ -223,7 +223,8 @@ def scheduler_memory(jobs: int = 1000) -> dict[str, Any]:
 
 
 async def store_memory(target: str, history_size: int = 1000) -> dict[str, Any]:
-    """Server memory (MEMORY USAGE) of one job's keys after more runs than history_size, per strategy."""
+    """Server memory (MEMORY USAGE) of one job's keys after more runs than history_size, per strategy, and per
+    run kept."""
     result: dict[str, Any] = {"target": target, "history_size": history_size}
     with start_server(target) as server:
         client = redis.asyncio.Redis(host=server.host, port=server.port, protocol=2)
@@ -252,7 +253,8 @@ async def store_memory(target: str, history_size: int = 1000) -> dict[str, Any]:
             total = 0
             for key in keys:
                 total += int(await client.execute_command("MEMORY", "USAGE", key) or 0)
-            result[strategy] = {"bytes": total, "bytes_per_run": round(total / history_size)}
+            kept = len(await backend.strategy.history(backend.store, "job", 1_000_000))  # about history_size
+            result[strategy] = {"bytes": total, "runs_kept": kept, "bytes_per_run": round(total / kept)}
             await backend.stop()
         await client.aclose()
     return result
