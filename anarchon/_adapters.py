@@ -213,7 +213,8 @@ async def _talk(connection: Any, commands: Sequence[Command]) -> list[Any]:
 
     The connection's socket timeout still bounds the wait for each next reply, but through one deadline that is
     moved on as replies come in (at most every quarter of the timeout): redis-py's timeout per read (a timer set
-    and cancelled for every reply) costs more than parsing a short reply. ``math.inf`` tells redis-py to set none.
+    and cancelled for every reply) costs more than parsing a short reply. ``math.inf`` asks redis-py 8.1 for no
+    timer of its own; older redis-py and valkey-py set one that never fires.
     """
     limit: float | None = connection.socket_timeout
     if limit is None:

@@ -55,8 +55,9 @@ MAX_SLEEP_S = 60.0  # wake at least this often, so a wall clock that jumps is no
 LEASE_MARGIN = 0.05  # share of the lease a winner gives up, so that it stops before the store's lease end
 CLAIM_MARGIN_MS = 60_000  # kept beyond a job's claim horizon, for clock differences between instances
 FINISH_RETRY_S = 1.0  # a result the store could not take is sent again this often, while the lease lasts
-# Claims per pipeline. Runs due together are claimed in pipelines of this many, one after another: the runs
-# of the first start while the store answers the next, instead of every run waiting for the last answer.
+# Runs due together are claimed in pipelines of CLAIM_BATCH, CLAIM_LANES of them in flight at a time: the runs
+# of the first pipelines start while the store answers the next ones (instead of every run waiting for the
+# last answer), and the store has the next pipeline at hand when it has answered one.
 CLAIM_BATCH = 1_000
 CLAIM_LANES = 2
 
