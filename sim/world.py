@@ -91,7 +91,9 @@ class SimStore:
         self.idmp = IdmpState()
 
     def connection(self) -> Connection:
-        connection = adapt(fakeredis.FakeAsyncRedis(server=self.server))
+        # No socket timeout: the embedded store answers at once, and an unreachable store is the link's to model
+        # (sim/links.py). fakeredis never times a read out; anarchon's adapter would, in virtual time.
+        connection = adapt(fakeredis.FakeAsyncRedis(server=self.server, socket_timeout=None))
         return IdmpConnection(connection, self.idmp) if self.version >= (8, 6) else connection
 
     async def snapshot(self) -> Snapshot:
