@@ -150,9 +150,7 @@ class RedisPyAsync:
                 raise translate(error) or error from error
             return decode(reply)
         [reply] = await self._exchange((command,))
-        if isinstance(reply, StoreReplyError):
-            raise reply
-        return decode(reply)
+        return decode(reply)  # raises an error reply
 
     async def execute_many(self, commands: Sequence[Command]) -> list[Reply | StoreReplyError]:
         if self._pool is None:
@@ -161,9 +159,7 @@ class RedisPyAsync:
                 pipe.execute_command(*_wire_name(command))
             replies = await _guard(pipe.execute(raise_on_error=False))
             return [decode_in_place(reply) for reply in replies]
-        return [
-            reply if isinstance(reply, StoreReplyError) else decode(reply) for reply in await self._exchange(commands)
-        ]
+        return [decode_in_place(reply) for reply in await self._exchange(commands)]
 
     async def _exchange(self, commands: Sequence[Command]) -> list[Any]:
         """Write the commands at once on one borrowed connection, then read one reply each (error replies as

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -235,10 +234,8 @@ async def test_a_batch_waits_as_long_as_replies_keep_coming_and_no_longer(real_s
         slow = [("BLPOP", "adapter:none", 1)] * 3
         assert await connection.execute_many([*slow, ("ECHO", "done")]) == [None, None, None, "done"]
         # A pop that blocks past the timeout: the batch fails as unreachable, and nothing of it is left behind.
-        began = time.monotonic()
-        with pytest.raises(StoreUnavailableError):
+        with pytest.raises(StoreUnavailableError):  # before the pop answers, which it would after 5 s
             await connection.execute_many([("PING",), ("BLPOP", "adapter:none", 5)])
-        assert time.monotonic() - began < 4
         assert await connection.execute(("ECHO", "next")) == "next"
     finally:
         await client.aclose()
