@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import heapq
 import inspect
 import logging
@@ -21,7 +22,7 @@ import threading
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Generic, Literal, TypeVar, overload
+from typing import Any, Generic, Literal, TypeAlias, TypeVar, cast, overload
 
 from ._backend import ClaimOnly, Leased, M, RedisBackend
 from ._clock import Clock, SystemClock
@@ -46,6 +47,7 @@ from ._strategies import Claim, JobPolicy, Outcome, RunRequest, run_id
 log = logging.getLogger("anarchon")
 
 F = TypeVar("F", bound=JobFunction)
+S = TypeVar("S")
 RunStartHook = Callable[[RunContext], object]
 RunEndHook = Callable[[RunContext, RunRecord], object]
 
@@ -62,23 +64,13 @@ CLAIM_BATCH = 1_000
 CLAIM_LANES = 2
 
 
-@dataclass(slots=True)
-class _Due:
-    """A claim to make at ``at_ms`` (this instance's wall clock); the queue's order is (at_ms, seq)."""
-
-    at_ms: int
-    seq: int
-    job: str
-    slot: int
-    kind: Literal["scheduled", "backup", "retry"]
-    failures: int = 0
-    # A claim retried after an unknown outcome keeps its token: the store recognises it if the first try won.
-    token: str | None = None
-
-    def __lt__(self, other: _Due) -> bool:
-        # Spelled out: a dataclass's generated ordering builds two tuples per comparison, and a burst of ten
-        # thousand due runs makes over a hundred thousand comparisons.
-        return self.at_ms < other.at_ms or (self.at_ms == other.at_ms and self.seq < other.seq)
+Kind: TypeAlias = Literal["scheduled", "backup", "retry"]
+# A claim to make: at ``at_ms`` (this instance's wall clock), for ``job``'s ``slot``. ``seq`` orders the claims
+# due at the same ms. ``failures`` counts the tries that failed so far; a claim retried after an unknown outcome
+# keeps its ``token``, so that the store recognises it if the first try won.
+# A plain tuple of numbers and strings: the heap compares them in C, and the garbage collector stops tracking
+# them, however many thousand backups wait in the queue.
+_Due: TypeAlias = tuple[int, int, str, int, Kind, int, str | None]  # at_ms, seq, job, slot, kind, failures, token
 
 
 @dataclass(slots=True)
@@ -185,6 +177,7 @@ class Scheduler(Generic[M]):
         self.on_run_end = on_run_end
         self._jobs: dict[str, Job] = {}
         self._policies: dict[str, JobPolicy] = {}
+        self._shared: dict[object, object] = {}
         self._queue: list[_Due] = []
         self._seq = 0
         self._running: dict[str, _Running] = {}  # by token
@@ -281,18 +274,27 @@ class Scheduler(Generic[M]):
             check_memory(job, config.name, config.window_ms, "strategy.window_ms")
         elif config.name == "idmp":
             check_memory(job, config.name, config.duration_sec * 1000, "strategy.duration_sec")
+        # Jobs with equal schedules and options share one schedule, one set of options and one policy: ten
+        # thousand jobs on one cron expression then hold three objects instead of thirty thousand, which the
+        # garbage collector would walk through on each full collection.
+        job = dataclasses.replace(job, schedule=self._share(job.schedule), options=self._share(job.options))
         self._jobs[job.name] = job
-        self._policies[job.name] = JobPolicy(
-            lease_ms=self.lease_ms,
-            max_attempts=job.options.max_attempts,
-            overlap=job.options.overlap,
-            history_size=self.history_size,
-            history_ttl_ms=self.history_ttl_ms,
-            keep_ms=job.claim_horizon_ms(self.lease_ms) + CLAIM_MARGIN_MS,
+        self._policies[job.name] = self._share(
+            JobPolicy(
+                lease_ms=self.lease_ms,
+                max_attempts=job.options.max_attempts,
+                overlap=job.options.overlap,
+                history_size=self.history_size,
+                history_ttl_ms=self.history_ttl_ms,
+                keep_ms=job.claim_horizon_ms(self.lease_ms) + CLAIM_MARGIN_MS,
+            )
         )
         if self._started:
             self._schedule_next(job, self.clock.wall_ms())
             self._wake()
+
+    def _share(self, value: S) -> S:
+        return cast(S, self._shared.setdefault(value, value))
 
     @property
     def jobs(self) -> tuple[str, ...]:
@@ -414,12 +416,12 @@ class Scheduler(Generic[M]):
         at_ms: int,
         job: str,
         slot: int,
-        kind: Literal["scheduled", "backup", "retry"],
+        kind: Kind,
         failures: int = 0,
         token: str | None = None,
     ) -> None:
         self._seq += 1
-        heapq.heappush(self._queue, _Due(at_ms, self._seq, job, slot, kind, failures, token))
+        heapq.heappush(self._queue, (at_ms, self._seq, job, slot, kind, failures, token))
 
     def _schedule_next(self, job: Job, after_ms: int) -> None:
         slot = job.schedule.next_after(after_ms)
@@ -438,22 +440,14 @@ class Scheduler(Generic[M]):
             raise_if_cancelled()
             now = self.clock.wall_ms()
             due: list[_Due] = []
-            while self._queue and self._queue[0].at_ms <= now:
+            while self._queue and self._queue[0][0] <= now:
                 entry = heapq.heappop(self._queue)
-                if entry.job in self._jobs:
+                if entry[2] in self._jobs:  # not a job removed since
                     due.append(entry)
             if due:
-                claiming = asyncio.ensure_future(self._claim(due, now))
-                try:
-                    await asyncio.sleep(0)  # the claims leave first; the next slots are worked out meanwhile
-                    for entry in due:
-                        if entry.kind == "scheduled":
-                            self._schedule_next(self._jobs[entry.job], entry.slot)
-                    await claiming
-                finally:
-                    claiming.cancel()  # when the dispatcher is stopped midway
+                await self._claim(due, now)
                 continue
-            delay = MAX_SLEEP_S if not self._queue else (self._queue[0].at_ms - now) / 1000
+            delay = MAX_SLEEP_S if not self._queue else (self._queue[0][0] - now) / 1000
             self._sleeper = asyncio.ensure_future(self.clock.sleep(min(delay, MAX_SLEEP_S)))
             try:
                 await asyncio.wait([self._sleeper])  # returns early when _wake cancels the sleep
@@ -462,66 +456,88 @@ class Scheduler(Generic[M]):
                 self._sleeper = None
 
     async def _claim(self, due: list[_Due], now: int) -> None:
-        batch: list[tuple[_Due, RunRequest]] = []
-        late: list[tuple[_Due, RunRequest]] = []
+        """Claim the due runs in pipelines, and work out the next slots of the scheduled ones meanwhile."""
+        batch: list[_Due] = []
+        late: list[_Due] = []
         for entry in due:
-            job = self._jobs[entry.job]
-            token = entry.token or self._token()
-            request = RunRequest(job.name, run_id(entry.slot), entry.slot, token, self.instance_id)
-            is_late = entry.kind != "backup" and now > entry.slot + job.options.max_late_ms
-            (late if is_late else batch).append((entry, request))
+            _, _, job, slot, kind, _, _ = entry
+            is_late = kind != "backup" and now > slot + self._jobs[job].options.max_late_ms
+            (late if is_late else batch).append(entry)
         if late:
             self._spawn(self._skip_late(late, now))
-        if not batch:
-            return
-        parts = [batch[first : first + CLAIM_BATCH] for first in range(0, len(batch), CLAIM_BATCH)]
+        if len(batch) > CLAIM_BATCH:
+            # Every instance has the same runs due, in the same order. Each starts its pipelines at a point of
+            # its own (at random), so that each first wins a stretch of runs of its own instead of all of them
+            # contending for the same runs, pipeline after pipeline: every run is won sooner.
+            start = self.random.randrange(len(batch))
+            batch = batch[start:] + batch[:start]
         lanes = asyncio.Semaphore(CLAIM_LANES)
-        await asyncio.gather(*(self._claim_part(part, lanes) for part in parts))
+        parts = [
+            asyncio.ensure_future(self._claim_part(batch[first : first + CLAIM_BATCH], lanes))
+            for first in range(0, len(batch), CLAIM_BATCH)
+        ]
+        try:
+            for first in range(0, len(due), CLAIM_BATCH):
+                # The first pipelines leave before any next slot is worked out; the rest of that work is done
+                # in pieces, so that replies are read (and won runs started) in between.
+                await asyncio.sleep(0)
+                for _, _, job, slot, kind, _, _ in due[first : first + CLAIM_BATCH]:
+                    if kind == "scheduled":
+                        self._schedule_next(self._jobs[job], slot)
+            await asyncio.gather(*parts)
+        finally:
+            for part in parts:
+                part.cancel()  # when the dispatcher is stopped midway
 
-    async def _claim_part(self, part: list[tuple[_Due, RunRequest]], lanes: asyncio.Semaphore) -> None:
+    async def _claim_part(self, part: list[_Due], lanes: asyncio.Semaphore) -> None:
         strategy, store = self.backend.strategy, self.backend.store
         async with lanes:
+            requests = [self._request(entry) for entry in part]
             sent, sent_ms = self.clock.monotonic(), self.clock.wall_ms()
             try:
-                claims = await strategy.claim(store, [(request, self._policies[request.job]) for _, request in part])
+                claims = await strategy.claim(store, [(request, self._policies[request.job]) for request in requests])
             except StoreError as error:
                 claims = [error] * len(part)
-        for (entry, request), claim in zip(part, claims, strict=True):
+        for entry, request, claim in zip(part, requests, claims, strict=True):
             self._settle(entry, request, claim, sent_ms, sent)
 
-    def _settle(self, entry: _Due, request: RunRequest, claim: Claim | StoreError, now: int, sent: float) -> None:
-        job = self._jobs[request.job]
-        if isinstance(claim, StoreError):
-            delay_s = min(RETRY_MAX_S, RETRY_MIN_S * 2**entry.failures)
-            log.warning(
-                "job %s: claim of slot %d failed (%s); retrying in %.1f s", job.name, entry.slot, claim, delay_s,
-                extra={"job": job.name, "slot": entry.slot},
-            )  # fmt: skip
-            retry_kind: Literal["backup", "retry"] = "backup" if entry.kind == "backup" else "retry"
-            self._push(now + int(delay_s * 1000), job.name, entry.slot, retry_kind, entry.failures + 1, request.token)
-            return
-        extra = {"job": job.name, "slot": entry.slot, "attempt": claim.attempt}
-        if claim.outcome is Outcome.WON:
-            self._spawn(self._execute(job, request, claim, sent))
-        elif claim.outcome is Outcome.RUNNING:
-            log.debug("job %s slot %d: running elsewhere; standing by", job.name, entry.slot, extra=extra)
-            self._push(now + claim.lease_ms_left + 1, job.name, entry.slot, "backup")
-        else:
-            log.debug("job %s slot %d: %s", job.name, entry.slot, claim.outcome.value, extra=extra)
+    def _request(self, entry: _Due) -> RunRequest:
+        _, _, job, slot, _, _, token = entry
+        return RunRequest(job, run_id(slot), slot, token or self._token(), self.instance_id)
 
-    async def _skip_late(self, late: list[tuple[_Due, RunRequest]], now: int) -> None:
-        for entry, request in late:
-            job = self._jobs[request.job]
-            message = f"claim came {now - entry.slot} ms after the slot; max_late_ms is {job.options.max_late_ms}"
+    def _settle(self, entry: _Due, request: RunRequest, claim: Claim | StoreError, now: int, sent: float) -> None:
+        _, _, name, slot, kind, failures, _ = entry
+        if isinstance(claim, StoreError):
+            delay_s = min(RETRY_MAX_S, RETRY_MIN_S * 2**failures)
             log.warning(
-                "job %s slot %d skipped: %s", job.name, entry.slot, message, extra={"job": job.name, "slot": entry.slot}
-            )
+                "job %s: claim of slot %d failed (%s); retrying in %.1f s", name, slot, claim, delay_s,
+                extra={"job": name, "slot": slot},
+            )  # fmt: skip
+            retry_kind: Kind = "backup" if kind == "backup" else "retry"
+            self._push(now + int(delay_s * 1000), name, slot, retry_kind, failures + 1, request.token)
+            return
+        if claim.outcome is Outcome.WON:
+            self._spawn(self._execute(self._jobs[name], request, claim, sent))
+            return
+        extra = {"job": name, "slot": slot, "attempt": claim.attempt}
+        if claim.outcome is Outcome.RUNNING:
+            log.debug("job %s slot %d: running elsewhere; standing by", name, slot, extra=extra)
+            self._push(now + claim.lease_ms_left + 1, name, slot, "backup")
+        else:
+            log.debug("job %s slot %d: %s", name, slot, claim.outcome.value, extra=extra)
+
+    async def _skip_late(self, late: list[_Due], now: int) -> None:
+        for entry in late:
+            request = self._request(entry)
+            job, slot = self._jobs[request.job], request.slot
+            message = f"claim came {now - slot} ms after the slot; max_late_ms is {job.options.max_late_ms}"
+            log.warning("job %s slot %d skipped: %s", job.name, slot, message, extra={"job": job.name, "slot": slot})
             try:
                 await self.backend.strategy.skip(
                     self.backend.store, request, self._policies[job.name], "skipped-late", message
                 )
             except StoreError as error:
-                log.warning("job %s: could not record the skip of slot %d: %s", job.name, entry.slot, error)
+                log.warning("job %s: could not record the skip of slot %d: %s", job.name, slot, error)
 
     async def _catch_up(self, job: Job, now: int) -> None:
         """Run, one after another, the slots of the last ``catch_up_ms`` that no instance ran."""

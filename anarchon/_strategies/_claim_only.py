@@ -28,7 +28,8 @@ class ClaimOnlyStrategy:
         return None  # Redis 5+ and Valkey
 
     async def prepare(self, store: Store, jobs: Sequence[str]) -> None:
-        return None
+        for job in jobs:
+            self.keys.claim(job)  # cached: built now rather than during the first burst of claims
 
     async def claim(self, store: Store, requests: Sequence[tuple[RunRequest, JobPolicy]]) -> list[Claim | StoreError]:
         manual = [i for i, (request, _) in enumerate(requests) if request.manual]

@@ -49,7 +49,8 @@ class LeaseStrategy:
         return None  # Redis 5+ and Valkey
 
     async def prepare(self, store: Store, jobs: Sequence[str]) -> None:
-        return None
+        for job in jobs:
+            self.keys.lease(job)  # cached: built now rather than during the first burst of claims
 
     def claim_call(self, request: RunRequest, policy: JobPolicy) -> ScriptCall:
         # The run id carries the slot and whether the run is manual (see RunRequest).

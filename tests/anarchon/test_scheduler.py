@@ -346,6 +346,43 @@ async def test_runs_due_together_are_claimed_in_consecutive_pipelines(
     assert all(runs[(f"job{j}", slot)] == 1 for j in range(25) for slot in slots[:-1])  # the last may be cut off
 
 
+async def test_each_instance_claims_a_burst_from_a_point_of_its_own(
+    fake_target: StoreTarget, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """More runs due together than one pipeline holds: each instance claims them in the jobs' order from a point
+    its random picks, wrapping around, so that instances first win runs of their own instead of contending for
+    the same runs pipeline after pipeline."""
+    monkeypatch.setattr(scheduler_module, "CLAIM_BATCH", 10)
+    seeds = (1, 2)
+    starts = {seed: random.Random(seed).randrange(25) for seed in seeds}  # the first draw of each instance
+    assert len(set(starts.values())) == 2
+    ledger = Ledger()
+    orders: dict[int, list[str]] = {seed: [] for seed in seeds}
+    schedulers = []
+    for seed in seeds:
+        scheduler = Scheduler(fake_target.backend("lease"), instance_id=f"i{seed}", random=random.Random(seed))
+        for j in range(25):
+            scheduler.add_job(f"job{j}", "* * * * * *", ledger.job(f"i{seed}"))
+
+        async def recorded(
+            store: Any, requests: Any, claim: Any = scheduler.backend.strategy.claim, order: Any = orders[seed]
+        ) -> Any:
+            order.extend(request.job for request, _ in requests)
+            return await claim(store, requests)
+
+        monkeypatch.setattr(scheduler.backend.strategy, "claim", recorded)
+        schedulers.append(scheduler)
+    await asyncio.gather(*(s.start() for s in schedulers))
+    await asyncio.sleep(1.5)
+    await asyncio.gather(*(s.stop() for s in schedulers))
+    for seed, start in starts.items():
+        assert orders[seed][:25] == [f"job{(start + k) % 25}" for k in range(25)]
+    runs = Counter((e.job, e.slot) for e in ledger.of())
+    first_slot = min(slot for _, slot in runs)
+    assert all(runs[(f"job{j}", first_slot)] == 1 for j in range(25))
+    assert max(runs.values()) == 1
+
+
 async def test_jitter_comes_from_the_injected_random(fake_target: StoreTarget) -> None:
     seed = 7
     expected_first_jitter = random.Random(seed).randint(0, 800)  # the same draws, in the same order
