@@ -81,13 +81,12 @@ class KeySpace:
         return _claim_keys(self.prefix, job)
 
 
-# Built once per job: every claim of a burst asks for them.
-@functools.lru_cache(maxsize=65_536)
 def _lease_keys(prefix: str, job: str) -> LeaseKeys:
     tag = f"{{{prefix}{job}}}"
     return LeaseKeys(f"{tag}:state", f"{tag}:active", f"{tag}:slots", f"{tag}:runs", f"{tag}:results")
 
 
+# Built once per job: every claim of a burst asks for them.
 @functools.lru_cache(maxsize=65_536)
 def _claim_keys(prefix: str, job: str) -> ClaimKeys:
     base = f"{prefix}{job}"

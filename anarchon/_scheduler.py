@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import dataclasses
 import heapq
 import inspect
@@ -45,6 +46,7 @@ from ._store import Store
 from ._strategies import Claim, JobPolicy, Outcome, RunRequest, run_id
 
 log = logging.getLogger("anarchon")
+_NO_CONTEXT = contextvars.Context()
 
 F = TypeVar("F", bound=JobFunction)
 S = TypeVar("S")
@@ -182,6 +184,7 @@ class Scheduler(Generic[M]):
         self._seq = 0
         self._running: dict[str, _Running] = {}  # by token
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._forget_task = self._tasks.discard
         self._dispatcher: asyncio.Task[None] | None = None
         self._sleeper: asyncio.Task[None] | None = None
         self._keeper: LeaseKeeper | None = None
@@ -565,16 +568,16 @@ class Scheduler(Generic[M]):
 
     # --- running -------------------------------------------------------------------------------------------
 
-    def _spawn(self, coroutine: Coroutine[Any, Any, Any], name: str = "anarchon-run") -> None:
+    def _spawn(self, coroutine: Coroutine[Any, Any, S], name: str = "anarchon-run") -> asyncio.Task[S]:
         task = asyncio.create_task(coroutine, name=name)
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        # Given no context, a done-callback gets a copy of the current one: one more object for each of the
+        # thousands of runs a burst starts. Forgetting a task needs none.
+        task.add_done_callback(self._forget_task, context=_NO_CONTEXT)
+        return task
 
     async def _track(self, coroutine: Coroutine[Any, Any, RunRecord]) -> RunRecord:
-        task = asyncio.create_task(coroutine, name="anarchon-run")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return await asyncio.shield(task)
+        return await asyncio.shield(self._spawn(coroutine))
 
     async def _execute(self, job: Job, request: RunRequest, claim: Claim, claim_sent: float) -> RunRecord:
         """Run one won attempt; ``claim_sent`` is when the claim left (monotonic), where its lease counts from."""

@@ -44,39 +44,48 @@ class LeaseStrategy:
 
     def __init__(self, keys: KeySpace) -> None:
         self.keys = keys
+        # Each job's five keys in the scripts' order, built once: every claim, heartbeat and finish sends them.
+        # Plain tuples of strings, which the garbage collector stops tracking: a scheduler may hold thousands.
+        self._job_keys: dict[str, tuple[str, ...]] = {}
 
     def check_server(self, server: ServerInfo) -> None:
         return None  # Redis 5+ and Valkey
 
     async def prepare(self, store: Store, jobs: Sequence[str]) -> None:
         for job in jobs:
-            self.keys.lease(job)  # cached: built now rather than during the first burst of claims
+            self.job_keys(job)  # built now rather than during the first burst of claims
+
+    def job_keys(self, job: str) -> tuple[str, ...]:
+        keys = self._job_keys.get(job)
+        if keys is None:
+            keys = self._job_keys[job] = self.keys.lease(job).all()
+        return keys
 
     def claim_call(self, request: RunRequest, policy: JobPolicy) -> ScriptCall:
         # The run id carries the slot and whether the run is manual (see RunRequest).
         max_attempts = 1 if request.manual else policy.max_attempts  # a manual run is not retried by backups
         args = (request.run, request.token, request.runner, policy.lease_ms, max_attempts, _flag(policy.overlap))
-        return ScriptCall(CLAIM, self.keys.lease(request.job).all(), args)
+        return ScriptCall(CLAIM, self.job_keys(request.job), args)
 
     async def claim(self, store: Store, requests: Sequence[tuple[RunRequest, JobPolicy]]) -> list[Claim | StoreError]:
         replies = await store.run_many([self.claim_call(request, policy) for request, policy in requests])
         return [_parse_claim(reply) for reply in replies]
 
     async def heartbeat(self, store: Store, request: RunRequest, policy: JobPolicy) -> int:
-        keys = self.keys.lease(request.job).all()
+        keys = self.job_keys(request.job)
         reply = await store.run(HEARTBEAT, keys, (request.run, request.token, policy.lease_ms))
         return int(as_text(reply))
 
     async def finish(
         self, store: Store, request: RunRequest, claim: Claim, policy: JobPolicy, record: RunRecord
     ) -> bool:
-        keys = self.keys.lease(request.job).all()
+        keys = self.job_keys(request.job)
         message = "null" if record.message is None else json.dumps(record.message)
         args = (request.run, request.token, record.status, message, *_trim_args(policy))
         return await store.run(FINISH, keys, args) == 1
 
     async def skip(self, store: Store, request: RunRequest, policy: JobPolicy, status: Status, message: str) -> bool:
-        keys = self.keys.lease(request.job).all()
+        keys = self.job_keys(request.job)
         args = (request.run, request.token, request.runner, status, json.dumps(message))
         return await store.run(SKIP, keys, (*args, *_trim_args(policy))) == 1
 
