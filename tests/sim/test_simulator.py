@@ -11,7 +11,9 @@ from pathlib import Path
 
 import fakeredis
 import pytest
+import redis.exceptions
 
+from sim import fakestore
 from sim import scenario as scenarios
 from sim.checkers import judge
 from sim.history import Event, Execution, History
@@ -40,6 +42,25 @@ def test_virtual_time_jumps_and_is_the_stores_clock() -> None:
     assert store_seconds == EPOCH_S + 3600
     assert value is None  # expired in virtual time
     assert time.perf_counter() - wall < 5  # an hour of sleeping took no real hour
+
+
+def test_the_embedded_store_fails_a_script_where_it_sets_a_global() -> None:
+    """As on Redis: the script stops at the assignment (its earlier writes stay, its later ones never happen),
+    and the scripts after it run normally."""
+    fakestore.install()
+
+    async def main() -> tuple[tuple[bytes | None, bytes | None], object]:
+        store = fakeredis.FakeAsyncRedis()
+        with pytest.raises(redis.exceptions.ResponseError, match="global variables: stray"):
+            await store.eval("redis.call('SET', 'before', 1); stray = 5; redis.call('SET', 'after', 1)", 0)
+        values = (await store.get("before"), await store.get("after"))
+        again = await store.eval("local fine = 2; return fine", 0)
+        await store.aclose()
+        return values, again
+
+    values, again = asyncio.run(main())
+    assert values == (b"1", None)
+    assert again == 2
 
 
 def test_a_simulation_that_can_never_progress_says_so() -> None:
