@@ -200,26 +200,33 @@ def _burst_instance(url: str, valkey: bool, name: str, jobs: int, second: int, r
 
 
 def scheduler_memory(jobs: int = 1000) -> dict[str, Any]:
-    """Python heap per registered job of a started scheduler (tracemalloc), with a realistic mix of schedules."""
+    """Python heap per registered job of a started scheduler (tracemalloc): with a realistic mix of schedules
+    (120 different ones; jobs with equal schedules share it), and with a schedule of its own for every job."""
 
     async def noop(run: RunContext) -> None:
         return None
 
-    async def measure() -> int:
+    async def measure(cron: Callable[[int], str]) -> int:
         scheduler = Scheduler(RedisBackend(redis=fakeredis.FakeAsyncRedis()))
         await scheduler.start()
         gc.collect()
         tracemalloc.start()
         before = tracemalloc.take_snapshot()
         for j in range(jobs):
-            scheduler.add_job(f"job{j}", f"{j % 60} {j % 24} * * *", noop, timezone="Europe/Berlin")
+            scheduler.add_job(f"job{j}", cron(j), noop, timezone="Europe/Berlin")
         gc.collect()
         after = tracemalloc.take_snapshot()
         tracemalloc.stop()
         await scheduler.stop()
         return sum(stat.size_diff for stat in after.compare_to(before, "filename"))
 
-    return {"jobs": jobs, "bytes_per_job": round(asyncio.run(measure()) / jobs)}
+    mixed = asyncio.run(measure(lambda j: f"{j % 60} {j % 24} * * *"))
+    distinct = asyncio.run(measure(lambda j: f"{j % 60} {j // 60 % 24} * * *"))
+    return {
+        "jobs": jobs,
+        "bytes_per_job": round(mixed / jobs),
+        "bytes_per_job_distinct_schedules": round(distinct / jobs),
+    }
 
 
 async def store_memory(target: str, history_size: int = 1000) -> dict[str, Any]:
