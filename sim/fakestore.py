@@ -11,12 +11,18 @@ fakeredis's own. The pinned fakeredis version is the one this was written agains
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from typing import Any
 
+import fakeredis
 from fakeredis import _msgs as msgs
 from fakeredis._helpers import SimpleError
 from fakeredis.commands_mixins import scripting_mixin as scripting
 from fakeredis.commands_mixins.scripting_mixin import ScriptingCommandsMixin
+
+from anarchon._adapters import decode_in_place
+from anarchon._errors import StoreReplyError
+from anarchon._store import Arg, Command, Reply, ServerInfo
 
 _original_eval = ScriptingCommandsMixin.eval
 
@@ -83,3 +89,47 @@ def install() -> None:
     fakeredis also compares every global before each redis.call; the guard makes that redundant."""
     ScriptingCommandsMixin.eval = _fast_eval  # type: ignore[method-assign]
     scripting._check_for_lua_globals = _no_globals_check
+
+
+class EmbeddedConnection:
+    """anarchon's store connection (:class:`anarchon._store.Connection`) straight into fakeredis's command
+    engine: each command goes in as its fields and its reply comes back as fakeredis produced it, with no RESP
+    encoding, parsing or client connection machinery in between. The engine is the one a fakeredis client
+    reaches (transactions, ACL, the store's clock); only the wire is left out."""
+
+    def __init__(self, server: Any) -> None:
+        self._client = fakeredis.FakeAsyncRedis(server=server)
+        self._server = server
+        self._socket: Any = None
+
+    async def _engine(self) -> Any:
+        if self._socket is None:
+            connection = await self._client.connection_pool.get_connection()
+            await connection.connect()
+            self._socket = connection._sock
+        return self._socket
+
+    async def execute(self, command: Command) -> Reply:
+        reply = await self._run(command)
+        if isinstance(reply, StoreReplyError):
+            raise reply
+        return reply
+
+    async def execute_many(self, commands: Sequence[Command]) -> list[Reply | StoreReplyError]:
+        return [await self._run(command) for command in commands]
+
+    async def _run(self, command: Command) -> Reply | StoreReplyError:
+        socket = await self._engine()
+        socket._process_command([_field(arg) for arg in command])
+        return decode_in_place(socket.responses.get_nowait())
+
+    async def server_info(self) -> ServerInfo:
+        kind = getattr(self._server, "server_type", "redis")
+        return ServerInfo("valkey" if kind == "valkey" else "redis", tuple(self._server.version))
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+
+def _field(arg: Arg) -> bytes:
+    return arg if isinstance(arg, bytes) else (arg if isinstance(arg, str) else str(arg)).encode()

@@ -17,7 +17,6 @@ from typing import Any
 import fakeredis
 
 from anarchon import RedisBackend, RunContext, Scheduler
-from anarchon._adapters import adapt
 from anarchon._store import Connection
 from sim import fakestore
 from sim.history import Event, Execution, History, RecordingStrategy
@@ -91,9 +90,9 @@ class SimStore:
         self.idmp = IdmpState()
 
     def connection(self) -> Connection:
-        # No socket timeout: the embedded store answers at once, and an unreachable store is the link's to model
-        # (sim/links.py). fakeredis never times a read out; anarchon's adapter would, in virtual time.
-        connection = adapt(fakeredis.FakeAsyncRedis(server=self.server, socket_timeout=None))
+        # Straight into the engine: the wire is not what the simulator tests (every client adapter is tested
+        # against real servers), and an unreachable store is the link's to model (sim/links.py).
+        connection = fakestore.EmbeddedConnection(self.server)
         return IdmpConnection(connection, self.idmp) if self.version >= (8, 6) else connection
 
     async def snapshot(self) -> Snapshot:
