@@ -46,7 +46,6 @@ from ._store import Store
 from ._strategies import Claim, JobPolicy, Outcome, RunRequest, run_id
 
 log = logging.getLogger("anarchon")
-_NO_CONTEXT = contextvars.Context()
 
 F = TypeVar("F", bound=JobFunction)
 S = TypeVar("S")
@@ -185,6 +184,10 @@ class Scheduler(Generic[M]):
         self._running: dict[str, _Running] = {}  # by token
         self._tasks: set[asyncio.Task[Any]] = set()
         self._forget_task = self._tasks.discard
+        # Given no context, a done-callback runs in a copy of the current one: one more object for each of the
+        # thousands of runs a burst starts. Forgetting a task needs none; one empty context per scheduler (a
+        # context is entered by one thread at a time, and each scheduler's callbacks run on its loop's thread).
+        self._callback_context = contextvars.Context()
         self._dispatcher: asyncio.Task[None] | None = None
         self._sleeper: asyncio.Task[None] | None = None
         self._keeper: LeaseKeeper | None = None
@@ -262,6 +265,8 @@ class Scheduler(Generic[M]):
         lease strategy only: ``overlap`` (allow a run to start while the previous one is still going),
         ``max_attempts`` (attempts per run, counting backups' takeovers), ``catch_up_ms`` (at start, run the
         slots of this last period that no instance ran).
+
+        On a started scheduler, call it from the thread that runs the scheduler's event loop.
         """
         known = ("overlap", "max_attempts", "catch_up_ms", "jitter_ms", "max_late_ms", "timezone")
         for option in options:
@@ -444,9 +449,7 @@ class Scheduler(Generic[M]):
             now = self.clock.wall_ms()
             due: list[_Due] = []
             while self._queue and self._queue[0][0] <= now:
-                entry = heapq.heappop(self._queue)
-                if entry[2] in self._jobs:  # not a job removed since
-                    due.append(entry)
+                due.append(heapq.heappop(self._queue))
             if due:
                 await self._claim(due, now)
                 continue
@@ -472,7 +475,7 @@ class Scheduler(Generic[M]):
             # Every instance has the same runs due, in the same order. Each starts its pipelines at a point of
             # its own (at random), so that each first wins a stretch of runs of its own instead of all of them
             # contending for the same runs, pipeline after pipeline: every run is won sooner.
-            start = self.random.randrange(len(batch))
+            start = self.random.randint(0, len(batch) - 1)
             batch = batch[start:] + batch[:start]
         lanes = asyncio.Semaphore(CLAIM_LANES)
         parts = [
@@ -489,8 +492,11 @@ class Scheduler(Generic[M]):
                         self._schedule_next(self._jobs[job], slot)
             await asyncio.gather(*parts)
         finally:
+            # When the dispatcher is stopped midway: stop() may go on only once no pipeline can still settle (and
+            # start a run) behind its back.
             for part in parts:
-                part.cancel()  # when the dispatcher is stopped midway
+                part.cancel()
+            await asyncio.gather(*parts, return_exceptions=True)
 
     async def _claim_part(self, part: list[_Due], lanes: asyncio.Semaphore) -> None:
         strategy, store = self.backend.strategy, self.backend.store
@@ -571,9 +577,7 @@ class Scheduler(Generic[M]):
     def _spawn(self, coroutine: Coroutine[Any, Any, S], name: str = "anarchon-run") -> asyncio.Task[S]:
         task = asyncio.create_task(coroutine, name=name)
         self._tasks.add(task)
-        # Given no context, a done-callback gets a copy of the current one: one more object for each of the
-        # thousands of runs a burst starts. Forgetting a task needs none.
-        task.add_done_callback(self._forget_task, context=_NO_CONTEXT)
+        task.add_done_callback(self._forget_task, context=self._callback_context)
         return task
 
     async def _track(self, coroutine: Coroutine[Any, Any, RunRecord]) -> RunRecord:

@@ -15,10 +15,10 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import re
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Coroutine, Sequence
 from dataclasses import dataclass
 from importlib import resources
-from typing import Literal, NamedTuple, Protocol, TypeAlias
+from typing import Any, Literal, NamedTuple, Protocol, TypeAlias
 
 from ._errors import StoreError, StoreReplyError, StoreUnavailableError
 
@@ -158,7 +158,7 @@ class Store:
 
     # execute and run hand back their inner coroutine instead of awaiting it in one of their own: a burst keeps
     # thousands of commands waiting at once, and each coroutine less is less for the garbage collector to walk.
-    def execute(self, *command: Arg) -> Awaitable[Reply]:
+    def execute(self, *command: Arg) -> Coroutine[Any, Any, Reply]:
         return self._send(command)
 
     async def execute_many(self, commands: Sequence[Command]) -> list[Reply | StoreReplyError]:
@@ -171,7 +171,7 @@ class Store:
         finally:
             self._done()
 
-    def run(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Awaitable[Reply]:
+    def run(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Coroutine[Any, Any, Reply]:
         return self._run(ScriptCall(script, keys, args))
 
     async def _run(self, call: ScriptCall) -> Reply:

@@ -40,6 +40,7 @@ def _fast_eval(self: Any, script: bytes, numkeys: int, *keys_and_args: bytes) ->
     if compiled is None:
         compiled = server._sim_compiled = {}
         _guard_globals(runtime)
+        server._sim_set_keys_argv = runtime.eval("function(k, a) rawset(_G, 'KEYS', k) rawset(_G, 'ARGV', a) end")
         server._sim_collect = runtime.eval("function() collectgarbage('step') end")
     function = compiled.get(sha1)
     if function is None:
@@ -50,7 +51,7 @@ def _fast_eval(self: Any, script: bytes, numkeys: int, *keys_and_args: bytes) ->
     server._lua_current_socket[0] = self
     self._script_resp = 2
     caller_fieldsets, self._fieldsets = self._fieldsets, {}
-    server._lua_set_keys_argv(runtime.table_from(keys_and_args[:numkeys]), runtime.table_from(keys_and_args[numkeys:]))
+    server._sim_set_keys_argv(runtime.table_from(keys_and_args[:numkeys]), runtime.table_from(keys_and_args[numkeys:]))
     try:
         result = function()
     except SimpleError as error:
@@ -68,11 +69,14 @@ def _fast_eval(self: Any, script: bytes, numkeys: int, *keys_and_args: bytes) ->
 
 
 def _guard_globals(runtime: Any) -> None:
-    """Make setting a new global fail the script at that point, as on Redis (fakeredis sets up KEYS and ARGV
-    before this, and only reassigns them later)."""
+    """Make a script fail where it sets a new global or reads one that does not exist, as on Redis. KEYS and
+    ARGV are set with rawset, past the guard, so that a script that clears them cannot break later ones."""
     runtime.execute(
-        "setmetatable(_G, {__newindex = function(_, name) "
-        f"error({msgs.GLOBAL_VARIABLE_MSG.removeprefix('ERR ').format('')!r} .. tostring(name), 2) end}})"
+        "setmetatable(_G, {"
+        "__newindex = function(_, name) "
+        f"error({msgs.GLOBAL_VARIABLE_MSG.removeprefix('ERR ').format('')!r} .. tostring(name), 2) end, "
+        "__index = function(_, name) "
+        'error("Script attempted to access nonexistent global variable \'" .. tostring(name) .. "\'", 2) end})'
     )
 
 
@@ -80,7 +84,7 @@ def _guard_globals(runtime: Any) -> None:
 _fast_eval.__dict__.update(_original_eval.__dict__)
 
 
-def _no_globals_check(runtime: Any, expected_globals: set[Any]) -> None:
+def _no_globals_check(lua_runtime: Any, expected_globals: set[Any]) -> None:
     return None  # the guard on the globals table refuses a new global when it is set
 
 
@@ -104,7 +108,7 @@ class EmbeddedConnection:
 
     async def _engine(self) -> Any:
         if self._socket is None:
-            connection = await self._client.connection_pool.get_connection()
+            connection = await self._client.connection_pool.get_connection()  # type: ignore[no-untyped-call]
             await connection.connect()
             self._socket = connection._sock
         return self._socket

@@ -7,6 +7,7 @@ the embedded store. Every test checks what was executed against a ledger kept ou
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import random
@@ -15,10 +16,12 @@ import time
 from collections import Counter
 from typing import Any
 
+import fakeredis
 import pytest
 
 from anarchon import (
     JobNotFoundError,
+    RedisBackend,
     RunContext,
     RunRecord,
     Scheduler,
@@ -354,7 +357,7 @@ async def test_each_instance_claims_a_burst_from_a_point_of_its_own(
     the same runs pipeline after pipeline."""
     monkeypatch.setattr(scheduler_module, "CLAIM_BATCH", 10)
     seeds = (1, 2)
-    starts = {seed: random.Random(seed).randrange(25) for seed in seeds}  # the first draw of each instance
+    starts = {seed: random.Random(seed).randint(0, 24) for seed in seeds}  # the first draw of each instance
     assert len(set(starts.values())) == 2
     ledger = Ledger()
     orders: dict[int, list[str]] = {seed: [] for seed in seeds}
@@ -381,6 +384,47 @@ async def test_each_instance_claims_a_burst_from_a_point_of_its_own(
     first_slot = min(slot for _, slot in runs)
     assert all(runs[(f"job{j}", first_slot)] == 1 for j in range(25))
     assert max(runs.values()) == 1
+
+
+async def test_stop_waits_for_claim_pipelines_in_flight(monkeypatch: pytest.MonkeyPatch) -> None:
+    """stop() during a burst, at any point of its claims: no run starts after stop() returned, even when a
+    pipeline swallows its cancellation (as asyncio.wait_for can in Python 3.11) and settles anyway."""
+    monkeypatch.setattr(scheduler_module, "CLAIM_BATCH", 10)
+    for turns in range(8):
+        assert await _starts_after_stop(turns, monkeypatch) == [], f"stopped after {turns} loop turns"
+
+
+async def _starts_after_stop(turns: int, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The runs that start after stop(), when stop() comes ``turns`` loop turns into a burst of 50 runs."""
+    stopped = False
+    late_starts: list[str] = []
+
+    def job(run: RunContext) -> None:
+        if stopped:
+            late_starts.append(run.job)
+
+    scheduler = Scheduler(RedisBackend(redis=fakeredis.FakeAsyncRedis()), instance_id="a")
+    for j in range(50):
+        scheduler.add_job(f"job{j}", "0 0 1 1 *", job)
+    claim = scheduler.backend.strategy.claim
+
+    async def slow_claim(store: Any, requests: Any) -> Any:
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.sleep(0.01)
+        return await claim(store, requests)
+
+    monkeypatch.setattr(scheduler.backend.strategy, "claim", slow_claim)
+    await scheduler.start()
+    now = scheduler.clock.wall_ms()
+    for j in range(50):  # due now: five pipelines
+        scheduler._push(now - 5, f"job{j}", now - 10, "scheduled")
+    scheduler._wake()
+    for _ in range(turns):
+        await asyncio.sleep(0)
+    await scheduler.stop()
+    stopped = True
+    await asyncio.sleep(0.1)
+    return late_starts
 
 
 async def test_jitter_comes_from_the_injected_random(fake_target: StoreTarget) -> None:

@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_virtual_time_jumps_and_is_the_stores_clock() -> None:
-    async def main() -> tuple[float, list[int], bytes | None]:
+    async def main() -> tuple[float, list[int], bytes | str | None]:
         store = fakeredis.FakeAsyncRedis()
         await store.set("k", "v", px=1500)
         began = asyncio.get_running_loop().time()
@@ -49,7 +49,7 @@ def test_the_embedded_store_fails_a_script_where_it_sets_a_global() -> None:
     and the scripts after it run normally."""
     fakestore.install()
 
-    async def main() -> tuple[tuple[bytes | None, bytes | None], object]:
+    async def main() -> tuple[tuple[bytes | str | None, bytes | str | None], object]:
         store = fakeredis.FakeAsyncRedis()
         with pytest.raises(redis.exceptions.ResponseError, match="global variables: stray"):
             await store.eval("redis.call('SET', 'before', 1); stray = 5; redis.call('SET', 'after', 1)", 0)
