@@ -173,7 +173,7 @@ class RedisPyAsync:
             await pool.release(connection)
 
     async def server_info(self) -> ServerInfo:
-        fake = _fake_server_info(self.client)
+        fake = fake_server_info(self.client)
         return fake or parse_info(as_text(await self.execute(["INFO", "server"])))
 
     async def close(self) -> None:
@@ -259,7 +259,7 @@ class RedisPySync:
         return [decode_in_place(reply) for reply in await _guard(asyncio.to_thread(run))]
 
     async def server_info(self) -> ServerInfo:
-        fake = _fake_server_info(self.client)
+        fake = fake_server_info(self.client)
         return fake or parse_info(as_text(await self.execute(["INFO", "server"])))
 
     async def close(self) -> None:
@@ -378,7 +378,7 @@ def _text(arg: Arg) -> str:
     return arg.decode() if isinstance(arg, bytes) else str(arg)
 
 
-def _fake_server_info(client: Any) -> ServerInfo | None:
+def fake_server_info(client: Any) -> ServerInfo | None:
     """fakeredis has no INFO command; its server object says what it emulates."""
     if not type(client).__module__.startswith("fakeredis"):
         return None

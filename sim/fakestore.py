@@ -20,7 +20,7 @@ from fakeredis._helpers import SimpleError
 from fakeredis.commands_mixins import scripting_mixin as scripting
 from fakeredis.commands_mixins.scripting_mixin import ScriptingCommandsMixin
 
-from anarchon._adapters import decode_in_place
+from anarchon._adapters import decode_in_place, fake_server_info
 from anarchon._errors import StoreReplyError
 from anarchon._store import Arg, Command, Reply, ServerInfo
 
@@ -103,7 +103,6 @@ class EmbeddedConnection:
 
     def __init__(self, server: Any) -> None:
         self._client = fakeredis.FakeAsyncRedis(server=server)
-        self._server = server
         self._socket: Any = None
 
     async def _engine(self) -> Any:
@@ -128,8 +127,9 @@ class EmbeddedConnection:
         return decode_in_place(socket.responses.get_nowait())
 
     async def server_info(self) -> ServerInfo:
-        kind = getattr(self._server, "server_type", "redis")
-        return ServerInfo("valkey" if kind == "valkey" else "redis", tuple(self._server.version))
+        info = fake_server_info(self._client)
+        assert info is not None  # a fakeredis client's server always says what it emulates
+        return info
 
     async def close(self) -> None:
         await self._client.aclose()
