@@ -15,6 +15,7 @@ import redis.exceptions
 
 from sim import fakestore
 from sim import scenario as scenarios
+from sim.bench import without_the_store
 from sim.checkers import judge
 from sim.history import Event, Execution, History
 from sim.run import simulate
@@ -82,6 +83,17 @@ def test_one_seed_gives_one_history(scenario: scenarios.Scenario) -> None:
 def test_different_seeds_give_different_histories() -> None:
     scenario = scenarios.load("winner-crash")
     assert len({simulate(scenario, "lease", seed).digest for seed in range(4)}) > 1
+
+
+def test_the_benchs_store_free_run_replays_the_very_commands_it_recorded() -> None:
+    """The bench's bound on the simulator's speed with a free store holds only if the replayed run sends what
+    the recorded one sent: a run that does not (another seed, other tokens) is refused, not timed."""
+    scenario = scenarios.load("steady")
+    _, commands = without_the_store(lambda: simulate(scenario, "lease", 3))
+    assert commands > 100
+    seeds = iter((3, 4))
+    with pytest.raises(RuntimeError, match="the replayed simulation sent"):
+        without_the_store(lambda: simulate(scenario, "lease", next(seeds)))
 
 
 def test_the_command_line_replays_a_run_and_prints_json() -> None:
