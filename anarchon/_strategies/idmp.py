@@ -7,6 +7,7 @@ up to ``max_size`` runs per job); a claim arriving later than that wins again.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 
 from .._errors import StoreError, StoreReplyError, UnsupportedStrategyError
@@ -25,6 +26,10 @@ class IdmpStrategy(ClaimOnlyStrategy):
         super().__init__(keys)
         self.duration_sec = duration_sec
         self.max_size = max_size
+        # Each job's stream is configured once per process, before the job's first claim, whether the job was
+        # registered before start or after it. Concurrent first claims share one configuration: a second
+        # XCFGSET after a claim's XADD would clear the id that claim registered.
+        self._configured: dict[str, asyncio.Future[None]] = {}
 
     def check_server(self, server: ServerInfo) -> None:
         if server.kind != "redis" or not server.at_least(8, 6):
@@ -32,7 +37,20 @@ class IdmpStrategy(ClaimOnlyStrategy):
 
     async def prepare(self, store: Store, jobs: Sequence[str]) -> None:
         for job in jobs:
-            await self.configure(store, self.keys.claim(job).runs)
+            await self._configure_once(store, job)
+
+    async def _configure_once(self, store: Store, job: str) -> None:
+        configuring = self._configured.get(job)
+        if configuring is None:
+            configuring = self._configured[job] = asyncio.ensure_future(
+                self.configure(store, self.keys.claim(job).runs)
+            )
+        try:
+            await asyncio.shield(configuring)
+        except BaseException:
+            if configuring.done() and (configuring.cancelled() or configuring.exception() is not None):
+                self._configured.pop(job, None)  # the next claim tries again
+            raise
 
     async def configure(self, store: Store, key: str) -> None:
         """Set the stream's IDMP duration and size, only when they differ: XCFGSET clears what it tracks."""
@@ -53,6 +71,18 @@ class IdmpStrategy(ClaimOnlyStrategy):
     async def claim_scheduled(
         self, store: Store, requests: Sequence[tuple[RunRequest, JobPolicy]]
     ) -> list[Claim | StoreError]:
+        unconfigured = {
+            r.job for r, _ in requests if r.job not in self._configured or not self._configured[r.job].done()
+        }
+        failed: dict[str, StoreError] = {}
+        for job in unconfigured:  # a job registered after start, or whose configuration failed before
+            try:
+                await self._configure_once(store, job)
+            except StoreError as error:
+                failed[job] = error  # claimed without the job's duration, a late claim could win again
+        if failed:
+            rest = iter(await self.claim_scheduled(store, [(r, p) for r, p in requests if r.job not in failed]))
+            return [failed[r.job] if r.job in failed else next(rest) for r, _ in requests]
         adds = [
             (
                 "XADD", self.keys.claim(r.job).runs, "IDMP", r.job, r.slot, "MAXLEN", "~", policy.history_size,

@@ -269,6 +269,12 @@ async def test_idmp_refuses_to_start_where_unsupported(target: StoreTarget) -> N
     assert await target.raw("KEYS", "*") == []  # refused before writing anything
 
 
+async def _xcfgset_calls(target: StoreTarget) -> int:
+    stats = await target.raw("INFO", "commandstats")
+    line = next((line for line in stats.splitlines() if line.startswith("cmdstat_xcfgset:")), "calls=0,")
+    return int(line.split("calls=")[1].split(",")[0])
+
+
 async def test_idmp_configures_the_stream_once(target: StoreTarget) -> None:
     if not target.supports_idmp:
         pytest.skip(f"idmp needs Redis 8.6+; {target.name} is {target.describe}")
@@ -276,10 +282,31 @@ async def test_idmp_configures_the_stream_once(target: StoreTarget) -> None:
     info = await target.raw("XINFO", "STREAM", "cron:sync:runs")
     fields = dict(zip(info[::2], info[1::2], strict=True))
     assert (fields["idmp-duration"], fields["idmp-maxsize"]) == (900, 50)
+    configured = await _xcfgset_calls(target)
     won = await claim_one(backend, request(SLOT, "a"), JobPolicy())
     await backend.strategy.prepare(backend.store, ["sync"])  # same values: must not clear what the server tracks
-    lost = await claim_one(backend, request(SLOT, "b"), JobPolicy())
+    again = await target.started_backend({"name": "idmp", "duration_sec": 900, "max_size": 50})
+    lost = await claim_one(again, request(SLOT, "b"), JobPolicy())
     assert (won.outcome, lost.outcome) == (Outcome.WON, Outcome.LOST)
+    assert await _xcfgset_calls(target) == configured  # another instance's start found the stream as wanted
+
+
+async def test_idmp_configures_a_job_added_after_start_before_its_first_claim(target: StoreTarget) -> None:
+    """A job registered on a running scheduler gets its stream's duration and size too: with the server's
+    defaults (100 s) a claim later than that would win the run again. Its first claims, concurrent, configure
+    it once (a second XCFGSET after a claim would clear that claim's id)."""
+    if not target.supports_idmp:
+        pytest.skip(f"idmp needs Redis 8.6+; {target.name} is {target.describe}")
+    backend = target.backend({"name": "idmp", "duration_sec": 900, "max_size": 50})
+    await backend.start([])
+    before = await _xcfgset_calls(target)
+    first = [(request(SLOT, token, job="later"), JobPolicy()) for token in ("a", "b", "c")]
+    claims = await asyncio.gather(*(backend.strategy.claim(backend.store, [one]) for one in first))
+    assert sorted(c.outcome.value for [c] in claims if isinstance(c, Claim)) == ["lost", "lost", "won"]
+    info = await target.raw("XINFO", "STREAM", "cron:later:runs")
+    fields = dict(zip(info[::2], info[1::2], strict=True))
+    assert (fields["idmp-duration"], fields["idmp-maxsize"]) == (900, 50)
+    assert await _xcfgset_calls(target) == before + 1
 
 
 async def test_results_are_json_records(target: StoreTarget, strategy: str) -> None:
