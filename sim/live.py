@@ -7,7 +7,7 @@ a scenario run side by side on one server, each with its own instances and key p
 - crash: SIGKILL (and a new process on restart); pause: SIGSTOP / SIGCONT;
 - partition: each instance reaches the server through its own TCP proxy, owned here, which drops the instance's
   connections and refuses new ones while the partition lasts;
-- clock skew and late claims: the instance's clock offset, changed through its stdin;
+- clock skew, drift and late claims: the instance's clock offset and rate, changed through its stdin;
 - failover: the server has a replica; ``lag_ms`` before the failover the replica is detached (REPLICAOF NO ONE),
   so it deterministically misses what the primary acknowledges meanwhile; then the primary is killed and every
   proxy sends its instance to the former replica;
@@ -159,11 +159,13 @@ class Instance:
     log: Path
     config: dict[str, Any]
     offset_ms: float
+    drift: float = 0.0
     process: asyncio.subprocess.Process | None = None
     killed_at: list[tuple[int, float]] = field(default_factory=list)  # (pid, monotonic time)
 
     async def spawn(self) -> None:
         self.config["offset_ms"] = self.offset_ms
+        self.config["drift"] = self.drift
         stderr = await asyncio.to_thread(open, self.log.with_suffix(".stderr"), "ab")  # its own log records
         with stderr:
             self.process = await asyncio.create_subprocess_exec(
@@ -226,7 +228,7 @@ class LiveRun:
                     "prefix": f"{strategy}:", "valkey": self.server.is_valkey,
                     "url": f"redis://127.0.0.1:{port}/0?socket_timeout=2&socket_connect_timeout=2",
                 }  # fmt: skip
-                group.append(Instance(spec.name, strategy, proxy, log, config, float(spec.offset_ms)))
+                group.append(Instance(spec.name, strategy, proxy, log, config, float(spec.offset_ms), spec.drift))
             self.groups[strategy] = group
         everyone = [i for group in self.groups.values() for i in group]
         for instance in everyone:
@@ -240,11 +242,17 @@ class LiveRun:
         epoch_s = (time.time() // grid + 1) * grid
         await asyncio.sleep(epoch_s - time.time())
         self.t0 = time.monotonic() - (time.time() - epoch_s)
+        for spec in self.scenario.instances:
+            if spec.offset_ms or spec.drift:  # skew from the start is a fault too, as in the virtual mode
+                detail = f"instance {spec.name} clock {spec.offset_ms:+.0f} ms, drift {spec.drift:+g}"
+                self.faults.append(Event(0.0, "fault", "nemesis", "skew", value=detail))
         strikes = [asyncio.ensure_future(self._strike(f)) for f in self.scenario.faults]
         await asyncio.sleep(self.scenario.duration_s)
         for task in strikes:
             task.cancel()
-        await asyncio.gather(*strikes, return_exceptions=True)
+        for outcome in await asyncio.gather(*strikes, return_exceptions=True):
+            if isinstance(outcome, Exception):  # a fault that could not strike: never silent
+                raise outcome
         for group in self.groups.values():
             for instance in group:
                 await instance.kill()  # the end: nothing after this moment is judged
@@ -327,6 +335,11 @@ class LiveRun:
             target.offset_ms += float(fault.settings["offset_ms"])
             await target.tell(f"offset {target.offset_ms}")
             self._record(fault, f"{detail} clock jumps {fault.settings['offset_ms']} ms")
+            self._window(fault, start, start, target)
+        elif fault.kind == "drift":
+            target.drift = float(fault.settings["drift"])
+            await target.tell(f"drift {target.drift}")
+            self._record(fault, f"{detail} clock drifts {target.drift:+g}")
             self._window(fault, start, start, target)
         elif fault.kind == "late":
             delay = float(fault.settings["delay_ms"])

@@ -3,7 +3,8 @@
 Started by :mod:`sim.live` as ``python -m sim.live_instance --config JSON``. It writes what it does as JSON lines
 (claims and their answers, job starts and ends) stamped with the machine's monotonic clock, which every process
 shares, prints ``ready`` once its scheduler has started, and takes commands on stdin: ``offset MS`` (its wall
-clock jumps to MS ahead of the machine's), ``run_now JOB``.
+clock jumps to MS ahead of the machine's), ``drift RATE`` (its clocks run 1 + RATE times as fast from now on),
+``run_now JOB``.
 """
 
 from __future__ import annotations
@@ -23,14 +24,31 @@ from sim.history import Event, History, RecordingStrategy
 from sim.scenario import load
 
 
-class OffsetClock(SystemClock):
-    """The machine's clock, ``offset_ms`` ahead (negative: behind); the offset can change while running."""
+class SkewedClock(SystemClock):
+    """The machine's clocks, ``offset_ms`` ahead (negative: behind) and running ``1 + drift`` times as fast, timers
+    included; both can change while running, without the clocks jumping when the drift does."""
 
-    def __init__(self, offset_ms: float) -> None:
+    def __init__(self, offset_ms: float, drift: float = 0.0) -> None:
         self.offset_ms = offset_ms
+        self.drift = drift
+        self._gained_s = 0.0  # what the drift had added by _since (machine monotonic seconds)
+        self._since = time.monotonic()
+
+    def _gain_s(self) -> float:
+        return self._gained_s + (time.monotonic() - self._since) * self.drift
+
+    def set_drift(self, drift: float) -> None:
+        self._gained_s, self._since = self._gain_s(), time.monotonic()
+        self.drift = drift
 
     def wall_ms(self) -> int:
-        return super().wall_ms() + int(self.offset_ms)
+        return super().wall_ms() + int(self.offset_ms + self._gain_s() * 1000)
+
+    def monotonic(self) -> float:
+        return super().monotonic() + self._gain_s()
+
+    async def sleep(self, seconds: float) -> None:
+        await super().sleep(max(0.0, seconds) / (1 + self.drift))
 
 
 class JsonLines(History):
@@ -58,7 +76,7 @@ async def serve(config: dict[str, Any]) -> None:
     scenario = load(config["scenario"])  # already scaled to live time by sim.live
     name, strategy = config["instance"], config["strategy"]
     history = JsonLines(config["log"])
-    clock = OffsetClock(config["offset_ms"])
+    clock = SkewedClock(config["offset_ms"], config.get("drift", 0.0))
     options: dict[str, Any] = {"strategy": scenario.strategy_option(strategy), "prefix": config["prefix"]}
     backend: RedisBackend[Any] = (
         ValkeyBackend(valkey=config["url"], **options)
@@ -94,6 +112,8 @@ async def serve(config: dict[str, Any]) -> None:
         word, _, argument = line.strip().partition(" ")
         if word == "offset":
             clock.offset_ms = float(argument)
+        elif word == "drift":
+            clock.set_drift(float(argument))
         elif word == "run_now":
             task = asyncio.ensure_future(scheduler.run_now(argument))
             manual.add(task)

@@ -40,7 +40,8 @@ FAULT_KINDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "crash": (("instance",), ("restart_after_s",)),
     "pause": (("instance", "duration_s"), ()),
     "partition": (("instance", "duration_s"), ()),
-    "skew": (("instance", "offset_ms"), ()),
+    "skew": (("instance", "offset_ms"), ()),  # the clock jumps
+    "drift": (("instance", "drift"), ()),  # the clock runs 1 + drift times as fast from here on
     "late": (("instance", "delay_ms", "duration_s"), ()),
     "failover": (("lag_ms",), ()),
     "store-restart": ((), ()),

@@ -45,29 +45,67 @@ class FaultWindow:
 
 
 class SimClock:
-    """An instance's clock over true (loop) time: ``offset_ms`` ahead, ``drift`` faster (0.001: 1 ms per s),
-    and ``running`` clear while the instance is paused: a sleep that ends during a pause ends at the resume."""
+    """An instance's clock over true (loop) time: ``offset_ms`` ahead, running ``1 + drift`` times as fast (0.001:
+    1 ms per s fast), and standing still while the instance is paused. A paused instance's timers freeze with it
+    and go on after the resume, so it carries on as if nothing had happened, as a suspended VM does: a sleep of
+    6 s paused after 1 s ends 5 s after the resume, and the clock stays behind true time by the pause."""
 
     def __init__(self, offset_ms: float = 0.0, drift: float = 0.0) -> None:
         self.offset_ms = offset_ms
         self.drift = drift
         self.running = asyncio.Event()
         self.running.set()
+        self._base_local = 0.0  # the instance's own seconds at true time _base_true
+        self._base_true = 0.0
+        self._changes = 0  # pauses, resumes and drift changes so far: a sleep that saw one works out the rest
 
     @staticmethod
     def true_s() -> float:
         return asyncio.get_running_loop().time()
 
+    def _local_s(self) -> float:
+        if not self.running.is_set():
+            return self._base_local
+        return self._base_local + (self.true_s() - self._base_true) * (1 + self.drift)
+
+    def _rebase(self) -> None:
+        self._base_local, self._base_true = self._local_s(), self.true_s()
+        self._changes += 1
+
+    def set_drift(self, drift: float) -> None:
+        self._rebase()
+        self.drift = drift
+
+    def pause(self) -> None:
+        if self.running.is_set():
+            self._rebase()
+            self.running.clear()
+
+    def resume(self) -> None:
+        if not self.running.is_set():
+            self._base_true = self.true_s()
+            self._changes += 1
+            self.running.set()
+
     def wall_ms(self) -> int:
-        true = self.true_s()
-        return int((EPOCH_S + true * (1 + self.drift)) * 1000 + self.offset_ms)
+        return int((EPOCH_S + self._local_s()) * 1000 + self.offset_ms)
 
     def monotonic(self) -> float:
-        return self.true_s() * (1 + self.drift)
+        return self._local_s()
 
     async def sleep(self, seconds: float) -> None:
-        await asyncio.sleep(max(0.0, seconds) / (1 + self.drift))
-        await self.gate()
+        left = max(0.0, seconds)
+        until = self._local_s() + left
+        while True:
+            await self.gate()
+            changes = self._changes
+            await asyncio.sleep(left / (1 + self.drift))
+            if self._changes == changes:
+                return
+            await self.gate()
+            left = until - self._local_s()
+            if left <= 0:
+                return
 
     async def gate(self) -> None:
         while not self.running.is_set():
@@ -184,14 +222,14 @@ class SimInstance:
         if self.scheduler is None or self.link is None:
             return
         self.link.cut()
-        self.clock.running.set()  # a paused process can be killed too
+        self.clock.resume()  # a paused process can be killed too
         scheduler, self.scheduler = self.scheduler, None
         await scheduler.stop(timeout=0)
 
     async def restart(self) -> bool:
         if self.up:  # two overlapping crash faults end with two restarts: one process
             return False
-        self.clock.running.set()
+        self.clock.resume()
         await self.start()
         return True
 
@@ -216,23 +254,31 @@ class World:
 
     async def run(self) -> History:
         for instance in self.instances.values():
+            clock = instance.clock
+            if clock.offset_ms or clock.drift:  # skew from the start is a fault too
+                detail = f"instance {instance.name} clock {clock.offset_ms:+.0f} ms, drift {clock.drift:+g}"
+                self.history.add(Event(self.now(), "fault", "nemesis", "skew", value=detail))
             await instance.start()
         faults = [asyncio.ensure_future(self._strike(fault)) for fault in self.scenario.faults]
         await asyncio.sleep(self.scenario.duration_s)
         for task in faults:
             task.cancel()
-        await asyncio.gather(*faults, return_exceptions=True)
+        for outcome in await asyncio.gather(*faults, return_exceptions=True):
+            if isinstance(outcome, Exception):  # a fault that could not strike is a testbed bug: never silent
+                raise outcome
         for instance in self.instances.values():
             await instance.crash()  # the end: nothing after this moment is judged
         return self.history
 
-    def _target(self, fault: FaultSpec) -> SimInstance:
+    def _target(self, fault: FaultSpec) -> SimInstance | None:
+        """The instance a fault strikes; for "winner", the one whose run started first, else any that is up
+        (None when every instance is down)."""
         if fault.instance != "winner":
             return self.instances[fault.instance]
         running = [i for i in self.instances.values() if i.up and i.running_jobs]
-        if running:  # the one whose run started first
+        if running:
             return min(running, key=lambda i: min(e.started for e in i.running_jobs.values()))
-        return next(i for i in self.instances.values() if i.up)
+        return next((i for i in self.instances.values() if i.up), None)
 
     async def _strike(self, fault: FaultSpec) -> None:
         start = fault.at_s
@@ -254,6 +300,9 @@ class World:
             self.fault_windows.append(FaultWindow(start, start, fault.kind))
             return
         target = self._target(fault)
+        if target is None:
+            self.record_fault(fault, "no instance is up: nothing struck")
+            return
         detail = f"instance {target.name}"
         if fault.kind == "crash":
             self.record_fault(fault, f"{detail} killed")
@@ -267,10 +316,10 @@ class World:
                     self.record_fault(fault, f"{detail} restarted")
         elif fault.kind == "pause":
             self.record_fault(fault, f"{detail} paused")
-            target.clock.running.clear()
+            target.clock.pause()
             self.fault_windows.append(FaultWindow(start, start + fault.duration_s, fault.kind, target.name))
             await asyncio.sleep(fault.duration_s)
-            target.clock.running.set()
+            target.clock.resume()
             self.record_fault(fault, f"{detail} resumed")
         elif fault.kind == "partition":
             self.record_fault(fault, f"{detail} cut off from the store")
@@ -284,6 +333,10 @@ class World:
         elif fault.kind == "skew":
             target.clock.offset_ms += float(fault.settings["offset_ms"])
             self.record_fault(fault, f"{detail} clock jumps {fault.settings['offset_ms']} ms")
+            self.fault_windows.append(FaultWindow(start, start, fault.kind, target.name))
+        elif fault.kind == "drift":
+            target.clock.set_drift(float(fault.settings["drift"]))
+            self.record_fault(fault, f"{detail} clock drifts {float(fault.settings['drift']):+g}")
             self.fault_windows.append(FaultWindow(start, start, fault.kind, target.name))
         elif fault.kind == "manual":
             if target.scheduler is not None:

@@ -21,7 +21,7 @@ from sim.history import Event, Execution, History
 from sim.run import simulate
 from sim.scenario import ScenarioError, parse
 from sim.vtime import SimulationDeadlock, run_virtual
-from sim.world import EPOCH_S, FaultWindow
+from sim.world import EPOCH_S, FaultWindow, SimClock
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -74,7 +74,7 @@ def test_a_simulation_that_can_never_progress_says_so() -> None:
 
 @pytest.mark.parametrize("scenario", scenarios.load_all(), ids=lambda s: s.name)
 def test_one_seed_gives_one_history(scenario: scenarios.Scenario) -> None:
-    for strategy in ("lease", "script"):
+    for strategy in scenarios.STRATEGIES:
         first, second = simulate(scenario, strategy, 7), simulate(scenario, strategy, 7)
         assert first.digest == second.digest
         assert first.history.events == second.history.events
@@ -126,9 +126,42 @@ def test_faults_are_history_entries() -> None:
     assert faults[1].t == pytest.approx(61.0)
 
 
-def test_the_zombie_finishes_after_its_backup_started() -> None:
-    """The pause outlives the lease: a backup starts attempt 2 while the paused winner is frozen, and the winner
-    resumes and runs to the end of its work - two executions of one slot at once."""
+def test_clock_faults_are_history_entries_and_move_the_clock_without_a_jump() -> None:
+    scenario = parse({
+        "name": "clocks", "duration_s": 30,
+        "instances": [{"name": "a", "offset_ms": -250}, {"name": "b"}],
+        "jobs": [{"name": "tick", "cron": "*/5 * * * * *", "work_s": 1}],
+        "faults": [{"at_s": 10, "kind": "drift", "instance": "b", "drift": 0.5}],
+    })  # fmt: skip
+    outcome = simulate(scenario, "lease", 1)
+    faults = [(e.t, e.op, e.value) for e in outcome.history.events if e.kind == "fault"]
+    assert faults == [
+        (0.0, "skew", "instance a clock -250 ms, drift +0"),
+        (10.0, "drift", "instance b clock drifts +0.5"),
+    ]
+    # From 10 s on, b's clock runs 1.5 times as fast: its slot at 20 s (on its clock) comes at 16.67 s true time.
+    starts = sorted((e.started, e.instance) for e in outcome.history.executions if e.slot == int((EPOCH_S + 20) * 1000))
+    assert starts[0] == (pytest.approx(10 + 10 / 1.5), "b")
+
+
+def test_a_fault_with_no_instance_to_strike_is_recorded_and_a_failing_fault_is_not_silent() -> None:
+    base = {
+        "name": "f", "duration_s": 20, "instances": [{"name": "a"}],
+        "jobs": [{"name": "tick", "cron": "*/5 * * * * *", "work_s": 1}],
+    }  # fmt: skip
+    nobody = parse({**base, "faults": [{"at_s": 2, "kind": "crash", "instance": "a"},
+                                       {"at_s": 5, "kind": "pause", "instance": "winner", "duration_s": 1}]})  # fmt: skip
+    faults = [(e.t, e.op, e.value) for e in simulate(nobody, "lease", 1).history.events if e.kind == "fault"]
+    assert faults == [(2.0, "crash", "instance a killed"), (5.0, "pause", "no instance is up: nothing struck")]
+    broken = parse({**base, "faults": [{"at_s": 2, "kind": "skew", "instance": "a", "offset_ms": "soon"}]})
+    with pytest.raises(ValueError, match="soon"):
+        simulate(broken, "lease", 1)
+
+
+def test_the_zombie_resumes_unfinished_beside_its_backup() -> None:
+    """The pause outlives the lease: a backup starts attempt 2 while the winner is frozen. The winner resumes with
+    its work unfinished, still holding the lease as far as it knows, and works beside the backup until the
+    heartbeat its frozen timer still owed is refused: two executions of one slot at once."""
     outcome = simulate(scenarios.load("zombie"), "lease", 1)
     by_slot: dict[int, list[Execution]] = {}
     for execution in outcome.history.executions:
@@ -136,9 +169,43 @@ def test_the_zombie_finishes_after_its_backup_started() -> None:
     [pair] = [runs for runs in by_slot.values() if len(runs) > 1]
     first, second = sorted(pair, key=lambda e: e.attempt)
     assert (first.attempt, second.attempt) == (1, 2)
-    assert first.completed
+    resumed = next(e.t for e in outcome.history.events if e.value == f"instance {first.instance} resumed")
+    assert first.started < second.started < resumed
+    assert first.ended == resumed and not first.completed  # stopped by the refused heartbeat, not finished
+    beats = [e for e in outcome.history.events if e.process == first.instance and e.op == "heartbeat"]
+    assert [(e.kind, e.value) for e in beats if first.started < e.t] == [("invoke", ""), ("ok", "0")]
+    assert all(e.t == resumed for e in beats if first.started < e.t)
     assert second.completed
-    assert second.started < (first.ended or 0)
+
+
+def test_a_paused_instances_clock_and_timers_stand_still() -> None:
+    clock = SimClock(offset_ms=500, drift=0.5)
+
+    async def main() -> list[tuple[str, float, float]]:
+        seen: list[tuple[str, float, float]] = []
+
+        async def work() -> None:
+            await clock.sleep(6)  # six of the instance's own seconds
+            seen.append(("slept", asyncio.get_running_loop().time(), clock.monotonic()))
+
+        task = asyncio.ensure_future(work())
+        await asyncio.sleep(2)  # three own seconds at drift 0.5
+        clock.pause()
+        seen.append(("paused", clock.monotonic(), clock.wall_ms() / 1000 - EPOCH_S))
+        await asyncio.sleep(10)
+        seen.append(("still", clock.monotonic(), clock.wall_ms() / 1000 - EPOCH_S))
+        clock.resume()
+        clock.set_drift(0.0)  # from here on, one own second per true second, without a jump
+        seen.append(("resumed", clock.monotonic(), clock.wall_ms() / 1000 - EPOCH_S))
+        await task
+        return seen
+
+    assert run_virtual(main(), epoch_s=EPOCH_S, seed=1) == [
+        ("paused", 3.0, 3.5),
+        ("still", 3.0, 3.5),
+        ("resumed", 3.0, 3.5),
+        ("slept", 15.0, 6.0),  # three own seconds were left: true 12 + 3
+    ]
 
 
 def _execution(instance: str, slot_s: float, started: float, ended: float | None, completed: bool, attempt: int = 1,
