@@ -4,11 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
 
-from anarchon import RedisBackend, RunRecord, StoreFormatError, UnsupportedStrategyError
+from anarchon import (
+    RedisBackend,
+    RunRecord,
+    StoreFormatError,
+    StoreReplyError,
+    StoreUnavailableError,
+    UnsupportedStrategyError,
+)
+from anarchon._adapters import adapt
+from anarchon._store import Command, Connection, Reply, ServerInfo
 from anarchon._strategies import Claim, JobPolicy, Outcome, RunRequest, run_id
 from tests.anarchon.support import StoreTarget
 
@@ -100,6 +110,25 @@ async def test_expired_lease_is_taken_over_with_a_new_attempt_and_a_larger_fence
     assert history[1].message == "lease expired; taken over by attempt 2"
 
 
+async def test_every_lease_attempt_appends_to_runs(target: StoreTarget) -> None:
+    backend = await target.started_backend("lease")
+    policy = JobPolicy(lease_ms=150, max_attempts=3)
+    first = await claim_one(backend, request(SLOT, "first"), policy)
+    standby = await claim_one(backend, request(SLOT, "backup"), policy)
+    assert (first.outcome, standby.outcome) == (Outcome.WON, Outcome.RUNNING)  # a backup's wait adds nothing
+    await asyncio.sleep(0.2)  # the first attempt's lease runs out
+    second = await claim_one(backend, request(SLOT, "backup"), policy)
+    assert (second.outcome, second.attempt) == (Outcome.WON, 2)
+    entries = await target.raw("XRANGE", "{cron:sync}:runs", "-", "+")
+    attempts = [dict(zip(fields[::2], fields[1::2], strict=True)) for _, fields in entries]
+    assert [(a["run"], a["slot"], a["attempt"], a["token"], a["runner"]) for a in attempts] == [
+        (str(SLOT), str(SLOT), "1", "first", "runner-first"),
+        (str(SLOT), str(SLOT), "2", "backup", "runner-backup"),
+    ]
+    assert [int(a["fence"]) for a in attempts] == [first.fence, second.fence]
+    assert first.fence < second.fence
+
+
 async def test_a_run_out_of_attempts_is_done_and_recorded_interrupted(target: StoreTarget) -> None:
     backend = await target.started_backend("lease")
     policy = JobPolicy(lease_ms=100, max_attempts=1)
@@ -183,41 +212,74 @@ async def test_keys_and_types_are_the_documented_ones(target: StoreTarget, strat
     assert await target.raw("GET", "billing:cron:format") == "1"
 
 
+async def node_max_entries(target: StoreTarget) -> int:
+    """The most entries one stream macro node holds: what MAXLEN ~ may leave beyond the length asked for."""
+    if target.is_fake:
+        return 100  # fakeredis has no CONFIG; 100 is the servers' default
+    _, value = await target.raw("CONFIG", "GET", "stream-node-max-entries")
+    return int(value)
+
+
 async def test_history_is_trimmed_but_never_a_running_or_claimable_run(target: StoreTarget, strategy: str) -> None:
     backend = await target.started_backend(strategy)
-    keep_none = JobPolicy(lease_ms=60_000, history_size=5, keep_ms=0, overlap=True)
+    history_size, finished = 5, 130  # more runs than history_size plus one stream node (100 entries)
+    keep_none = JobPolicy(lease_ms=60_000, history_size=history_size, keep_ms=0, overlap=True)
     now = int(await target.server_ms())
     old_running = request(now - 3_600_000 - 1, "long")  # an hour old, still running
     claim = await claim_one(backend, old_running, keep_none)
     assert claim.outcome is Outcome.WON
-    for i in range(30):
+    for i in range(finished):
         req = request(now - 3_600_000 + i * 1000, "a")
         c = await claim_one(backend, req, keep_none)
         await backend.strategy.finish(backend.store, req, c, keep_none, record(req, c))
     results = "{cron:sync}:results" if strategy == "lease" else "cron:sync:results"
+    runs = "{cron:sync}:runs" if strategy == "lease" else "cron:sync:runs"
+    # XADD / XTRIM MAXLEN ~ n removes whole macro nodes only: the server leaves at least n entries, and fewer
+    # than n plus the entries of the oldest node it kept (a node holds at most stream-node-max-entries).
+    node = await node_max_entries(target)
+    runs_len = await target.raw("XLEN", runs)
     if strategy == "lease":  # trimmed once the history is a tenth (here one run) over history_size
-        assert 5 <= await target.raw("ZCARD", results) <= 6
+        assert history_size <= await target.raw("ZCARD", results) <= history_size + 1
+        # Every attempt appends to runs; finish trims it, at most `slack` claims after the last trim.
+        slack = 1
+        assert history_size <= runs_len <= history_size + node - 1 + slack, runs_len
     else:
-        assert await target.raw("ZCARD", results) == 5
+        assert await target.raw("ZCARD", results) == history_size
     if strategy == "lease":
-        assert await target.raw("ZCARD", "{cron:sync}:slots") <= 5 + 1 + 100
+        assert await target.raw("ZCARD", "{cron:sync}:slots") <= history_size + 1 + 100
         # The hour-old run is still in progress: its state stays, and a backup still gets "running".
         still = await claim_one(backend, request(old_running.slot, "b"), keep_none)
         assert still.outcome is Outcome.RUNNING
         # Runs a late claim could still ask for are kept: with a long keep_ms nothing finished is dropped.
-        keep_all = JobPolicy(lease_ms=60_000, history_size=5, keep_ms=86_400_000, overlap=True)
+        keep_all = JobPolicy(lease_ms=60_000, history_size=history_size, keep_ms=86_400_000, overlap=True)
         for i in range(30):
             req = request(now + i * 1000, "k")
             c = await claim_one(backend, req, keep_all)
             await backend.strategy.finish(backend.store, req, c, keep_all, record(req, c))
         replay = await claim_one(backend, request(now, "late"), keep_all)
         assert replay.outcome is Outcome.DONE
-    else:
-        runs_len = await target.raw("XLEN", "cron:sync:runs")
-        assert runs_len >= 5
-        if strategy == "script":
-            # Every entry lies inside the 5-minute window a late claim still reads: none may go.
-            assert runs_len == 31
+    elif strategy == "script":
+        # Every entry lies inside the 5-minute window a late claim still reads: none may go.
+        assert runs_len == 1 + finished
+    else:  # stream-id, idmp: every claim's XADD trims with MAXLEN ~ history_size
+        assert history_size <= runs_len <= history_size + node - 1, runs_len
+
+
+async def test_script_deletes_entries_older_than_its_window_and_keeps_newer_ones(target: StoreTarget) -> None:
+    """Over history_size, the script drops entries a claim no longer reads (older than window_ms) and keeps
+    every entry inside the window, however many."""
+    backend = await target.started_backend({"name": "script", "window_ms": 200})
+    policy = JobPolicy(history_size=5)
+    old = [SLOT + i * 1000 for i in range(8)]
+    new = [SLOT + 100_000 + i * 1000 for i in range(8)]
+    claims = await backend.strategy.claim(backend.store, [(request(slot, "a"), policy) for slot in old])
+    assert [c.outcome for c in claims if isinstance(c, Claim)] == [Outcome.WON] * 8
+    assert await target.raw("XLEN", "cron:sync:runs") == 8  # all inside the window: none may go
+    await asyncio.sleep(0.25)  # the old entries fall out of the 200 ms window
+    claims = await backend.strategy.claim(backend.store, [(request(slot, "b"), policy) for slot in new])
+    assert [c.outcome for c in claims if isinstance(c, Claim)] == [Outcome.WON] * 8
+    entries = await target.raw("XRANGE", "cron:sync:runs", "-", "+")
+    assert [int(fields[1]) for _, fields in entries] == new  # fields: slot, <slot>, token, <token>, …
 
 
 async def test_script_forgets_a_run_after_its_window(target: StoreTarget) -> None:
@@ -258,6 +320,46 @@ async def test_noscript_is_handled_transparently(target: StoreTarget, strategy: 
     assert [c.outcome for c in (first, second, third)] == [Outcome.WON, Outcome.WON, expected_third]
 
 
+async def _command_calls(target: StoreTarget, command: str) -> int:
+    """How many times a real server ran ``command`` (INFO commandstats; fakeredis has no INFO)."""
+    stats = await target.raw("INFO", "commandstats")
+    line = next((line for line in stats.splitlines() if line.startswith(f"cmdstat_{command}:")), "calls=0,")
+    return int(line.split("calls=")[1].split(",")[0])
+
+
+async def _xcfgset_calls(target: StoreTarget) -> int:
+    return await _command_calls(target, "xcfgset")
+
+
+async def test_noscript_in_a_batch_of_claims_is_handled(target: StoreTarget, strategy: str) -> None:
+    """A batch of claims of several jobs, all answered NOSCRIPT (scripts lost to a restart, a promoted replica
+    or eviction): one EVAL per script loads it, the other claims go again by SHA, and every answer lands in
+    its own claim's place."""
+    backend = await target.started_backend(strategy)
+    runs = [(job, SLOT + i * 1000) for i in range(3) for job in ("sync", "billing", "report")]
+    winners: list[Claim] = []
+    for token in ("a", "b"):
+        await target.raw("SCRIPT", "FLUSH")
+        evals = None if target.is_fake else await _command_calls(target, "eval")
+        batch = [(request(slot, token, job=job), OVERLAP_OK) for job, slot in runs]
+        claims = await backend.strategy.claim(backend.store, batch)
+        assert all(isinstance(c, Claim) for c in claims), claims
+        answers = [c for c in claims if isinstance(c, Claim)]
+        if token == "a":
+            winners = answers
+            assert [c.outcome for c in answers] == [Outcome.WON] * len(runs)
+            for job in ("sync", "billing", "report"):  # each job's fences grow with its slots
+                fences = [c.fence for (j, _), c in zip(runs, answers, strict=True) if j == job]
+                assert fences == sorted(set(fences)), (job, fences)
+        elif strategy == "lease":  # each backup learns the fence of the attempt that holds its own run
+            assert [(c.outcome, c.fence) for c in answers] == [(Outcome.RUNNING, w.fence) for w in winners]
+        else:
+            assert [c.outcome for c in answers] == [Outcome.LOST] * len(runs)
+        if evals is not None:
+            scripted = strategy in ("lease", "script")  # stream-id and idmp claim with plain commands
+            assert await _command_calls(target, "eval") == evals + (1 if scripted else 0)
+
+
 async def test_idmp_refuses_to_start_where_unsupported(target: StoreTarget) -> None:
     if target.supports_idmp:
         pytest.skip(f"{target.name} supports idmp")
@@ -267,12 +369,6 @@ async def test_idmp_refuses_to_start_where_unsupported(target: StoreTarget) -> N
     for other in ("'lease'", "'stream-id'", "'script'"):
         assert other in str(caught.value)
     assert await target.raw("KEYS", "*") == []  # refused before writing anything
-
-
-async def _xcfgset_calls(target: StoreTarget) -> int:
-    stats = await target.raw("INFO", "commandstats")
-    line = next((line for line in stats.splitlines() if line.startswith("cmdstat_xcfgset:")), "calls=0,")
-    return int(line.split("calls=")[1].split(",")[0])
 
 
 async def test_idmp_configures_the_stream_once(target: StoreTarget) -> None:
@@ -307,6 +403,65 @@ async def test_idmp_configures_a_job_added_after_start_before_its_first_claim(ta
     fields = dict(zip(info[::2], info[1::2], strict=True))
     assert (fields["idmp-duration"], fields["idmp-maxsize"]) == (900, 50)
     assert await _xcfgset_calls(target) == before + 1
+
+
+class FailFirstXinfo:
+    """A connection whose first XINFO, once armed, fails as if the store could not be reached."""
+
+    def __init__(self, inner: Connection) -> None:
+        self.inner = inner
+        self.armed = False
+
+    def _check(self, commands: Sequence[Command]) -> None:
+        if self.armed and any(str(command[0]).upper() == "XINFO" for command in commands):
+            self.armed = False
+            raise StoreUnavailableError("store unavailable: connection reset (injected)")
+
+    async def execute(self, command: Command) -> Reply:
+        self._check([command])
+        return await self.inner.execute(command)
+
+    async def execute_many(self, commands: Sequence[Command]) -> list[Reply | StoreReplyError]:
+        self._check(commands)
+        return await self.inner.execute_many(commands)
+
+    async def server_info(self) -> ServerInfo:
+        return await self.inner.server_info()
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+async def test_idmp_a_failed_configuration_fails_only_that_jobs_claims_and_is_tried_again(
+    target: StoreTarget,
+) -> None:
+    """A claim of a job whose stream is not configured yet configures it first. When that fails, the claims of
+    that job get the error (claimed with the server's default duration, a late claim could win the run again),
+    the other jobs' claims go on, and the next claim of the job configures it."""
+    if not target.supports_idmp:
+        pytest.skip(f"idmp needs Redis 8.6+; {target.name} is {target.describe}")
+    connection = FailFirstXinfo(adapt(target.new_client()))
+    backend = target.backend({"name": "idmp", "duration_sec": 900, "max_size": 50}, connection=connection)
+    await backend.start(["sync"])
+    connection.armed = True
+    batch = [request(SLOT, "a", job="later"), request(SLOT, "a"), request(SLOT + 1000, "a", job="later")]
+    claims = await backend.strategy.claim(backend.store, [(r, JobPolicy()) for r in batch])
+    assert isinstance(claims[0], StoreUnavailableError)
+    assert claims[2] is claims[0]
+    other_job = claims[1]
+    assert isinstance(other_job, Claim)
+    assert other_job.outcome is Outcome.WON
+    assert await target.raw("EXISTS", "cron:later:runs") == 0  # nothing was claimed unconfigured
+    before = await _xcfgset_calls(target)
+    [retried] = await backend.strategy.claim(backend.store, [(request(SLOT, "b", job="later"), JobPolicy())])
+    assert isinstance(retried, Claim)
+    assert retried.outcome is Outcome.WON
+    info = await target.raw("XINFO", "STREAM", "cron:later:runs")
+    fields = dict(zip(info[::2], info[1::2], strict=True))
+    assert (fields["idmp-duration"], fields["idmp-maxsize"]) == (900, 50)
+    assert await _xcfgset_calls(target) == before + 1
+    lost = await claim_one(backend, request(SLOT, "c", job="later"), JobPolicy())
+    assert lost.outcome is Outcome.LOST
 
 
 async def test_results_are_json_records(target: StoreTarget, strategy: str) -> None:
