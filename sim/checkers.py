@@ -5,24 +5,32 @@ P1 no duplicate: a slot is executed at most once. Two executions of one slot cou
 P2 no missed slot: every slot due while at least one instance was healthy (up, not paused, not cut off, then
    and for a settling time after) has an execution that ran to the end, judged once every fault has healed.
 P3 no overlap: executions of a job whose overlap is forbidden never overlap in true time.
-P4 lease safety (lease only): no two attempts of one run execute at the same true time; the margin between the
-   end of an interrupted attempt and the start of the next is reported.
+P4 lease safety (lease only): no two attempts of one run (two lease holders: two tokens) execute at the same true
+   time, whatever their attempt numbers (after a failover the store can grant attempt 1 twice). Each attempt's
+   margin is reported: its lease expiry as last acknowledged (the true time of the last won claim's or
+   heartbeat's reply, plus the lease it granted) minus the end of its execution, its last side effect; below 0,
+   it worked past its lease.
 P5 no lost acknowledged claim: a run won before a failover or store restart is not won again, as a first
    attempt, by someone else after it.
 P6 fencing: the fences of a job's executions grow in the order their claims were acknowledged.
+Lateness: every run's first attempt starts (true time) within the job's allowance after its slot: jitter_ms +
+   max_late_ms (or catch_up_ms under lease, if larger) plus a margin; p50 / p99 / max are reported.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from zoneinfo import ZoneInfo
 
 from anarchon._cron import CronSchedule
+from anarchon._job import JobOptions
 from sim.history import Execution, History
-from sim.scenario import Scenario
+from sim.scenario import JobSpec, Scenario
 from sim.world import FaultWindow
 
 STORE_FAULTS = ("failover", "store-restart")
@@ -34,22 +42,37 @@ class Verdict:
     status: str  # valid | invalid | unknown
     witness: str = ""
     count: int = 0  # how many violations
+    figures: dict[str, float] = field(default_factory=dict)  # what the checker measured, e.g. P4's lease margins
 
 
 @dataclass
 class Judgement:
-    verdicts: dict[str, Verdict]
+    verdicts: dict[str, Verdict]  # P1..P6
     slots_checked: int
-    lateness_ms: list[float] = field(default_factory=list)
-    lease_margins_ms: list[float] = field(default_factory=list)
+    lateness_ms: list[float] = field(default_factory=list)  # first attempts' start - slot
+    lease_margins_ms: list[float] = field(default_factory=list)  # lease: each attempt's lease expiry - its end
+    lateness: Verdict = field(default_factory=lambda: Verdict("lateness", "unknown", "not judged"))
 
     def as_json(self) -> dict[str, Any]:
         return {
             "verdicts": {name: v.status for name, v in self.verdicts.items()},
             "witnesses": {name: v.witness for name, v in self.verdicts.items() if v.witness},
             "counts": {name: v.count for name, v in self.verdicts.items()},
+            "figures": {name: v.figures for name, v in self.verdicts.items() if v.figures},
+            "lateness": {
+                "verdict": self.lateness.status,
+                "witness": self.lateness.witness,
+                "count": self.lateness.count,
+                **self.lateness.figures,
+            },
             "slots_checked": self.slots_checked,
         }
+
+
+def percentile(values: Sequence[float], p: float) -> float:
+    """The nearest-rank ``p``-th percentile (0 < p <= 100) of ``values`` (not empty)."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(p / 100 * len(ordered)) - 1)]
 
 
 def true_s(slot_ms: int, epoch_s: float) -> float:
@@ -58,9 +81,15 @@ def true_s(slot_ms: int, epoch_s: float) -> float:
 
 
 def judge(
-    scenario: Scenario, strategy: str, history: History, fault_windows: list[FaultWindow], slack_s: float = 5.0
+    scenario: Scenario,
+    strategy: str,
+    history: History,
+    fault_windows: list[FaultWindow],
+    slack_s: float = 5.0,
+    late_margin_s: float = 1.0,
 ) -> Judgement:
-    """Run every checker. ``slack_s`` is added to the time a takeover may take before a slot counts as missed."""
+    """Run every checker. ``slack_s`` is added to the time a takeover may take before a slot counts as missed;
+    ``late_margin_s`` to a job's lateness allowance (the claim's round trip and the dispatcher's wake-up)."""
     epoch = history.epoch_s
     runs = [e for e in history.executions if not e.manual]
     by_slot: dict[tuple[str, int], list[Execution]] = defaultdict(list)
@@ -80,20 +109,29 @@ def judge(
         if someone_healthy(true_s(slot, epoch))
     ]
 
+    margins = lease_margins(history, int(scenario.scheduler.get("lease_ms", 30_000))) if strategy == "lease" else {}
     verdicts = {
         "P1": _no_duplicate(by_slot, epoch),
         "P2": _no_missed(by_slot, expected, epoch),
         "P3": _no_overlap(scenario, runs + [e for e in history.executions if e.manual], epoch),
-        "P4": _lease_safety(strategy, by_slot, epoch),
+        "P4": _lease_safety(strategy, by_slot, epoch, margins),
         "P5": _no_lost_ack(strategy, history, fault_windows),
         "P6": _fencing(history),
     }
-    lateness = [(e.started - true_s(e.slot, epoch)) * 1000 for e in runs if e.attempt == 1]
-    return Judgement(verdicts, len(expected), lateness, _margins(by_slot) if strategy == "lease" else [])
+    # First attempts of the slots due once the run began: one due before could not have run on time.
+    first = [e for e in runs if e.attempt == 1 and true_s(e.slot, epoch) >= 0]
+    lateness = [(e.started - true_s(e.slot, epoch)) * 1000 for e in first]
+    return Judgement(
+        verdicts,
+        len(expected),
+        lateness,
+        [margin for margin, _ in margins.values()],
+        _lateness(scenario, strategy, first, lateness, epoch, late_margin_s),
+    )
 
 
 def _expected_slots(scenario: Scenario, epoch: float, start_s: float, end_s: float) -> list[tuple[str, int]]:
-    slots = []
+    slots: list[tuple[str, int]] = []
     for job in scenario.jobs:
         schedule = CronSchedule(job.cron, ZoneInfo(str(job.options.get("timezone", "UTC"))))
         low, high = int((epoch + start_s) * 1000), int((epoch + end_s) * 1000)
@@ -149,26 +187,98 @@ def _no_overlap(scenario: Scenario, executions: list[Execution], epoch: float) -
     return Verdict("P3", "invalid" if bad else "valid", bad[0] if bad else "", len(bad))
 
 
-def _lease_safety(strategy: str, by_slot: dict[tuple[str, int], list[Execution]], epoch: float) -> Verdict:
+def _lease_safety(
+    strategy: str,
+    by_slot: dict[tuple[str, int], list[Execution]],
+    epoch: float,
+    margins: dict[tuple[str, str], tuple[float, float]],
+) -> Verdict:
     if strategy != "lease":
         return Verdict("P4", "unknown", "no leases under this strategy")
+
+    def lease(e: Execution) -> str:
+        known = margins.get((e.instance, e.token))
+        if known is None:
+            return f"{e.instance}: no acknowledged lease"
+        margin, expiry = known
+        when = "before" if margin < 0 else "after"
+        return f"{e.instance}'s lease ran out at {expiry:.3f} s, {abs(margin):.0f} ms {when} it stopped"
+
     bad = []
     for (job, slot), executions in sorted(by_slot.items()):
         for a, b in itertools.combinations(sorted(executions, key=lambda e: e.started), 2):
-            if a.attempt != b.attempt and a.overlaps(b):
-                bad.append(f"{job} slot at {true_s(slot, epoch):.0f} s: {_describe(a)} overlaps {_describe(b)}")
-    return Verdict("P4", "invalid" if bad else "valid", bad[0] if bad else "", len(bad))
+            if a.token != b.token and a.overlaps(b):  # two lease holders at once, whatever their attempts
+                bad.append(f"{job} slot at {true_s(slot, epoch):.0f} s: {_describe(a)} overlaps {_describe(b)} "
+                           f"({lease(a)}; {lease(b)})")  # fmt: skip
+    values = [margin for margin, _ in margins.values()]
+    figures: dict[str, float] = {"attempts": len(values), "past_lease": sum(1 for m in values if m < 0)}
+    if values:
+        figures |= {"min_margin_ms": round(min(values), 1), "p50_margin_ms": round(percentile(values, 50), 1)}
+    return Verdict("P4", "invalid" if bad else "valid", bad[0] if bad else "", len(bad), figures)
 
 
-def _margins(by_slot: dict[tuple[str, int], list[Execution]]) -> list[float]:
-    """For each takeover, how long before the next attempt started the previous one had stopped (ms)."""
-    margins = []
-    for executions in by_slot.values():
-        ordered = sorted(executions, key=lambda e: e.started)
-        for a, b in itertools.pairwise(ordered):
-            if a.ended is not None and b.attempt > a.attempt:
-                margins.append((b.started - a.ended) * 1000)
+def lease_margins(history: History, lease_ms: int) -> dict[tuple[str, str], tuple[float, float]]:
+    """For each execution that ended, keyed by (instance, token): (margin ms, lease expiry), the margin being the
+    lease expiry as its holder last heard it minus the execution's end. The expiry is the true time of the last
+    acknowledgement before the end - a won claim (``lease_ms``: the history does not keep the lease a retried
+    claim had left, so that one is an upper bound) or a heartbeat (the lease ms it granted) - plus that lease.
+    An execution with no acknowledged lease in the history has no margin."""
+    acks: dict[tuple[str, str], list[tuple[float, float]]] = defaultdict(list)
+    for event in history.events:
+        if event.kind != "ok":
+            continue
+        if event.op == "claim" and event.value.startswith("won"):
+            granted_ms = lease_ms
+        elif event.op == "heartbeat" and event.value.isdigit() and int(event.value) > 0:
+            granted_ms = int(event.value)
+        else:
+            continue
+        acks[(event.process, event.token)].append((event.t, event.t + granted_ms / 1000))
+    margins = {}
+    for e in history.executions:
+        if e.ended is None:
+            continue
+        expiries = [expiry for t, expiry in acks.get((e.instance, e.token), []) if t <= e.ended]
+        if expiries:
+            expiry = max(expiries)
+            margins[(e.instance, e.token)] = ((expiry - e.ended) * 1000, expiry)
     return margins
+
+
+def _allowance_ms(job: JobSpec, strategy: str) -> int:
+    """How long after its slot a first attempt may start: claims come up to jitter_ms after the slot and are
+    skipped beyond max_late_ms; a catch-up at start (lease only) may run a slot up to catch_up_ms late."""
+    defaults = JobOptions()
+    jitter = int(job.options.get("jitter_ms", defaults.jitter_ms))
+    max_late = int(job.options.get("max_late_ms", defaults.max_late_ms))
+    catch_up = int(job.options.get("catch_up_ms", defaults.catch_up_ms)) if strategy == "lease" else 0
+    return max(jitter + max_late, catch_up)
+
+
+def _lateness(
+    scenario: Scenario,
+    strategy: str,
+    first: list[Execution],
+    lateness_ms: list[float],
+    epoch: float,
+    margin_s: float,
+) -> Verdict:
+    if not first:
+        return Verdict("lateness", "unknown", "no run started")
+    allowed = {job.name: _allowance_ms(job, strategy) + margin_s * 1000 for job in scenario.jobs}
+    late = [ms > allowed[e.job] for e, ms in zip(first, lateness_ms, strict=True)]
+    worst = max(range(len(first)), key=lambda i: (late[i], lateness_ms[i] - allowed[first[i].job]))
+    e, ms = first[worst], lateness_ms[worst]
+    witness = (f"{'late' if late[worst] else 'the latest'}: {e.job} slot at {true_s(e.slot, epoch):.0f} s: {_describe(e)}, "
+               f"started {ms:.0f} ms after its slot (allowed {allowed[e.job]:.0f} ms)")  # fmt: skip
+    figures = {
+        "runs": len(first),
+        "p50_ms": round(percentile(lateness_ms, 50), 1),
+        "p99_ms": round(percentile(lateness_ms, 99), 1),
+        "max_ms": round(max(lateness_ms), 1),
+    }
+    count = sum(late)
+    return Verdict("lateness", "invalid" if count else "valid", witness, count, figures)
 
 
 def _no_lost_ack(strategy: str, history: History, fault_windows: list[FaultWindow]) -> Verdict:

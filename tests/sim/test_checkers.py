@@ -1,0 +1,143 @@
+"""The checkers on hand-made histories: lease safety and its margins, and lateness."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from sim.checkers import Judgement, judge, percentile
+from sim.history import Event, Execution, History
+from sim.scenario import parse
+from sim.world import EPOCH_S
+
+
+def _scenario(**job_options: Any) -> Any:
+    return parse(
+        {
+            "name": "unit",
+            "duration_s": 100,
+            "scheduler": {"lease_ms": 3000},
+            "instances": [{"name": "a"}, {"name": "b"}],
+            "jobs": [{"name": "tick", "cron": "*/10 * * * * *", "work_s": 1.0, **job_options}],
+        }
+    )
+
+
+def _execution(instance: str, slot_s: float, started: float, ended: float | None, completed: bool = True,
+               attempt: int = 1) -> Execution:  # fmt: skip
+    slot = int((EPOCH_S + slot_s) * 1000)
+    return Execution(instance, "tick", slot, str(slot), attempt, attempt, f"t-{instance}-{slot_s:.0f}-{attempt}",
+                     False, started, ended, completed)  # fmt: skip
+
+
+def _every_slot(skip: float | None = None) -> list[Execution]:
+    return [_execution("a", s, s, s + 1) for s in range(10, 100, 10) if s != skip]
+
+
+def _judge(executions: list[Execution], events: list[Event] | None = None, strategy: str = "lease",
+           **job_options: Any) -> Judgement:  # fmt: skip
+    history = History(epoch_s=EPOCH_S, events=events or [], executions=executions)
+    return judge(_scenario(**job_options), strategy, history, [])
+
+
+def _ack(e: Execution, t: float, op: str = "claim", value: str = "") -> Event:
+    value = value or f"won attempt={e.attempt} fence={e.fence}"
+    return Event(t, "ok", e.instance, op, e.job, e.run, e.token, value)
+
+
+# --- P4 lease safety -------------------------------------------------------------------------------------------
+
+
+def test_two_holders_of_the_same_attempt_at_once_break_lease_safety() -> None:
+    # After a failover the store forgot a's claim and b won attempt 1 of the same run again, while a still ran.
+    a, b = _execution("a", 40, 40, 43), _execution("b", 40, 41, 44)
+    verdict = _judge([*_every_slot(skip=40), a, b]).verdicts["P4"]
+    assert verdict.status == "invalid"
+    assert "a attempt 1 [40.000 .. 43.000]" in verdict.witness
+    assert "b attempt 1 [41.000 .. 44.000]" in verdict.witness
+
+
+def test_the_same_attempt_won_again_after_the_first_had_stopped_is_not_a_lease_violation() -> None:
+    a, b = _execution("a", 40, 40, 41, completed=False), _execution("b", 40, 44, 45)
+    assert _judge([*_every_slot(skip=40), a, b]).verdicts["P4"].status == "valid"
+
+
+def test_the_lease_margin_is_the_last_acknowledged_expiry_minus_the_last_side_effect() -> None:
+    zombie = _execution("a", 40, 40, 47, completed=False)  # paused past its lease, then went on
+    backup = _execution("b", 40, 43.5, 45, attempt=2)
+    events = [
+        _ack(zombie, 40.0),  # claim won: lease to 43
+        _ack(zombie, 41.0, "heartbeat", "3000"),  # extended to 44
+        _ack(zombie, 46.5, "heartbeat", "0"),  # refused: no extension
+        _ack(zombie, 47.5, "heartbeat", "3000"),  # after its end: says nothing about what it did before
+        _ack(backup, 43.5),  # lease to 46.5
+        _ack(backup, 44.0, "heartbeat", "2500"),  # extended to 46.5
+    ]
+    judgement = _judge([*_every_slot(skip=40), zombie, backup], events)
+    assert judgement.lease_margins_ms == pytest.approx([-3000.0, 1500.0])
+    verdict = judgement.verdicts["P4"]
+    assert verdict.status == "invalid"
+    assert "a's lease ran out at 44.000 s, 3000 ms before it stopped" in verdict.witness
+    assert verdict.figures == {"attempts": 2, "past_lease": 1, "min_margin_ms": -3000.0, "p50_margin_ms": -3000.0}
+    assert judgement.as_json()["figures"]["P4"]["past_lease"] == 1
+
+
+def test_an_attempt_without_an_acknowledged_lease_has_no_margin() -> None:
+    judgement = _judge(_every_slot())
+    assert judgement.lease_margins_ms == []
+    assert judgement.verdicts["P4"].figures == {"attempts": 0, "past_lease": 0}
+
+
+def test_other_strategies_have_no_lease_margins() -> None:
+    runs = _every_slot()
+    judgement = _judge(runs, [_ack(e, e.started) for e in runs], strategy="script")
+    assert judgement.verdicts["P4"].status == "unknown"
+    assert judgement.lease_margins_ms == []
+    assert "P4" not in judgement.as_json()["figures"]
+
+
+# --- lateness --------------------------------------------------------------------------------------------------
+
+
+def test_runs_on_time_have_valid_lateness_with_figures() -> None:
+    runs = [_execution("a", s, s + (0.5 if s == 50 else 0), s + 1) for s in range(10, 100, 10)]
+    judgement = _judge(runs)
+    assert judgement.lateness.status == "valid"
+    assert judgement.lateness.figures == {"runs": 9, "p50_ms": 0.0, "p99_ms": 500.0, "max_ms": 500.0}
+    assert "slot at 50 s" in judgement.lateness.witness  # the latest run
+    assert judgement.as_json()["lateness"]["verdict"] == "valid"
+    assert judgement.as_json()["lateness"]["max_ms"] == 500.0
+
+
+def test_a_first_attempt_later_than_max_late_ms_and_the_margin_is_late() -> None:
+    late = [*_every_slot(skip=40), _execution("b", 40, 47, 48)]
+    judgement = _judge(late, max_late_ms=5000)
+    assert judgement.lateness.status == "invalid"
+    assert judgement.lateness.count == 1
+    assert judgement.lateness.witness.startswith("late: tick slot at 40 s: b attempt 1")
+    assert "7000 ms after its slot (allowed 6000 ms)" in judgement.lateness.witness
+    out = judgement.as_json()["lateness"]
+    assert (out["verdict"], out["count"], out["max_ms"]) == ("invalid", 1, 7000.0)
+    # Within the margin, or with jitter allowed on top of max_late_ms: on time.
+    assert _judge(late, max_late_ms=6500).lateness.status == "valid"
+    assert _judge(late, max_late_ms=5000, jitter_ms=2000).lateness.status == "valid"
+
+
+def test_the_default_max_late_ms_applies_and_takeovers_do_not_count() -> None:
+    late = [*_every_slot(skip=40), _execution("b", 40, 40 + 62, 40 + 63)]
+    assert _judge(late).lateness.status == "invalid"  # default max_late_ms 60 s, + 1 s margin
+    takeover = [*_every_slot(skip=40), _execution("a", 40, 40, 41, False), _execution("b", 40, 102, 103, attempt=2)]
+    assert _judge(takeover).lateness.status == "valid"
+
+
+def test_lateness_is_unknown_without_runs() -> None:
+    judgement = _judge([])
+    assert judgement.lateness.status == "unknown"
+    assert judgement.as_json()["lateness"]["verdict"] == "unknown"
+
+
+def test_percentile_is_the_nearest_rank() -> None:
+    values = [float(v) for v in range(1, 101)]
+    assert (percentile(values, 50), percentile(values, 99), percentile(values, 100)) == (50.0, 99.0, 100.0)
+    assert percentile([3.0], 99) == 3.0
