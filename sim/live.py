@@ -47,9 +47,15 @@ READY_TIMEOUT_S = 60
 REPO = Path(__file__).resolve().parent.parent
 
 
+VIRTUAL_ONLY = ("replication-hold", "replication-drop")
+
+
 def scaled(scenario: Scenario, factor: float = SCALE) -> Scenario:
     """The scenario in live time: every duration, offset and period multiplied by ``factor``, and the run cut
     ``SETTLE_AFTER_FAULTS_S`` scenario seconds after the last fault heals."""
+    for spec in scenario.faults:
+        if spec.kind in VIRTUAL_ONLY:
+            raise ScenarioError(f"{scenario.name}: {spec.kind} is a fault of the virtual mode's replication log only")
     last_fault = max((f.at_s + min(f.duration_s, scenario.duration_s) for f in scenario.faults), default=0.0)
     duration = min(scenario.duration_s, last_fault + SETTLE_AFTER_FAULTS_S)
 

@@ -43,7 +43,9 @@ FAULT_KINDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "skew": (("instance", "offset_ms"), ()),  # the clock jumps
     "drift": (("instance", "drift"), ()),  # the clock runs 1 + drift times as fast from here on
     "late": (("instance", "delay_ms", "duration_s"), ()),
-    "failover": (("lag_ms",), ()),
+    "failover": (("lag_ms",), ()),  # the replica, lag_ms behind, is promoted
+    "replication-hold": (("duration_s",), ()),  # writes reach the replica when the hold ends
+    "replication-drop": (("duration_s",), ()),  # writes made meanwhile never reach the replica
     "store-restart": ((), ()),
     "manual": (("instance", "job"), ()),  # run_now on that instance
 }

@@ -3,14 +3,17 @@ clocks, the faults of a scenario, and the history and ledger of everything that 
 
 Only time, randomness and the store connection are injected. Each instance gets a :class:`SimClock` (its own
 offset and drift over true time, frozen while the instance is paused) and a :class:`~sim.links.Link` to the
-store that the nemesis can cut, hold (pause) or redirect (failover).
+store that the nemesis can cut, hold (pause) or redirect (failover). A store with a replica keeps a replication
+log (:mod:`sim.replica`) that the nemesis delays, holds or drops.
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import random
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,11 +25,13 @@ from sim import fakestore
 from sim.history import Event, Execution, History, RecordingStrategy
 from sim.idmp import IdmpConnection, IdmpState
 from sim.links import Link
+from sim.replica import Dataset, ReplicatedConnection, Replication, read_key
 from sim.scenario import FaultSpec, InstanceSpec, JobSpec, Scenario
 
 EPOCH_S = 1_800_000_000  # 2027-01-15T08:00:00Z: simulations start at a fixed, round moment
 STORE_VERSION = (7, 0)
 IDMP_VERSION = (8, 6)  # the idmp strategy needs it; its IDMP is emulated (sim.idmp)
+REPLICA_FAULTS = ("failover", "replication-hold", "replication-drop")
 log = logging.getLogger("sim")
 
 
@@ -112,53 +117,53 @@ class SimClock:
             await self.running.wait()
 
 
-@dataclass
-class Snapshot:
-    keys: dict[bytes, tuple[bytes, int]]  # DUMP and remaining TTL of every key
-    idmp: IdmpState
-
-
 class SimStore:
-    """The embedded store (Redis 7.0, or 8.6 with IDMP emulated), and what failover and restarts do to it."""
+    """The embedded store (Redis 7.0, or 8.6 with IDMP emulated), and what failover and restarts do to it.
 
-    def __init__(self, version: tuple[int, ...] = STORE_VERSION) -> None:
+    ``replicated``: the store has a replica, fed by a replication log (:mod:`sim.replica`) that a failover
+    promotes. Only scenarios with failover or replication faults pay for the log."""
+
+    def __init__(self, version: tuple[int, ...] = STORE_VERSION, *, replicated: bool = False) -> None:
         fakestore.install()
         self.version = version
-        self.server = fakeredis.FakeServer(version=version)
         self.idmp = IdmpState()
+        self._new_server()
+        self.replication = Replication(self._read_key, lambda: self.idmp) if replicated else None
+
+    def _new_server(self) -> None:
+        self.server = fakeredis.FakeServer(version=self.version)
+        self._probe = fakeredis.FakeRedis(server=self.server)  # blocking: reads keys for the log at once
+        self._read_key = read_key(self._probe, lambda: int(time.time() * 1000))
 
     def connection(self) -> Connection:
         # Straight into the engine: the wire is not what the simulator tests (every client adapter is tested
         # against real servers), and an unreachable store is the link's to model (sim/links.py).
-        connection = fakestore.EmbeddedConnection(self.server)
-        return IdmpConnection(connection, self.idmp) if self.version >= (8, 6) else connection
+        connection: Connection = fakestore.EmbeddedConnection(self.server)
+        if self.version >= (8, 6):
+            connection = IdmpConnection(connection, self.idmp)
+        return ReplicatedConnection(connection, self.replication) if self.replication else connection
 
-    async def snapshot(self) -> Snapshot:
-        """The dataset as a replica would hold it at this moment."""
-        client = fakeredis.FakeAsyncRedis(server=self.server)
-        try:
-            keys = {key: (await client.dump(key), await client.pttl(key)) for key in await client.keys("*")}
-        finally:
-            await client.aclose()
-        return Snapshot(keys, self.idmp.copy())
+    def promote(self, lag_s: float) -> float:
+        """The replica, ``lag_s`` behind, becomes the primary: what it had not received is gone, and so are the
+        scripts (they are not replicated). Returns when the earliest write it lacked was made (now if none)."""
+        assert self.replication is not None, "a failover needs a store with a replica"
+        dataset, missing = self.replication.replica(lag_s)
+        now_ms = int(time.time() * 1000)
+        self._new_server()
+        for key, state in dataset.keys.items():
+            ttl = 0 if state.expires_ms is None else state.expires_ms - now_ms
+            if ttl >= 0:
+                self._probe.restore(key, ttl, state.dumped)
+        self.idmp.streams = {key: copy.deepcopy(stream) for key, stream in dataset.idmp.items()}
+        self.replication.restart(dataset)  # the new primary's replica starts in sync with it
+        return missing if missing is not None else self.replication.now()
 
-    async def promote(self, snapshot: Snapshot) -> None:
-        """A replica holding ``snapshot`` becomes the primary: what it had not received is gone, and so are the
-        scripts (they are not replicated)."""
-        self.server = fakeredis.FakeServer(version=self.version)
-        self.idmp = snapshot.idmp.copy()
-        client = fakeredis.FakeAsyncRedis(server=self.server)
-        try:
-            for key, (dumped, ttl) in snapshot.keys.items():
-                if ttl != -2:
-                    await client.restore(key, max(ttl, 0), dumped)
-        finally:
-            await client.aclose()
-
-    async def lose_everything(self) -> None:
-        """A restart without persistence: empty, no cached scripts."""
-        self.server = fakeredis.FakeServer(version=self.version)
-        self.idmp = IdmpState()
+    def lose_everything(self) -> None:
+        """A restart without persistence: empty, no cached scripts (and a replica that resynchronises empty)."""
+        self._new_server()
+        self.idmp.streams = {}
+        if self.replication is not None:
+            self.replication.restart(Dataset())
 
 
 @dataclass
@@ -241,7 +246,8 @@ class World:
         self.seed = seed
         self.rng = random.Random(seed)
         self.history = History(epoch_s=EPOCH_S)
-        self.store = SimStore(IDMP_VERSION if strategy == "idmp" else STORE_VERSION)
+        replicated = any(fault.kind in REPLICA_FAULTS for fault in scenario.faults)
+        self.store = SimStore(IDMP_VERSION if strategy == "idmp" else STORE_VERSION, replicated=replicated)
         self.instances = {spec.name: SimInstance(self, spec) for spec in scenario.instances}
         self.fault_windows: list[FaultWindow] = []
 
@@ -284,18 +290,27 @@ class World:
         start = fault.at_s
         if fault.kind == "failover":
             lag_s = float(fault.settings["lag_ms"]) / 1000
-            await asyncio.sleep(max(0.0, start - lag_s))
-            snapshot = await self.store.snapshot()  # what the replica has received by the failover
-            await asyncio.sleep(start - self.now())
-            await self.store.promote(snapshot)
-            await self._redirect()
+            await asyncio.sleep(start)
+            missing_since = self.store.promote(lag_s)
+            self._redirect()
             self.record_fault(fault, f"promoted a replica {lag_s * 1000:.0f} ms behind")
-            self.fault_windows.append(FaultWindow(start - lag_s, self.now(), fault.kind))
+            self.fault_windows.append(FaultWindow(min(missing_since, start - lag_s), start, fault.kind))
+            return
+        if fault.kind in ("replication-hold", "replication-drop"):
+            await asyncio.sleep(start)
+            replication = self.store.replication
+            assert replication is not None
+            (replication.hold if fault.kind == "replication-hold" else replication.drop)(
+                start, start + fault.duration_s
+            )
+            what = "held" if fault.kind == "replication-hold" else "drops the writes"
+            self.record_fault(fault, f"replication to the replica {what} for {fault.duration_s:g} s")
+            self.fault_windows.append(FaultWindow(start, start + fault.duration_s, fault.kind))
             return
         await asyncio.sleep(start)
         if fault.kind == "store-restart":
-            await self.store.lose_everything()
-            await self._redirect()
+            self.store.lose_everything()
+            self._redirect()
             self.record_fault(fault, "store restarted empty")
             self.fault_windows.append(FaultWindow(start, start, fault.kind))
             return
@@ -352,7 +367,7 @@ class World:
             target.clock.offset_ms += delay
             self.record_fault(fault, f"{detail} back on time")
 
-    async def _redirect(self) -> None:
+    def _redirect(self) -> None:
         """Every instance's connection now reaches the current store (Sentinel or DNS would do this)."""
         for instance in self.instances.values():
             if instance.link is not None:

@@ -149,13 +149,52 @@ def test_a_fault_with_no_instance_to_strike_is_recorded_and_a_failing_fault_is_n
         "name": "f", "duration_s": 20, "instances": [{"name": "a"}],
         "jobs": [{"name": "tick", "cron": "*/5 * * * * *", "work_s": 1}],
     }  # fmt: skip
-    nobody = parse({**base, "faults": [{"at_s": 2, "kind": "crash", "instance": "a"},
-                                       {"at_s": 5, "kind": "pause", "instance": "winner", "duration_s": 1}]})  # fmt: skip
+    crash = {"at_s": 2, "kind": "crash", "instance": "a"}
+    nobody = parse({**base, "faults": [crash, {"at_s": 5, "kind": "pause", "instance": "winner", "duration_s": 1}]})
     faults = [(e.t, e.op, e.value) for e in simulate(nobody, "lease", 1).history.events if e.kind == "fault"]
     assert faults == [(2.0, "crash", "instance a killed"), (5.0, "pause", "no instance is up: nothing struck")]
     broken = parse({**base, "faults": [{"at_s": 2, "kind": "skew", "instance": "a", "offset_ms": "soon"}]})
     with pytest.raises(ValueError, match="soon"):
         simulate(broken, "lease", 1)
+
+
+def _promoted_after(*faults: dict[str, object]) -> tuple[str, str]:
+    """Slot 40 is claimed at 40 s (and finished at 40.3 s); the replica is promoted at 45 s; an instance 6 s behind
+    claims slot 40 at 46 s. P1 and P5 say whether the promoted replica had received the claim."""
+    scenario = parse({
+        "name": "replication", "duration_s": 60,
+        "instances": [{"name": "a"}, {"name": "behind", "offset_ms": -6000}],
+        "jobs": [{"name": "tick", "cron": "*/20 * * * * *", "work_s": 0.3}],
+        "faults": [*faults, {"at_s": 45, "kind": "failover", "lag_ms": 0}],
+    })  # fmt: skip
+    verdicts = simulate(scenario, "lease", 1).judgement.verdicts
+    return verdicts["P1"].status, verdicts["P5"].status
+
+
+def test_the_replica_receives_the_replication_log_after_its_lag_or_a_hold_and_never_what_was_dropped() -> None:
+    assert _promoted_after() == ("valid", "valid")
+    assert _promoted_after({"at_s": 1, "kind": "replication-hold", "duration_s": 0.5}) == ("valid", "valid")
+    held = {"at_s": 39, "kind": "replication-hold"}
+    assert _promoted_after({**held, "duration_s": 10}) == ("invalid", "invalid")  # still held at the failover
+    assert _promoted_after({**held, "duration_s": 5}) == ("valid", "valid")  # released at 44 s
+    dropped = {"at_s": 39, "kind": "replication-drop", "duration_s": 5}
+    assert _promoted_after(dropped) == ("invalid", "invalid")  # the drop ended at 44 s: what it took stays lost
+    # A later write to the same keys (a manual run of the job, at 42 s) brings them to the replica whole.
+    rerun = {"at_s": 42, "kind": "manual", "instance": "a", "job": "tick"}
+    assert _promoted_after({**dropped, "duration_s": 2}, rerun) == ("valid", "valid")
+
+
+def test_a_failover_lag_loses_the_writes_of_its_last_moments() -> None:
+    scenario = parse({
+        "name": "lag", "duration_s": 60,
+        "instances": [{"name": "a"}, {"name": "behind", "offset_ms": -6000}],
+        "jobs": [{"name": "tick", "cron": "*/20 * * * * *", "work_s": 0.3}],
+        "faults": [{"at_s": 45, "kind": "failover", "lag_ms": 6000}],
+    })  # fmt: skip
+    outcome = simulate(scenario, "lease", 1)
+    assert (outcome.judgement.verdicts["P1"].status, outcome.judgement.verdicts["P5"].status) == ("invalid", "invalid")
+    [window] = [w for w in outcome.fault_windows if w.kind == "failover"]
+    assert (window.start, window.end) == (39.0, 45.0)
 
 
 def test_the_zombie_resumes_unfinished_beside_its_backup() -> None:
@@ -171,7 +210,8 @@ def test_the_zombie_resumes_unfinished_beside_its_backup() -> None:
     assert (first.attempt, second.attempt) == (1, 2)
     resumed = next(e.t for e in outcome.history.events if e.value == f"instance {first.instance} resumed")
     assert first.started < second.started < resumed
-    assert first.ended == resumed and not first.completed  # stopped by the refused heartbeat, not finished
+    assert first.ended == resumed
+    assert not first.completed  # stopped by the refused heartbeat, not finished
     beats = [e for e in outcome.history.events if e.process == first.instance and e.op == "heartbeat"]
     assert [(e.kind, e.value) for e in beats if first.started < e.t] == [("invoke", ""), ("ok", "0")]
     assert all(e.t == resumed for e in beats if first.started < e.t)

@@ -1,0 +1,182 @@
+"""Replication to a replica: a log the simulator delivers after a lag, holds, or drops.
+
+Redis replicates what a write did, not the command that did it (a script's writes, not the script). The log
+here keeps, after every command the instances send, what each key the command may have written holds then
+(its DUMP, or nothing when it is gone) and, for streams with IDMP, the emulated IDMP state. A failover promotes
+a replica that holds, in order, every entry delivered by then:
+
+- an entry reaches the replica ``lag_s`` after it was written (the failover's ``lag_ms``);
+- entries written while replication is held reach it when the hold ends, and are lost if the primary fails first;
+- entries written while replication drops never reach it; a later write to the same key brings the key whole,
+  as a partial resynchronisation would.
+
+The replica needs no server of its own until it is promoted: its dataset is worked out from the log then.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from anarchon._errors import StoreReplyError
+from anarchon._store import Command, Connection, Reply, ServerInfo
+from sim.idmp import IdmpState, StreamIdmp
+
+# Commands that write nothing; every other command anarchon sends writes its first key, or, for scripts, the
+# keys it declares. A command the log does not know stops the simulation rather than let the replica drift.
+READS = frozenset({
+    "DBSIZE", "DUMP", "EXISTS", "GET", "HGET", "HGETALL", "HMGET", "INFO", "KEYS", "MEMORY", "PING", "PTTL",
+    "SCAN", "SCRIPT", "SMEMBERS", "TIME", "TYPE", "XINFO", "XLEN", "XRANGE", "XREVRANGE", "ZCARD", "ZRANGE",
+    "ZRANGEBYSCORE", "ZREVRANGE", "ZSCORE",
+})  # fmt: skip
+WRITES_FIRST_KEY = frozenset({
+    "DEL", "HDEL", "HSET", "SADD", "SET", "SREM", "XADD", "XCFGSET", "XDEL", "XTRIM", "ZADD", "ZREM",
+    "ZREMRANGEBYRANK", "ZREMRANGEBYSCORE",
+})  # fmt: skip
+
+
+def _text(arg: object) -> str:
+    return arg.decode() if isinstance(arg, bytes) else str(arg)
+
+
+def written_keys(command: Command) -> list[str]:
+    """The keys ``command`` may write."""
+    name = _text(command[0]).upper()
+    if name in ("EVAL", "EVALSHA"):
+        return [_text(key) for key in command[3 : 3 + int(command[2])]]
+    if name in READS:
+        return []
+    if name in WRITES_FIRST_KEY:
+        return [_text(command[1])]
+    raise ValueError(f"the replication log does not know which keys {name} writes")
+
+
+@dataclass(frozen=True)
+class KeyState:
+    dumped: bytes
+    expires_ms: int | None  # the store's clock, absolute
+
+
+@dataclass
+class Dataset:
+    """What a replica holds: keys (absent: gone) and the IDMP state of streams."""
+
+    keys: dict[str, KeyState] = field(default_factory=dict)
+    idmp: dict[str, StreamIdmp] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Entry:
+    t: float  # true time of the write
+    keys: dict[str, KeyState | None]
+    idmp: dict[str, StreamIdmp | None]
+
+
+class Replication:
+    """The primary's replication log and the windows in which it was held or dropped."""
+
+    def __init__(self, read_key: Callable[[str], KeyState | None], idmp: Callable[[], IdmpState]) -> None:
+        self._read_key = read_key
+        self._idmp = idmp
+        self.base = Dataset()  # what the replica held when the log started (a full synchronisation)
+        self.log: list[Entry] = []
+        self.held: list[tuple[float, float]] = []
+        self.dropped: list[tuple[float, float]] = []
+
+    @staticmethod
+    def now() -> float:
+        return asyncio.get_running_loop().time()
+
+    def record(self, commands: Sequence[Command]) -> None:
+        keys = list(dict.fromkeys(key for command in commands for key in written_keys(command)))
+        if not keys:
+            return
+        streams = self._idmp().streams
+        self.log.append(
+            Entry(
+                self.now(),
+                {key: self._read_key(key) for key in keys},
+                {key: copy.deepcopy(streams.get(key)) for key in keys},
+            )
+        )
+
+    def hold(self, start: float, end: float) -> None:
+        self.held.append((start, end))
+
+    def drop(self, start: float, end: float) -> None:
+        self.dropped.append((start, end))
+
+    def _delivered_at(self, entry: Entry, lag_s: float) -> float | None:
+        if any(start <= entry.t < end for start, end in self.dropped):
+            return None
+        return max([entry.t + lag_s, *(end for start, end in self.held if start <= entry.t < end)])
+
+    def replica(self, lag_s: float) -> tuple[Dataset, float | None]:
+        """What the replica holds now, ``lag_s`` behind, and when the earliest write it lacks was made."""
+        now = self.now()
+        dataset = Dataset(dict(self.base.keys), dict(self.base.idmp))
+        missing: float | None = None
+        for entry in self.log:
+            delivered = self._delivered_at(entry, lag_s)
+            if delivered is None or delivered > now:
+                missing = entry.t if missing is None else missing
+                continue
+            for key, state in entry.keys.items():
+                if state is None:
+                    dataset.keys.pop(key, None)
+                else:
+                    dataset.keys[key] = state
+            for key, stream in entry.idmp.items():
+                if stream is None:
+                    dataset.idmp.pop(key, None)
+                else:
+                    dataset.idmp[key] = copy.deepcopy(stream)
+        return dataset, missing
+
+    def restart(self, base: Dataset) -> None:
+        """A full synchronisation: the replica now holds ``base``; the log starts again."""
+        self.base = base
+        self.log.clear()
+
+
+class ReplicatedConnection:
+    """A store connection whose commands are written to the replication log as they run."""
+
+    def __init__(self, inner: Connection, replication: Replication) -> None:
+        self.inner = inner
+        self.replication = replication
+
+    async def execute(self, command: Command) -> Reply:
+        try:
+            return await self.inner.execute(command)
+        finally:
+            self.replication.record([command])  # also after an error: a script may have written before it
+
+    async def execute_many(self, commands: Sequence[Command]) -> list[Reply | StoreReplyError]:
+        try:
+            return await self.inner.execute_many(commands)
+        finally:
+            self.replication.record(commands)
+
+    async def server_info(self) -> ServerInfo:
+        return await self.inner.server_info()
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+def read_key(client: Any, now_ms: Callable[[], int]) -> Callable[[str], KeyState | None]:
+    """A reader of keys through ``client``, a blocking fakeredis client of the primary: it runs at once, so no
+    other instance's command can come between a write and the log entry that records it."""
+
+    def read(key: str) -> KeyState | None:
+        dumped = client.dump(key)
+        if dumped is None:
+            return None
+        ttl = client.pttl(key)
+        return KeyState(dumped, None if ttl < 0 else now_ms() + ttl)
+
+    return read
