@@ -269,8 +269,8 @@ def _lateness(
     late = [ms > allowed[e.job] for e, ms in zip(first, lateness_ms, strict=True)]
     worst = max(range(len(first)), key=lambda i: (late[i], lateness_ms[i] - allowed[first[i].job]))
     e, ms = first[worst], lateness_ms[worst]
-    witness = (f"{'late' if late[worst] else 'the latest'}: {e.job} slot at {true_s(e.slot, epoch):.0f} s: {_describe(e)}, "
-               f"started {ms:.0f} ms after its slot (allowed {allowed[e.job]:.0f} ms)")  # fmt: skip
+    witness = (f"{'late' if late[worst] else 'latest run'}: {e.job} slot at {true_s(e.slot, epoch):.0f} s: "
+               f"{_describe(e)}, started {ms:.0f} ms after its slot (allowed {allowed[e.job]:.0f} ms)")  # fmt: skip
     figures = {
         "runs": len(first),
         "p50_ms": round(percentile(lateness_ms, 50), 1),

@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from sim import report
 from sim.checkers import Judgement, judge, percentile
 from sim.history import Event, Execution, History
-from sim.scenario import parse
+from sim.run import simulate
+from sim.scenario import load, parse
 from sim.world import EPOCH_S
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _scenario(**job_options: Any) -> Any:
@@ -141,3 +149,36 @@ def test_percentile_is_the_nearest_rank() -> None:
     values = [float(v) for v in range(1, 101)]
     assert (percentile(values, 50), percentile(values, 99), percentile(values, 100)) == (50.0, 99.0, 100.0)
     assert percentile([3.0], 99) == 3.0
+
+
+# --- where the figures show ------------------------------------------------------------------------------------
+
+
+def test_the_command_line_prints_lateness_and_lease_margins() -> None:
+    def run(name: str, strategy: str, *args: str) -> str:
+        command = [sys.executable, "-m", "sim", "run", name, "--strategy", strategy, "--seed", "1", *args]
+        return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120, check=True).stdout
+
+    late = json.loads(run("late-claim", "script", "--json"))
+    assert late["lateness"]["verdict"] == "invalid"  # the late instance's clock is 15 s behind; max_late_ms 5 s
+    assert late["lateness"]["max_ms"] == pytest.approx(15000, abs=10)
+    assert {"runs", "p50_ms", "p99_ms"} <= set(late["lateness"])
+    zombie = json.loads(run("zombie", "lease", "--json"))
+    assert zombie["figures"]["P4"]["past_lease"] == 1  # the paused winner worked on after its lease ran out
+    assert zombie["figures"]["P4"]["min_margin_ms"] < 0
+    text = run("late-claim", "lease")
+    assert "  lateness invalid: late: tick slot at" in text
+    assert "replay: python -m sim run" in text  # a late run is a finding to replay, like any invalid verdict
+
+
+def test_the_report_tables_lateness_and_sums_up_lease_margins() -> None:
+    results = report.Results("virtual", 1, [], [load("zombie"), load("late-claim")])
+    for name, strategy in (("zombie", "lease"), ("late-claim", "script"), ("late-claim", "lease")):
+        results.add(simulate(load(name), strategy, 1))
+    text = report.render(results, lambda name, png: f"![{name}]({name})")
+    lines = text.splitlines()
+    table = lines[next(i for i, line in enumerate(lines) if "simulations with a late run" in line) :]
+    script = next(line for line in table if line.startswith("| script |"))
+    assert "| 15000 |" in script  # max lateness
+    assert "1/1" in script  # its one simulation had a late run
+    assert "1 worked past their lease; min -4000 ms" in text
