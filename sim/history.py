@@ -16,6 +16,7 @@ from typing import Any
 from anarchon import RunRecord, StoreError, StoreUnavailableError
 from anarchon._store import ServerInfo, Store
 from anarchon._strategies import Claim, JobPolicy, RunRequest, Strategy
+from sim.links import NotSent
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +93,9 @@ class RecordingStrategy:
         self.history.add(Event(self.now(), kind, self.process, op, request.job, request.run, request.token, value))
 
     def _completion(self, op: str, request: RunRequest, result: object) -> None:
-        if isinstance(result, StoreUnavailableError):
+        if isinstance(result, NotSent):  # the store never saw it: a failure, not an unknown outcome
+            self._record("fail", op, request, str(result))
+        elif isinstance(result, StoreUnavailableError):
             self._record("info", op, request, str(result))
         elif isinstance(result, StoreError):
             self._record("fail", op, request, str(result))

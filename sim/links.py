@@ -13,6 +13,10 @@ from anarchon._errors import StoreReplyError
 from anarchon._store import Command, Connection, Reply, ServerInfo
 
 
+class NotSent(StoreUnavailableError):
+    """The link was cut before the command left: the store never saw it (a failure with a known outcome)."""
+
+
 class Link:
     """A cuttable connection. ``lose_replies`` sends commands but drops their answers (outcome unknown).
 
@@ -36,36 +40,37 @@ class Link:
         self.cut_off = False
         self.lose_replies = False
 
-    def _check(self) -> None:
+    def _check(self, *, sent: bool) -> None:
         if self.cut_off:
-            raise StoreUnavailableError(f"{self.name}: the link to the store is cut")
+            error = StoreUnavailableError if sent else NotSent
+            raise error(f"{self.name}: the link to the store is cut")
 
     def _lost(self) -> StoreUnavailableError:
         return StoreUnavailableError(f"{self.name}: the reply was lost")
 
-    async def _pass(self) -> None:
+    async def _pass(self, *, sent: bool) -> None:
         if self.gate is not None:
             await self.gate()
-        self._check()
+        self._check(sent=sent)
 
     async def execute(self, command: Command) -> Reply:
-        await self._pass()
+        await self._pass(sent=False)
         reply = await self.inner.execute(command)
         if self.lose_replies:
             raise self._lost()
-        await self._pass()
+        await self._pass(sent=True)
         return reply
 
     async def execute_many(self, commands: Sequence[Command]) -> list[Reply | StoreReplyError]:
-        await self._pass()
+        await self._pass(sent=False)
         replies = await self.inner.execute_many(commands)
         if self.lose_replies:
             raise self._lost()
-        await self._pass()
+        await self._pass(sent=True)
         return replies
 
     async def server_info(self) -> ServerInfo:
-        self._check()
+        self._check(sent=False)
         return await self.inner.server_info()
 
     async def close(self) -> None:

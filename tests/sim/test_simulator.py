@@ -13,11 +13,13 @@ import fakeredis
 import pytest
 import redis.exceptions
 
+from anarchon import StoreUnavailableError
 from sim import fakestore
 from sim import scenario as scenarios
 from sim.bench import without_the_store
 from sim.checkers import judge
 from sim.history import Event, Execution, History
+from sim.links import Link, NotSent
 from sim.run import simulate
 from sim.scenario import ScenarioError, parse
 from sim.vtime import SimulationDeadlock, run_virtual
@@ -27,21 +29,23 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_virtual_time_jumps_and_is_the_stores_clock() -> None:
-    async def main() -> tuple[float, list[int], bytes | str | None]:
+    async def main() -> tuple[float, list[int], bytes | str | None, bytes]:
         store = fakeredis.FakeAsyncRedis()
         await store.set("k", "v", px=1500)
         began = asyncio.get_running_loop().time()
         await asyncio.sleep(3600)
         seconds, _ = await store.time()
         value = await store.get("k")
+        entry_id = await store.xadd("s", {"f": "v"})
         await store.aclose()
-        return asyncio.get_running_loop().time() - began, [seconds], value
+        return asyncio.get_running_loop().time() - began, [seconds], value, entry_id
 
     wall = time.perf_counter()
-    elapsed, [store_seconds], value = run_virtual(main(), epoch_s=EPOCH_S, seed=1)
+    elapsed, [store_seconds], value, entry_id = run_virtual(main(), epoch_s=EPOCH_S, seed=1)
     assert elapsed == 3600
     assert store_seconds == EPOCH_S + 3600
     assert value is None  # expired in virtual time
+    assert entry_id == f"{(EPOCH_S + 3600) * 1000}-0".encode()  # stream ids too
     assert time.perf_counter() - wall < 5  # an hour of sleeping took no real hour
 
 
@@ -195,6 +199,59 @@ def test_a_failover_lag_loses_the_writes_of_its_last_moments() -> None:
     assert (outcome.judgement.verdicts["P1"].status, outcome.judgement.verdicts["P5"].status) == ("invalid", "invalid")
     [window] = [w for w in outcome.fault_windows if w.kind == "failover"]
     assert (window.start, window.end) == (39.0, 45.0)
+
+
+def test_a_clock_jump_and_late_claims_move_when_an_instance_starts_its_runs() -> None:
+    def starts(fault: dict[str, object]) -> list[float]:
+        scenario = parse({
+            "name": "clock", "duration_s": 60, "instances": [{"name": "a"}],
+            "jobs": [{"name": "tick", "cron": "*/10 * * * * *", "work_s": 1}], "faults": [fault],
+        })  # fmt: skip
+        outcome = simulate(scenario, "lease", 1)
+        assert [e.op for e in outcome.history.events if e.kind == "fault"] == [fault["kind"]] * (
+            2 if fault["kind"] == "late" else 1
+        )
+        return [round(e.started - (e.slot / 1000 - EPOCH_S), 3) for e in outcome.history.executions]
+
+    # Slots at 10, 20, ... 60 s. Its clock jumps 4 s ahead at 15 s: the slot at 20 s keeps the timer set before
+    # the jump, and from the slot at 30 s on it starts each run 4 s before the slot (true time).
+    assert starts({"at_s": 15, "kind": "skew", "instance": "a", "offset_ms": 4000}) == [0, 0, -4, -4, -4, -4]
+    # From 15 s to 35 s its clock is 3 s behind: the slots at 20 and 30 s start 3 s late, and so does the one at
+    # 40 s, whose timer was set while the clock was behind; the slot at 60 s falls after the end.
+    late = {"at_s": 15, "kind": "late", "instance": "a", "delay_ms": 3000, "duration_s": 20}
+    assert starts(late) == [0, 3, 3, 3, 0]
+
+
+def test_a_command_the_cut_link_never_sent_failed_and_one_cut_in_flight_is_unknown() -> None:
+    class Store:
+        def __init__(self) -> None:
+            self.seen: list[str] = []
+            self.link: Link | None = None
+
+        async def execute(self, command: list[str]) -> str:
+            self.seen.append(command[0])
+            if command[0] == "CUT-IN-FLIGHT" and self.link is not None:
+                self.link.cut()
+            return "OK"
+
+    async def main() -> list[type[BaseException]]:
+        store = Store()
+        link = store.link = Link(store, "a")  # type: ignore[arg-type]
+        raised = []
+        for command in ("CUT-IN-FLIGHT", "NEVER-SENT"):
+            try:
+                await link.execute([command])
+            except StoreUnavailableError as error:
+                raised.append(type(error))
+        assert store.seen == ["CUT-IN-FLIGHT"]
+        return raised
+
+    assert asyncio.run(main()) == [StoreUnavailableError, NotSent]
+    # In the history, what a cut-off instance could not send is a failure, not an unknown outcome.
+    outcome = simulate(scenarios.load("partition"), "lease", 1)
+    cut = [e for e in outcome.history.events if e.kind in ("fail", "info") and "link to the store is cut" in e.value]
+    assert cut
+    assert {e.kind for e in cut} == {"fail"}
 
 
 def test_the_zombie_resumes_unfinished_beside_its_backup() -> None:
