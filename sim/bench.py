@@ -231,14 +231,14 @@ def scheduler_memory(jobs: int = 1000) -> dict[str, Any]:
     }
 
 
-async def store_memory(target: str, history_size: int = 1000) -> dict[str, Any]:
-    """Server memory (MEMORY USAGE) of one job's keys after more runs than history_size, per strategy, and per
-    run kept."""
+async def store_memory(target: str, history_size: int = 1000, strategies: Sequence[str] = STRATEGIES) -> dict[str, Any]:
+    """Server memory (MEMORY USAGE, every element counted) of one job's keys after more runs than history_size,
+    per strategy, and per run kept."""
     result: dict[str, Any] = {"target": target, "history_size": history_size}
     with start_server(target) as server:
         client = redis.asyncio.Redis(host=server.host, port=server.port, protocol=2)
         policy = JobPolicy(history_size=history_size, keep_ms=0, overlap=True)
-        for strategy in STRATEGIES:
+        for strategy in strategies:
             if not supports(server, strategy):
                 continue
             backend = make_backend(server, client, strategy, f"mem-{strategy}:")
@@ -261,7 +261,7 @@ async def store_memory(target: str, history_size: int = 1000) -> dict[str, Any]:
             keys = await client.keys(f"*mem-{strategy}:job*")
             total = 0
             for key in keys:
-                total += int(await client.execute_command("MEMORY", "USAGE", key) or 0)
+                total += int(await client.execute_command("MEMORY", "USAGE", key, "SAMPLES", 0) or 0)
             kept = len(await backend.strategy.history(backend.store, "job", 1_000_000))  # about history_size
             result[strategy] = {"bytes": total, "runs_kept": kept, "bytes_per_run": round(total / kept)}
             await backend.stop()
@@ -484,6 +484,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     out["burst"] = burst(burst_target, burst_jobs)
     print(f"burst: {json.dumps(out['burst'])}")
     out["memory"] = {"scheduler": scheduler_memory(), "store": asyncio.run(store_memory(burst_target))}
+    if "redis-8.6" in targets and burst_target != "redis-8.6":  # idmp needs Redis 8.6
+        out["memory"]["store_idmp"] = asyncio.run(store_memory("redis-8.6", strategies=("idmp",)))
     print(f"memory: {json.dumps(out['memory'])}")
     out["sim"] = simulator_speed(300.0 if args.quick else 3600.0)
     print(f"simulator: {json.dumps(out['sim'])}")
