@@ -1,16 +1,19 @@
 """Property search: Hypothesis generates fault schedules, looks for runs a checker rejects, and shrinks each to a
-minimal schedule, printed as a timeline with the scenario file and command that replay it.
+smallest schedule (no subset of it fails), printed as a timeline with the scenario file and command that replay
+it. The budget covers the shrinking; a schedule the budget left unshrunk is reported as such.
 
     python -m sim search --strategy lease --budget 60 [--out reports/latest/search]
 """
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
@@ -25,7 +28,8 @@ BASE: dict[str, Any] = {
     "duration_s": 120,
     "scheduler": {"lease_ms": 3000, "heartbeat_ms": 1000},
     "instances": [{"name": "a"}, {"name": "b"}, {"name": "c"}],
-    "jobs": [{"name": "tick", "cron": "*/10 * * * * *", "work_s": 2.0}],
+    # max_late_ms below the claim-only strategies' 60 s memory, which must outlast any claim
+    "jobs": [{"name": "tick", "cron": "*/10 * * * * *", "work_s": 2.0, "max_late_ms": 30_000}],
 }
 TARGETS = ("a", "b", "c", "winner")
 
@@ -61,43 +65,157 @@ class Finding:
     faults: list[dict[str, Any]]
     seed: int
     outcome: Outcome
+    minimal: bool = True  # False when the budget ran out before the schedule was shrunk to a smallest one
 
 
-def search_checker(strategy: str, checker: str, examples: int, *, derandomize: bool = False) -> Finding | None:
-    """Look for a schedule under which ``checker`` rejects a run; the smallest one Hypothesis can shrink to.
-    ``derandomize`` makes the search itself repeatable (for tests)."""
+@dataclass
+class Breakage:
+    """A schedule under which the simulator itself failed: a testbed bug, reported apart from the checkers'."""
+
+    faults: list[dict[str, Any]]
+    seed: int
+    error: str
+
+
+@dataclass
+class Budget:
+    """The wall time (``time.perf_counter()``) by which a search ends, of which some is kept for the final
+    shrink: twice what ``SHRINK_RUNS`` simulations take at the mean pace so far (``run_s`` before the first; a
+    failing run often takes longer), at most ``shrink_cap_s``. Counts the simulations run and their time."""
+
+    deadline: float = float("inf")
+    run_s: float = 0.0
+    shrink_cap_s: float = 0.0
+    simulations: int = 0
+    simulated_s: float = 0.0
+
+    def simulate(self, faults: list[dict[str, Any]], strategy: str, seed: int) -> Outcome:
+        began = time.perf_counter()
+        try:
+            return simulate(schedule_scenario(faults, strategy), strategy, seed)
+        finally:
+            self.simulations += 1
+            self.simulated_s += time.perf_counter() - began
+
+    def searching(self) -> bool:
+        pace = self.simulated_s / self.simulations if self.simulations else self.run_s
+        return time.perf_counter() < self.deadline - min(self.shrink_cap_s, 2 * SHRINK_RUNS * pace)
+
+    def shrinking(self) -> bool:
+        return time.perf_counter() < self.deadline
+
+
+# Simulations the final shrink runs at most, for a schedule of up to four distinct faults: without duplicates,
+# none, four singles, six pairs, four triples.
+SHRINK_RUNS = 16
+
+
+def search_checker(
+    strategy: str,
+    checker: str,
+    examples: int,
+    *,
+    derandomize: bool = False,
+    budget: Budget | None = None,
+    broken: list[Breakage] | None = None,
+) -> Finding | None:
+    """Look for a schedule under which ``checker`` rejects a run, shrunk to a smallest one (see :func:`shrink`).
+    ``derandomize`` makes the search itself repeatable (for tests). Once ``budget`` stops searching nothing more
+    is simulated: the generation ends, Hypothesis's shrinking stops at the smallest failure found so far, and
+    the final shrink has what is left. A simulation that raises is added to ``broken`` and counts as passing;
+    without ``broken`` it propagates."""
+    budget = budget or Budget()
     found: list[Finding] = []
 
     @settings(max_examples=examples, deadline=None, database=None, derandomize=derandomize,
               suppress_health_check=list(HealthCheck), phases=[Phase.generate, Phase.shrink])  # fmt: skip
     @given(faults=st.lists(FAULTS, max_size=4), seed=st.integers(1, 1_000))
     def holds(faults: list[dict[str, Any]], seed: int) -> None:
-        outcome = simulate(schedule_scenario(faults, strategy), strategy, seed)
+        if not budget.searching():
+            return
+        try:
+            outcome = budget.simulate(faults, strategy, seed)
+        except Exception as error:
+            if broken is None:
+                raise
+            broken.append(Breakage(faults, seed, f"{type(error).__name__}: {error}"))
+            return
         if outcome.judgement.verdicts[checker].status == "invalid":
             found.append(Finding(checker, faults, seed, outcome))
             raise AssertionError(outcome.judgement.verdicts[checker].witness)
 
-    try:
+    # Flaky: the budget ran out while Hypothesis shrank, and its last replay passed.
+    with contextlib.suppress(AssertionError, Flaky):
         holds()
-    except (AssertionError, Flaky):
-        if found:  # the last failure Hypothesis tried is the shrunk one
-            return _without_needless_faults(found[-1], strategy)
-    return None
+    if not found:
+        return None
+    # The last failure Hypothesis tried is the smallest it reached: it only tries schedules smaller than the last
+    # failing one, and ends by replaying the smallest.
+    return shrink(found[-1], strategy, budget)
 
 
-def _without_needless_faults(finding: Finding, strategy: str) -> Finding:
-    """Hypothesis's shrinking does not promise that no single fault can go (it once stopped at three identical
-    crashes where two were enough). Drop each fault without which the checker still fails, until every fault
-    left is needed."""
+def shrink(finding: Finding, strategy: str, budget: Budget | None = None) -> Finding:
+    """The smallest failing subset of the finding's schedule, with the same seed.
+
+    Hypothesis's shrinking does not promise a smallest schedule (it once stopped at four faults, two of them the
+    same crash, where a pause alone broke the checker), and dropping one fault at a time does not either: a run
+    is not monotonic in its faults (each changes who wins what), so a fault the failure does not need can be
+    needed for the others to fail. Schedules are small, so :func:`smallest_failing` tries every subset of fewer
+    than three faults. Once ``budget`` stops shrinking, the finding says it may not be minimal."""
+    budget = budget or Budget()
+    checker, seed = finding.checker, finding.seed
+    failures = [finding]  # the last one is the schedule smallest_failing settles on
+
+    def fails(faults: list[dict[str, Any]]) -> bool:
+        outcome = budget.simulate(faults, strategy, seed)
+        if outcome.judgement.verdicts[checker].status != "invalid":
+            return False
+        failures.append(Finding(checker, faults, seed, outcome))
+        return True
+
+    faults, minimal = smallest_failing(finding.faults, fails, lambda: not budget.shrinking())
+    assert failures[-1].faults == faults
+    return replace(failures[-1], minimal=minimal)
+
+
+T = TypeVar("T")
+
+
+def smallest_failing(
+    items: list[T], fails: Callable[[list[T]], bool], out_of_time: Callable[[], bool] = lambda: False
+) -> tuple[list[T], bool]:
+    """A smallest sublist of ``items`` (which fail) that ``fails`` too, and whether it is known to be one (not
+    when ``out_of_time`` cut the search short, or for more than four items once duplicates went). The sublist is
+    the last one ``fails`` was true of, or ``items``.
+
+    Exact duplicates go first, if the list still fails without them; then the empty list, each single item and
+    each pair are tried in order, and the first that fails is the answer; failing that, items are dropped one
+    at a time while the rest still fails."""
+    current = items
+    unique = [item for i, item in enumerate(items) if item not in items[:i]]
+    if len(unique) < len(items):
+        if out_of_time():
+            return (current, False)
+        if fails(unique):
+            current = unique
+    tried = len(current)  # every sublist of fewer than three of these is tried below
+    for size in range(min(3, tried)):
+        for candidate in itertools.combinations(current, size):
+            if out_of_time():
+                return (current, False)
+            if fails(list(candidate)):
+                return (list(candidate), True)
     i = 0
-    while i < len(finding.faults):
-        fewer = finding.faults[:i] + finding.faults[i + 1 :]
-        outcome = simulate(schedule_scenario(fewer, strategy), strategy, finding.seed)
-        if outcome.judgement.verdicts[finding.checker].status == "invalid":
-            finding = Finding(finding.checker, fewer, finding.seed, outcome)
+    while i < len(current):
+        if out_of_time():
+            return (current, False)
+        fewer = current[:i] + current[i + 1 :]
+        if fails(fewer):
+            current = fewer
         else:
             i += 1
-    return finding
+    # No sublist of fewer than three fails: of up to four, dropping one at a time has left a smallest.
+    return (current, tried <= 4)
 
 
 def timeline(finding: Finding) -> str:
@@ -110,13 +228,17 @@ def timeline(finding: Finding) -> str:
 
 def to_toml(finding: Finding, strategy: str) -> str:
     """The schedule as a scenario file, so that ``python -m sim run FILE`` replays it."""
+    what = f"{finding.checker} fails under {strategy}"
+    return schedule_toml(finding.faults, f"search-{strategy}-{finding.checker}", what)
 
+
+def schedule_toml(faults: list[dict[str, Any]], name: str, what: str) -> str:
     def value(v: Any) -> str:
         return f'"{v}"' if isinstance(v, str) else str(v)
 
     lines = [
-        f'name = "search-{strategy}-{finding.checker}"',
-        f'description = "Found by python -m sim search: {finding.checker} fails under {strategy}."',
+        f'name = "{name}"',
+        f'description = "Found by python -m sim search: {what}."',
         f"duration_s = {BASE['duration_s']}",
         "",
         "[scheduler]",
@@ -133,13 +255,14 @@ def to_toml(finding: Finding, strategy: str) -> str:
         lines += ["[[instances]]", f'name = "{instance["name"]}"']
     for job in BASE["jobs"]:
         lines += ["", "[[jobs]]", *[f"{k} = {value(v)}" for k, v in job.items()]]
-    for fault in finding.faults:
+    for fault in faults:
         lines += ["", "[[faults]]", *[f"{k} = {value(v)}" for k, v in fault.items()]]
     return "\n".join(lines) + "\n"
 
 
 def run(strategy: str, budget_s: float, out: Path, report: Callable[[str], None] = print) -> list[Finding]:
-    """Spend about ``budget_s`` seconds looking for violations of each checker; write each one found."""
+    """Spend at most about ``budget_s`` seconds looking for violations of each checker, shrinking included; write
+    each one found. A simulation in progress when the time is up ends first: the overrun is about one run."""
     checkers = ["P1", "P2", "P3", "P4", "P5", "P6"] if strategy == "lease" else ["P1", "P2", "P3", "P5", "P6"]
     began = time.perf_counter()
     simulate(schedule_scenario([], strategy), strategy, 1)  # warm up, then measure one run
@@ -147,19 +270,30 @@ def run(strategy: str, budget_s: float, out: Path, report: Callable[[str], None]
     simulate(schedule_scenario([], strategy), strategy, 2)
     per_run = max(time.perf_counter() - probe, 0.005)
     findings = []
+    broken: list[Breakage] = []
     out.mkdir(parents=True, exist_ok=True)
     for i, checker in enumerate(checkers):
-        left = budget_s - (time.perf_counter() - began)
-        share = left / (len(checkers) - i)
-        examples = max(5, int(share / per_run / 3))  # shrinking costs runs too
-        finding = search_checker(strategy, checker, examples)
+        now = time.perf_counter()
+        share = (budget_s - (now - began)) / (len(checkers) - i)
+        budget = Budget(now + share, run_s=per_run, shrink_cap_s=share / 2)
+        examples = max(5, int(share / per_run))
+        finding = search_checker(strategy, checker, examples, budget=budget, broken=broken)
         if finding is None:
-            report(f"{checker}: no violation in {examples} generated schedules")
+            report(f"{checker}: no violation in {budget.simulations} generated schedules")
             continue
         findings.append(finding)
         path = out / f"{strategy}-{finding.checker}.toml"
         path.write_text(to_toml(finding, strategy))
         report(timeline(finding))
+        if not finding.minimal:
+            report("  the budget ran out while shrinking: a smaller schedule may fail too")
         report(f"  replay: python -m sim run {path} --strategy {strategy} --seed {finding.seed}")
-    report(f"searched for {time.perf_counter() - began:.0f} s")
+    for n, breakage in enumerate(broken[:3]):  # a testbed bug, not a checker's finding
+        path = out / f"{strategy}-broken-{n + 1}.toml"
+        path.write_text(schedule_toml(breakage.faults, path.stem, f"the simulator fails under {strategy}"))
+        report(f"the simulator failed: {breakage.error}")
+        report(f"  replay: python -m sim run {path} --strategy {strategy} --seed {breakage.seed}")
+    if len(broken) > 3:
+        report(f"  ... and under {len(broken) - 3} more schedules")
+    report(f"searched for {time.perf_counter() - began:.1f} s (budget {budget_s:g} s)")
     return findings

@@ -1,42 +1,153 @@
-"""Property search finds known failures and shrinks them to schedules that replay."""
+"""Property search finds known failures and shrinks them to smallest schedules that replay, within its budget."""
 
 from __future__ import annotations
 
+import itertools
+import json
+import os
 import subprocess
 import sys
-from dataclasses import replace
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from sim import search
-from sim.run import simulate
-from sim.scenario import load
 
 REPO = Path(__file__).resolve().parents[2]
 
 
+# The simulator is deterministic for one seed under one string-hash seed (the store iterates sets in hash
+# order; python -m sim always runs with PYTHONHASHSEED=0). A search that must find something runs there too.
+SEARCH_P4 = """
+import itertools, json, sys
+from dataclasses import replace
+from sim import search
+from sim.run import simulate
+from sim.scenario import load
+
+finding = search.search_checker("lease", "P4", examples=100, derandomize=True)
+if finding is None:
+    print(json.dumps(None))
+    sys.exit()
+path = sys.argv[1]
+open(path, "w").write(search.to_toml(finding, "lease"))
+
+def breaks_p4(subset):
+    smaller = path + ".subset.toml"  # through a scenario file, as a replay would
+    open(smaller, "w").write(search.to_toml(replace(finding, faults=subset), "lease"))
+    return simulate(load(smaller), "lease", finding.seed).judgement.verdicts["P4"].status == "invalid"
+
+faults = finding.faults
+smaller = [list(s) for size in (0, 1, 2) if size < len(faults) for s in itertools.combinations(faults, size)]
+smaller += [faults[:i] + faults[i + 1 :] for i in range(len(faults)) if len(faults) > 3]
+print(json.dumps({"faults": faults, "seed": finding.seed, "minimal": finding.minimal,
+                  "digest": finding.outcome.digest, "smaller_failing": [s for s in smaller if breaks_p4(s)]}))
+"""
+
+
+@pytest.fixture(scope="module")
+def p4_finding(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    path = tmp_path_factory.mktemp("search") / "found.toml"
+    done = subprocess.run([sys.executable, "-c", SEARCH_P4, str(path)], cwd=REPO, capture_output=True, text=True,
+                          timeout=300, check=True, env={**os.environ, "PYTHONHASHSEED": "0"})  # fmt: skip
+    found = json.loads(done.stdout)
+    assert found is not None, "no schedule that breaks P4 in 100 examples"
+    return {**found, "path": path}
+
+
 @pytest.mark.slow
-def test_search_finds_the_paused_winner_and_writes_a_replayable_schedule(tmp_path: Path) -> None:
-    finding = search.search_checker("lease", "P4", examples=100, derandomize=True)
-    assert finding is not None
-    assert {fault["kind"] for fault in finding.faults} & {"pause", "partition", "late", "skew"}
-    path = tmp_path / "found.toml"
-    path.write_text(search.to_toml(finding, "lease"))
-    replayed = simulate(load(path), "lease", finding.seed)
-    assert replayed.digest == finding.outcome.digest
-    assert replayed.judgement.verdicts["P4"].status == "invalid"
-    # Shrunk: without any one of its faults, the schedule no longer breaks P4.
-    for i in range(len(finding.faults)):
-        fewer = replace(finding, faults=finding.faults[:i] + finding.faults[i + 1 :])
-        smaller = tmp_path / f"without-{i}.toml"
-        smaller.write_text(search.to_toml(fewer, "lease"))
-        assert simulate(load(smaller), "lease", finding.seed).judgement.verdicts["P4"].status != "invalid"
-    command = [sys.executable, "-m", "sim", "run", str(path), "--strategy", "lease", "--seed", str(finding.seed)]
+def test_search_finds_a_lease_violation_and_writes_a_replayable_schedule(p4_finding: dict[str, Any]) -> None:
+    kinds = {fault["kind"] for fault in p4_finding["faults"]}
+    assert kinds & {"pause", "partition", "late", "skew", "failover", "store-restart"}
+    command = [sys.executable, "-m", "sim", "run", str(p4_finding["path"]), "--strategy", "lease", "--seed",
+               str(p4_finding["seed"])]  # fmt: skip
+    done = subprocess.run([*command, "--json"], cwd=REPO, capture_output=True, text=True, timeout=120, check=True)
+    replayed = json.loads(done.stdout)
+    assert replayed["digest"] == p4_finding["digest"]
+    assert replayed["verdicts"]["P4"] == "invalid"
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120, check=True)
     assert "P4 invalid" in done.stdout
+
+
+@pytest.mark.slow
+def test_a_found_schedule_is_a_smallest_failing_one(p4_finding: dict[str, Any]) -> None:
+    faults = p4_finding["faults"]
+    assert p4_finding["minimal"]
+    assert all(a != b for a, b in itertools.combinations(faults, 2)), f"duplicate faults: {faults}"
+    # No schedule of fewer faults (none, one, any two, any all but one) breaks P4 with that seed.
+    assert p4_finding["smaller_failing"] == [], f"{faults} shrinks further"
+
+
+# A schedule like one the search once reported for P4: a crash twice (the same fault), another crash, and a
+# pause; the pause alone breaks P4, but no single fault can go without P4 holding again.
+CRASH_A, CRASH_B, PAUSE_B, SKEW_C = "crash a", "crash b", "pause b", "skew c"
+STUCK = [CRASH_A, CRASH_A, CRASH_B, PAUSE_B]
+
+
+def _calls(fails: set[tuple[str, ...]]) -> tuple[list[list[str]], Any]:
+    tried: list[list[str]] = []
+
+    def predicate(subset: list[str]) -> bool:
+        tried.append(subset)
+        return tuple(subset) in fails
+
+    return tried, predicate
+
+
+def test_shrinking_finds_a_single_fault_where_dropping_one_at_a_time_is_stuck() -> None:
+    tried, fails = _calls({tuple(STUCK), (PAUSE_B,)})
+    assert search.smallest_failing(STUCK, fails) == ([PAUSE_B], True)
+    # Duplicates first (the run without them passes here, so they stay), then none, then each single in order.
+    assert tried == [[CRASH_A, CRASH_B, PAUSE_B], [], [CRASH_A], [CRASH_A], [CRASH_B], [PAUSE_B]]
+
+
+def test_shrinking_drops_duplicates_and_keeps_the_first_smallest_subset() -> None:
+    schedule = [SKEW_C, PAUSE_B, PAUSE_B, CRASH_B]
+    failing = {tuple(schedule), (SKEW_C, PAUSE_B, CRASH_B), (SKEW_C, CRASH_B), (PAUSE_B, CRASH_B)}
+    _, fails = _calls(failing)
+    assert search.smallest_failing(schedule, fails) == ([SKEW_C, CRASH_B], True)
+
+
+def test_shrinking_past_pairs_drops_one_fault_at_a_time() -> None:
+    four = [CRASH_A, CRASH_B, PAUSE_B, SKEW_C]
+    _, fails = _calls({tuple(four), (CRASH_A, PAUSE_B, SKEW_C)})
+    assert search.smallest_failing(four, fails) == ([CRASH_A, PAUSE_B, SKEW_C], True)
+    five = [*four, "late a"]
+    _, fails = _calls({tuple(five)})
+    assert search.smallest_failing(five, fails) == (five, False)  # triples of five were not all tried
+
+
+def test_shrinking_stops_when_out_of_time_and_says_so() -> None:
+    tried, fails = _calls({tuple(STUCK), (PAUSE_B,)})
+    budget = iter([False, False, True])
+    assert search.smallest_failing(STUCK, fails, lambda: next(budget)) == (STUCK, False)
+    assert len(tried) == 2
 
 
 def test_a_guarantee_that_holds_yields_no_finding() -> None:
     # Runs of a 2 s job every 10 s never overlap under lease, whatever the faults.
     assert search.search_checker("lease", "P3", examples=10, derandomize=True) is None
+
+
+def test_a_simulator_failure_is_reported_apart_and_the_search_goes_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*args: object) -> None:
+        raise RuntimeError("the store went away")
+
+    monkeypatch.setattr(search, "simulate", broken)
+    breakages: list[search.Breakage] = []
+    assert search.search_checker("lease", "P1", examples=5, derandomize=True, broken=breakages) is None
+    assert len(breakages) == 5
+    assert breakages[0].error == "RuntimeError: the store went away"
+    with pytest.raises(RuntimeError):
+        search.search_checker("lease", "P1", examples=5, derandomize=True)
+
+
+@pytest.mark.slow
+def test_the_search_keeps_to_its_budget_shrinking_included(tmp_path: Path) -> None:
+    lines: list[str] = []
+    began = time.perf_counter()
+    search.run("lease", 4.0, tmp_path, report=lines.append)
+    assert time.perf_counter() - began < 4.0 + 1.0  # the overrun: a simulation in progress at the deadline
+    assert lines[-1].startswith("searched for")
