@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import TypeAlias
+
+from cronsim import CronSim
 
 from ._config import check_int
 from ._context import RunContext
@@ -17,6 +22,7 @@ JobFunction: TypeAlias = Callable[[RunContext], object] | Callable[[], object]
 """A job: sync or async, taking the :class:`RunContext` or nothing. Sync jobs run in a worker thread."""
 
 DAY_MS = 86_400_000
+IDMP_MAX_SIZE = 10_000  # the most ids the server keeps per producer (XCFGSET IDMP-MAXSIZE)
 LEASE_OPTIONS = ("overlap", "max_attempts", "catch_up_ms")
 
 
@@ -92,3 +98,61 @@ def check_memory(job: Job, strategy: str, memory_ms: int, setting: str) -> None:
             f"so strategy {strategy!r} could forget a run before its last claim",
             f"more than {latest} ms, or a smaller jitter_ms / max_late_ms",
         )
+
+
+def check_idmp_size(job: Job, max_size: int, now_ms: int) -> None:
+    """idmp must remember a run's id until the run's last claim, and Redis keeps at most ``max_size`` ids per
+    producer (here, per job): the id of slot ``s`` is evicted once ``max_size`` later slots were claimed, and all
+    slots in ``(s, s + jitter_ms + max_late_ms]`` can be claimed before ``s``'s last claim. So no window of that
+    length, counting ``s`` itself, may hold more than ``max_size`` slots.
+
+    Slots are at least a second apart (a minute without a seconds field), so most jobs pass without reading
+    their schedule. Otherwise the check is sampled, to stay cheap however many jobs are registered: it counts
+    the windows that start at the job's slots during one day (or one window, if longer) from the first slot of
+    the UTC day of ``now_ms``, reading at most ``4 * (max_size + 1)`` slots, and caches the answer per schedule,
+    window, ``max_size`` and day. A schedule that is denser on days it does not sample (a day-of-month or month
+    field that picks out another stretch of days) can pass and still lose an id.
+    """
+    window = job.options.jitter_ms + job.options.max_late_ms
+    if window // (1000 if job.schedule.has_seconds else 60_000) + 1 <= max_size:
+        return  # even a slot every second (minute) leaves no more than max_size in a window
+    day = now_ms // DAY_MS * DAY_MS
+    crowd, _ = _densest_window(job.schedule, window, day, max_size + 1)
+    if crowd <= max_size:
+        return
+    crowd, start = _densest_window(job.schedule, window, day, IDMP_MAX_SIZE + 1)  # how many, for the message
+    when = datetime.fromtimestamp(start / 1000, tz=UTC).isoformat(timespec="seconds")
+    if crowd > IDMP_MAX_SIZE:
+        count, allowed = f"more than {IDMP_MAX_SIZE}", "a smaller jitter_ms / max_late_ms, or another strategy"
+    else:
+        count, allowed = str(crowd), f"{crowd}..{IDMP_MAX_SIZE}, or a smaller jitter_ms / max_late_ms"
+    raise ConfigError(
+        "strategy.max_size",
+        f"job {job.name!r} ({job.schedule.expression!r}) has {count} runs within {window} ms "
+        f"(its jitter_ms + max_late_ms) starting at {when}, but strategy 'idmp' remembers only the last "
+        f"{max_size} runs per job, so it could forget a run before its last claim, which would then run it again",
+        allowed,
+    )
+
+
+@functools.lru_cache(maxsize=1024)
+def _densest_window(schedule: CronSchedule, window_ms: int, after_ms: int, cap: int) -> tuple[int, int]:
+    """The most slots found in one window ``[s, s + window_ms]`` (counted up to ``cap``) and its first slot ``s``,
+    over the windows that start at the slots of one day (or window) from the first slot after ``after_ms``; at
+    most ``4 * cap`` slots are read. Equal schedules share the answer."""
+    inside: deque[int] = deque()
+    best, best_start = 0, 0
+    end: int | None = None
+    start = datetime.fromtimestamp(after_ms // 1000, tz=UTC).astimezone(schedule.timezone)
+    for read, moment in enumerate(CronSim(schedule.expression, start)):
+        slot = int(moment.timestamp()) * 1000
+        if end is None:
+            end = slot + max(DAY_MS, window_ms) + window_ms
+        while inside and inside[0] < slot - window_ms:
+            inside.popleft()
+        inside.append(slot)
+        if len(inside) > best:
+            best, best_start = len(inside), inside[0]
+        if best >= cap or slot > end or read >= 4 * cap:
+            break
+    return best, best_start

@@ -16,6 +16,7 @@ from anarchon import (
     UnknownOptionError,
     ValkeyBackend,
 )
+from anarchon._job import _densest_window
 
 
 def claim_only() -> RedisBackend[Any]:
@@ -128,6 +129,79 @@ def test_forgetful_strategies_must_outlast_the_latest_claim(strategy: Any, setti
         scheduler.add_job("late", "* * * * *", noop, jitter_ms=10_000, max_late_ms=50_000)
     assert caught.value.option == setting
     assert "60000 ms" in str(caught.value)
+
+
+class FixedClock:
+    """A wall clock stopped at one moment: the idmp size check samples the slots after registration."""
+
+    def __init__(self, wall_ms: int) -> None:
+        self.now = wall_ms
+
+    def wall_ms(self) -> int:
+        return self.now
+
+    def monotonic(self) -> float:
+        return 0.0
+
+    async def sleep(self, seconds: float) -> None:
+        return None
+
+
+NOON = 1_700_049_600_000  # 2023-11-15T12:00:00Z
+
+
+def idmp_scheduler(max_size: int, duration_sec: int = 86_400) -> Scheduler[Any]:
+    backend = RedisBackend(strategy={"name": "idmp", "duration_sec": duration_sec, "max_size": max_size})
+    return Scheduler(backend, clock=FixedClock(NOON + 30_000))
+
+
+@pytest.mark.parametrize(
+    ("cron", "max_late_ms", "crowd"),
+    [
+        ("* * * * * *", 100_000, 101),  # every second: a 100 s window holds its first slot and 100 more
+        ("*/5 * * * *", 3_600_000, 13),  # every 5 minutes, claimed up to an hour late
+        # Every second in minutes 59 and 0: the densest window starts at a minute 59, not at the day's first slot.
+        ("* 59,0 * * * *", 119_000, 120),
+    ],
+)
+def test_idmp_max_size_must_hold_every_run_a_late_claim_can_still_ask_for(
+    cron: str, max_late_ms: int, crowd: int
+) -> None:
+    """Redis keeps the last max_size ids per producer (the job): with more of the job's slots than that within
+    jitter_ms + max_late_ms, a slot's id could be evicted before its last claim, which would then win again."""
+    refusing = idmp_scheduler(crowd - 1)
+    with pytest.raises(ConfigError) as caught:
+        refusing.add_job("dense", cron, noop, max_late_ms=max_late_ms)
+    assert caught.value.option == "strategy.max_size"
+    assert f"has {crowd} runs within {max_late_ms} ms" in str(caught.value)
+    assert f"remembers only the last {crowd - 1} runs" in str(caught.value)
+    assert caught.value.allowed.startswith(f"{crowd}..10000")
+    assert refusing.jobs == ()
+    accepting = idmp_scheduler(crowd)  # the slot's own id and crowd - 1 later ones: nothing is evicted
+    accepting.add_job("dense", cron, noop, max_late_ms=max_late_ms)
+    assert accepting.jobs == ("dense",)
+
+
+def test_idmp_max_size_refusal_says_when_no_max_size_is_enough() -> None:
+    scheduler = idmp_scheduler(10_000)
+    with pytest.raises(ConfigError) as caught:
+        scheduler.add_job("dense", "* * * * * *", noop, jitter_ms=1_000, max_late_ms=3 * 3_600_000)
+    assert caught.value.option == "strategy.max_size"
+    assert "more than 10000 runs within 10801000 ms" in str(caught.value)
+    assert "another strategy" in caught.value.allowed
+    scheduler.add_job("sparse", "*/5 * * * * *", noop, jitter_ms=1_000, max_late_ms=3 * 3_600_000)  # 2,161 runs
+
+
+def test_idmp_max_size_check_reads_a_schedule_once_and_only_when_it_could_be_too_dense() -> None:
+    """Registering ten thousand jobs stays cheap: equal schedules share one reading of their slots, and a
+    window too short to hold more than max_size slots, even one a second, needs none."""
+    _densest_window.cache_clear()
+    scheduler = idmp_scheduler(100)
+    for i in range(10_000):  # 301 minutes could hold 302 slots; every 5 minutes they hold 61
+        scheduler.add_job(f"job{i}", "*/5 * * * *", noop, max_late_ms=5 * 3_600_000 + 60_000)
+    scheduler.add_job("every-second", "* * * * * *", noop, max_late_ms=99_000)  # at most 100 slots
+    assert len(scheduler.jobs) == 10_001
+    assert _densest_window.cache_info().misses == 1
 
 
 def test_errors_share_one_root_and_mix_in_builtins() -> None:
