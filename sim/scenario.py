@@ -30,7 +30,7 @@ from typing import Any
 
 SCENARIOS_DIR = Path(__file__).resolve().parent.parent / "scenarios"
 STRATEGIES = ("lease", "stream-id", "idmp", "script")
-CHECKERS = ("P1", "P2", "P3", "P4", "P5", "P6")
+CHECKERS = ("P1", "P2", "P3", "P4", "P5", "P6", "lateness")
 VERDICTS = ("valid", "invalid", "unknown")
 LEASE_SCHEDULER_OPTIONS = ("lease_ms", "heartbeat_ms")
 LEASE_JOB_OPTIONS = ("overlap", "max_attempts", "catch_up_ms")

@@ -320,6 +320,9 @@ class World:
             return
         detail = f"instance {target.name}"
         if fault.kind == "crash":
+            if not target.up:  # killing a process that is not running does nothing, and it has nothing to restart
+                self.record_fault(fault, f"{detail} is down already: nothing struck")
+                return
             self.record_fault(fault, f"{detail} killed")
             await target.crash()
             restart = fault.settings.get("restart_after_s")

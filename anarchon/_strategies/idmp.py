@@ -71,9 +71,9 @@ class IdmpStrategy(ClaimOnlyStrategy):
     async def claim_scheduled(
         self, store: Store, requests: Sequence[tuple[RunRequest, JobPolicy]]
     ) -> list[Claim | StoreError]:
-        unconfigured = {
+        unconfigured = dict.fromkeys(  # in the requests' order: the same batch configures alike every time
             r.job for r, _ in requests if r.job not in self._configured or not self._configured[r.job].done()
-        }
+        )
         failed: dict[str, StoreError] = {}
         for job in unconfigured:  # a job registered after start, or whose configuration failed before
             try:

@@ -112,7 +112,7 @@ def test_the_command_line_replays_a_run_and_prints_json() -> None:
     assert first["digest"] == second["digest"]
     assert first["seed"] == 5
     assert first["verdicts"] == {"P1": "invalid", "P2": "valid", "P3": "valid", "P4": "invalid", "P5": "valid",
-                                 "P6": "valid"}  # fmt: skip
+                                 "P6": "valid", "lateness": "valid"}  # fmt: skip
     assert "python -m sim run" in str(first["replay"])
     text = subprocess.run(
         [sys.executable, "-m", "sim", "run", "zombie", "--seed", "5"], cwd=REPO, capture_output=True, text=True,
@@ -154,9 +154,16 @@ def test_a_fault_with_no_instance_to_strike_is_recorded_and_a_failing_fault_is_n
         "jobs": [{"name": "tick", "cron": "*/5 * * * * *", "work_s": 1}],
     }  # fmt: skip
     crash = {"at_s": 2, "kind": "crash", "instance": "a"}
-    nobody = parse({**base, "faults": [crash, {"at_s": 5, "kind": "pause", "instance": "winner", "duration_s": 1}]})
-    faults = [(e.t, e.op, e.value) for e in simulate(nobody, "lease", 1).history.events if e.kind == "fault"]
-    assert faults == [(2.0, "crash", "instance a killed"), (5.0, "pause", "no instance is up: nothing struck")]
+    again = {"at_s": 3, "kind": "crash", "instance": "a", "restart_after_s": 1}
+    pause = {"at_s": 5, "kind": "pause", "instance": "winner", "duration_s": 1}
+    outcome = simulate(parse({**base, "faults": [crash, again, pause]}), "lease", 1)
+    faults = [(e.t, e.op, e.value) for e in outcome.history.events if e.kind == "fault"]
+    assert faults == [
+        (2.0, "crash", "instance a killed"),
+        (3.0, "crash", "instance a is down already: nothing struck"),
+        (5.0, "pause", "no instance is up: nothing struck"),
+    ]
+    assert [(w.kind, w.start, w.end) for w in outcome.fault_windows] == [("crash", 2.0, 20.0)]
     broken = parse({**base, "faults": [{"at_s": 2, "kind": "skew", "instance": "a", "offset_ms": "soon"}]})
     with pytest.raises(ValueError, match="soon"):
         simulate(broken, "lease", 1)
