@@ -224,15 +224,16 @@ def _lease_safety(
 def lease_margins(history: History, lease_ms: int) -> dict[tuple[str, str], tuple[float, float]]:
     """For each execution that ended, keyed by (instance, token): (margin ms, lease expiry), the margin being the
     lease expiry as its holder last heard it minus the execution's end. The expiry is the true time of the last
-    acknowledgement before the end - a won claim (``lease_ms``: the history does not keep the lease a retried
-    claim had left, so that one is an upper bound) or a heartbeat (the lease ms it granted) - plus that lease.
+    acknowledgement before the end - a won claim or a heartbeat - plus the lease it granted (``lease_ms`` when the
+    history does not say).
     An execution with no acknowledged lease in the history has no margin."""
     acks: dict[tuple[str, str], list[tuple[float, float]]] = defaultdict(list)
     for event in history.events:
         if event.kind != "ok":
             continue
         if event.op == "claim" and event.value.startswith("won"):
-            granted_ms = lease_ms
+            left = event.value.split("lease_ms=")[1].split()[0] if "lease_ms=" in event.value else ""
+            granted_ms = int(left) if left else lease_ms  # what is left of the lease (a retried claim's is less)
         elif event.op == "heartbeat" and event.value.isdigit() and int(event.value) > 0:
             granted_ms = int(event.value)
         else:

@@ -100,7 +100,13 @@ class RecordingStrategy:
         elif isinstance(result, StoreError):
             self._record("fail", op, request, str(result))
         elif isinstance(result, Claim):
-            self._record("ok", op, request, f"{result.outcome.value} attempt={result.attempt} fence={result.fence}")
+            answer = result.outcome.value
+            self._record(
+                "ok",
+                op,
+                request,
+                f"{answer} attempt={result.attempt} lease_ms={result.lease_ms_left} fence={result.fence}",
+            )
         else:
             self._record("ok", op, request, str(result))
 

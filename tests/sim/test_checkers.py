@@ -91,6 +91,15 @@ def test_the_lease_margin_is_the_last_acknowledged_expiry_minus_the_last_side_ef
     assert judgement.as_json()["figures"]["P4"]["past_lease"] == 1
 
 
+def test_a_retried_claim_counts_only_the_lease_it_had_left() -> None:
+    # The claim's reply was lost and a's retry recognised its own token 2 s later: 1 s of the lease was left.
+    a = _execution("a", 40, 40, 42.5)
+    events = [_ack(a, 42.0, value="won attempt=1 lease_ms=1000 fence=1")]
+    assert _judge([*_every_slot(skip=40), a], events).lease_margins_ms == pytest.approx([500.0])
+    # A history that does not say what was left counts the whole lease.
+    assert _judge([*_every_slot(skip=40), a], [_ack(a, 42.0)]).lease_margins_ms == pytest.approx([2500.0])
+
+
 def test_an_attempt_without_an_acknowledged_lease_has_no_margin() -> None:
     judgement = _judge(_every_slot())
     assert judgement.lease_margins_ms == []
