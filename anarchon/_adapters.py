@@ -277,8 +277,9 @@ class RedisPyCluster:
     async def execute(self, command: Command) -> Reply:
         key = _command_key(command)
         node = self.client.get_node_from_key(key) if key is not None else self.client.get_random_node()
-        if self.blocking:  # a sync ClusterNode wraps a plain redis.Redis
-            call = asyncio.to_thread(node.redis_connection.execute_command, *_wire_name(command))
+        if self.blocking:  # a sync ClusterNode wraps a plain client: redis_connection, valkey-py's valkey_connection
+            client = node.redis_connection if hasattr(node, "redis_connection") else node.valkey_connection
+            call = asyncio.to_thread(client.execute_command, *_wire_name(command))
             return decode(await _guard(call))
         return decode(await _guard(node.execute_command(*_wire_name(command))))
 

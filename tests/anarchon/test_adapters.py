@@ -1,5 +1,5 @@
-"""Every recognised client drives the same backend against a real server: redis-py (asyncio, sync, cluster),
-valkey-py, Valkey GLIDE (standalone and cluster), and a plain ``send(command, args)`` object."""
+"""Every recognised client drives the same backend against a real server: redis-py and valkey-py (asyncio, sync,
+cluster), Valkey GLIDE (standalone and cluster), and a plain ``send(command, args)`` object."""
 
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ import redis.asyncio.cluster
 import redis.cluster
 import valkey
 import valkey.asyncio
+import valkey.asyncio.cluster
+import valkey.cluster
 from glide import (
     GlideClient,
     GlideClientConfiguration,
@@ -70,6 +72,11 @@ CLIENTS: dict[str, tuple[bool, Callable[[RunningServer], Any]]] = {  # name: (cl
         lambda s: redis.asyncio.cluster.RedisCluster(host=s.host, port=s.port, protocol=2),
     ),
     "redis-py-sync-cluster": (True, lambda s: redis.cluster.RedisCluster(host=s.host, port=s.port, protocol=2)),
+    "valkey-py-asyncio-cluster": (
+        True,
+        lambda s: valkey.asyncio.cluster.ValkeyCluster(host=s.host, port=s.port, protocol=2),
+    ),
+    "valkey-py-sync-cluster": (True, lambda s: valkey.cluster.ValkeyCluster(host=s.host, port=s.port, protocol=2)),
     "glide-cluster": (True, glide_cluster),
 }
 
