@@ -336,20 +336,62 @@ class Glide:
         await _guard(self.client.close())
 
 
+# The codes Redis and Valkey start their error replies with. A ``send`` client may report a server error as an
+# exception of its own, raised or returned, carrying the reply's text: one that starts with one of these codes
+# is read as that reply (LOADING, like redis-py's BusyLoadingError, as an unreachable store).
+_SERVER_CODES = frozenset(
+    (
+        "ERR", "WRONGTYPE", "NOSCRIPT", "BUSY", "BUSYKEY", "BUSYGROUP", "NOGROUP", "NOAUTH", "WRONGPASS",
+        "NOPERM", "READONLY", "MASTERDOWN", "MISCONF", "OOM", "EXECABORT", "NOREPLICAS", "NOTBUSY", "UNKILLABLE",
+        "MOVED", "ASK", "TRYAGAIN", "CROSSSLOT", "CLUSTERDOWN", "NOPROTO", "UNBLOCKED", "LOADING",
+    )
+)  # fmt: skip
+
+
+def translate_send_error(error: BaseException) -> StoreError | None:
+    """:func:`translate`, and for a ``send`` client also any exception whose message is a server error reply
+    (it starts with a code of ``_SERVER_CODES`` followed by a space or nothing)."""
+    translated = translate(error)
+    if translated is not None:
+        return translated
+    text = str(error)
+    code = text.split(" ", 1)[0]
+    if code not in _SERVER_CODES:
+        return None
+    if code == "LOADING":
+        return StoreUnavailableError(f"store unavailable: {text}")
+    return StoreReplyError(text)
+
+
 class SendAdapter:
-    """Any object with ``send(command, args)`` returning the reply or an awaitable of it."""
+    """Any object with ``send(command, args)`` returning the reply or an awaitable of it.
+
+    ``command`` is the command name and ``args`` its arguments, all ``str``. The reply comes back as the client
+    reads it (bulk strings as ``bytes`` or ``str``, arrays as lists). A server error reply is recognised when it
+    is raised or returned as an exception that is a redis-py / valkey-py error, or whose message is the server's
+    reply text with its code first (``NOSCRIPT No matching script…``, ``ERR …``, ``WRONGTYPE …``); an
+    ``OSError`` / ``ConnectionError`` / ``TimeoutError`` means the store could not be reached. Other exceptions
+    pass through unchanged. ``send`` is called on the event loop thread: a blocking ``send`` blocks the
+    scheduler while it waits.
+    """
 
     def __init__(self, client: Any) -> None:
         self.client = client
 
     async def execute(self, command: Command) -> Reply:
         name, *args = (_text(arg) for arg in command)
-
-        async def call() -> Any:
+        try:
             reply = self.client.send(name, args)
-            return await reply if inspect.isawaitable(reply) else reply
-
-        return decode(await _guard(call()))
+            if inspect.isawaitable(reply):
+                reply = await reply
+        except Exception as error:
+            translated = translate_send_error(error)
+            if translated is None or translated is error:
+                raise
+            raise translated from error
+        if isinstance(reply, BaseException):  # an error reply handed back as a value
+            raise translate_send_error(reply) or reply
+        return decode(reply)
 
     async def execute_many(self, commands: Sequence[Command]) -> list[Reply | StoreReplyError]:
         results: list[Reply | StoreReplyError] = []

@@ -1,5 +1,6 @@
 """Every recognised client drives the same backend against a real server: redis-py and valkey-py (asyncio, sync,
-cluster), Valkey GLIDE (standalone and cluster), and a plain ``send(command, args)`` object."""
+cluster), Valkey GLIDE (standalone and cluster), and plain ``send(command, args)`` objects (async or not, over
+redis-py or over a client of their own whose server errors are its own exceptions, raised or returned)."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from glide import (
 )
 
 from anarchon import RedisBackend, RunRecord, StoreReplyError, StoreUnavailableError
-from anarchon._adapters import RedisPyAsync
+from anarchon._adapters import RedisPyAsync, adapt
 from anarchon._strategies import Claim, JobPolicy, Outcome, RunRequest
 from sim.servers import RunningServer
 from sim.servers.testing import ServerPool, ServerUnderTest, flush
@@ -50,6 +51,70 @@ class SendClient:
         await self.client.aclose()
 
 
+class SyncSendClient:
+    """``send`` as a plain function returning the reply itself (a blocking redis-py client underneath)."""
+
+    def __init__(self, server: RunningServer) -> None:
+        self.client = redis.Redis(host=server.host, port=server.port, protocol=2)
+
+    def send(self, command: str, args: list[str]) -> Any:
+        return self.client.execute_command(command.encode(), *args)
+
+    def close(self) -> None:
+        self.client.close()
+
+
+class RespError(Exception):
+    """How a client of its own reports a server error: its own class, the server's reply text as message."""
+
+
+class RespSendClient:
+    """A minimal RESP2 client that is neither redis-py nor valkey-py: a server error comes back as a RespError,
+    raised or returned as the reply."""
+
+    def __init__(self, server: RunningServer, *, raise_errors: bool) -> None:
+        self.address = (server.host, server.port)
+        self.raise_errors = raise_errors
+        self.streams: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+        self.lock = asyncio.Lock()
+
+    async def send(self, command: str, args: list[str]) -> Any:
+        async with self.lock:
+            if self.streams is None:
+                self.streams = await asyncio.open_connection(*self.address)
+            reader, writer = self.streams
+            parts = [command, *args]
+            writer.write(b"*%d\r\n" % len(parts))
+            for part in parts:
+                data = part.encode()
+                writer.write(b"$%d\r\n%b\r\n" % (len(data), data))
+            await writer.drain()
+            reply = await self.read(reader)
+        if isinstance(reply, RespError) and self.raise_errors:
+            raise reply
+        return reply
+
+    async def read(self, reader: asyncio.StreamReader) -> Any:
+        line = (await reader.readline())[:-2]
+        kind, rest = line[:1], line[1:]
+        if kind == b"+":
+            return rest.decode()
+        if kind == b"-":
+            return RespError(rest.decode())
+        if kind == b":":
+            return int(rest)
+        if kind == b"$":
+            return None if int(rest) < 0 else (await reader.readexactly(int(rest) + 2))[:-2]
+        if kind == b"*":
+            return None if int(rest) < 0 else [await self.read(reader) for _ in range(int(rest))]
+        raise AssertionError(f"cannot read {line!r}")
+
+    async def close(self) -> None:
+        if self.streams is not None:
+            self.streams[1].close()
+            await self.streams[1].wait_closed()
+
+
 async def glide_standalone(server: RunningServer) -> Any:
     config = GlideClientConfiguration([NodeAddress(server.host, server.port)], protocol=ProtocolVersion.RESP2)
     return await GlideClient.create(config)
@@ -67,6 +132,9 @@ CLIENTS: dict[str, tuple[bool, Callable[[RunningServer], Any]]] = {  # name: (cl
     "valkey-py-sync": (False, lambda s: valkey.Valkey(host=s.host, port=s.port, protocol=2)),
     "glide": (False, glide_standalone),
     "send": (False, SendClient),
+    "send-sync": (False, SyncSendClient),
+    "send-own-errors-raised": (False, lambda s: RespSendClient(s, raise_errors=True)),
+    "send-own-errors-returned": (False, lambda s: RespSendClient(s, raise_errors=False)),
     "redis-py-asyncio-cluster": (
         True,
         lambda s: redis.asyncio.cluster.RedisCluster(host=s.host, port=s.port, protocol=2),
@@ -189,6 +257,51 @@ async def test_anarchon_opens_and_closes_its_own_connection(real_server: ServerU
 def test_unrecognised_objects_are_refused() -> None:
     with pytest.raises(TypeError, match="send"):
         RedisBackend(redis=object())  # type: ignore[call-overload]
+
+
+class Scripted:
+    """A ``send`` client that answers every command with one value, raised or returned."""
+
+    def __init__(self, answer: BaseException, *, raise_it: bool) -> None:
+        self.answer = answer
+        self.raise_it = raise_it
+
+    def send(self, command: str, args: list[str]) -> Any:
+        if self.raise_it:
+            raise self.answer
+        return self.answer
+
+
+@pytest.mark.parametrize("raise_it", [True, False], ids=["raised", "returned"])
+@pytest.mark.parametrize(
+    ("answer", "expected"),
+    [
+        (RuntimeError("NOSCRIPT No matching script."), StoreReplyError),
+        (RuntimeError("WRONGTYPE Operation against a key holding the wrong kind of value"), StoreReplyError),
+        (ValueError("ERR"), StoreReplyError),
+        (RuntimeError("MOVED 3999 127.0.0.1:6381"), StoreReplyError),
+        (RuntimeError("LOADING Redis is loading the dataset in memory"), StoreUnavailableError),
+        (ConnectionResetError("connection reset by peer"), StoreUnavailableError),
+        (RuntimeError("boom"), RuntimeError),
+        (RuntimeError("NOSCRIPTED: not a code"), RuntimeError),
+        (RuntimeError("error: ERR wrapped"), RuntimeError),
+        (RuntimeError("err lower case"), RuntimeError),
+    ],
+)
+async def test_send_clients_errors_are_read_by_their_server_error_code(
+    answer: BaseException, expected: type[BaseException], raise_it: bool
+) -> None:
+    """A ``send`` client's own exception, raised or returned, is a server error reply only when its message is
+    one (a Redis error code first); anything else reaches the caller unchanged."""
+    connection = adapt(Scripted(answer, raise_it=raise_it))
+    with pytest.raises(expected) as caught:
+        await connection.execute(("EVALSHA", "0" * 40, 0))
+    if isinstance(caught.value, StoreReplyError):
+        assert caught.value.reply == str(answer)  # the server's text, its code first
+        [in_place] = await connection.execute_many([("PING",)])  # in a batch, kept in its command's place
+        assert isinstance(in_place, StoreReplyError)
+    elif expected is RuntimeError:
+        assert caught.value is answer
 
 
 @pytest.mark.parametrize("single_connection", [False, True], ids=["pooled", "single-connection"])
