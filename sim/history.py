@@ -15,7 +15,7 @@ from typing import Any
 
 from anarchon import RunRecord, StoreError, StoreUnavailableError
 from anarchon._store import ServerInfo, Store
-from anarchon._strategies import Claim, JobPolicy, RunRequest, Strategy
+from anarchon._strategies import Claim, JobPolicy, Outcome, RunRequest, Strategy
 from sim.links import NotSent
 
 
@@ -29,6 +29,7 @@ class Event:
     run: str = ""
     token: str = ""
     value: str = ""
+    attempt: int = 0  # the run's attempt this operation belongs to; 0 while a claim has not named one
 
 
 @dataclass(slots=True)
@@ -88,9 +89,12 @@ class RecordingStrategy:
         self.name = inner.name
         self.leases = inner.leases
         self.scripts = inner.scripts
+        self._attempts: dict[str, int] = {}  # token -> the attempt its claim won
 
     def _record(self, kind: str, op: str, request: RunRequest, value: str = "") -> None:
-        self.history.add(Event(self.now(), kind, self.process, op, request.job, request.run, request.token, value))
+        attempt = self._attempts.get(request.token, 0)
+        event = Event(self.now(), kind, self.process, op, request.job, request.run, request.token, value, attempt)
+        self.history.add(event)
 
     def _completion(self, op: str, request: RunRequest, result: object) -> None:
         if isinstance(result, NotSent):  # the store never saw it: a failure, not an unknown outcome
@@ -100,6 +104,8 @@ class RecordingStrategy:
         elif isinstance(result, StoreError):
             self._record("fail", op, request, str(result))
         elif isinstance(result, Claim):
+            if result.outcome is Outcome.WON:
+                self._attempts[request.token] = result.attempt
             answer = result.outcome.value
             self._record(
                 "ok",

@@ -279,6 +279,9 @@ def test_the_zombie_resumes_unfinished_beside_its_backup() -> None:
     beats = [e for e in outcome.history.events if e.process == first.instance and e.op == "heartbeat"]
     assert [(e.kind, e.value) for e in beats if first.started < e.t] == [("invoke", ""), ("ok", "0")]
     assert all(e.t == resumed for e in beats if first.started < e.t)
+    assert {e.attempt for e in beats} == {1}  # every operation of a run says which attempt it belongs to
+    finishes = [e for e in outcome.history.events if e.op == "finish" and e.token in (first.token, second.token)]
+    assert sorted({(e.token == second.token, e.attempt) for e in finishes}) == [(False, 1), (True, 2)]
     assert second.completed
 
 
