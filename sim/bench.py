@@ -476,7 +476,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     burst_jobs = 1000 if args.quick else 10_000
 
     began = time.monotonic()
-    out: dict[str, Any] = {"targets": asyncio.run(claim_latency(targets, iterations))}
+    claims = asyncio.run(claim_latency(targets, iterations))
+    # Every entry of a target is an operation's figures; the servers' versions go beside them.
+    out: dict[str, Any] = {"versions": {target: ops.pop("version") for target, ops in claims.items()}}
+    out["targets"] = claims
     print_claims(out["targets"])
     out["pipelined"] = asyncio.run(pipelined_claims(targets, 5_000 if args.quick else 50_000))
     print(f"pipelined claims per second: {json.dumps(out['pipelined'])}")
