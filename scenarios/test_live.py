@@ -28,6 +28,6 @@ async def test_declared_verdicts_hold_live(scenario: Scenario, real_target: str,
     for strategy, outcome in outcomes.items():
         for checker, verdict in scenario.expect.get(strategy, {}).items():
             got = outcome.judgement.verdict(checker)
-            if isinstance(verdict, str) and got.status != verdict:
+            if got.status != verdict:
                 failures.append(f"{strategy} {checker} is {got.status}, expected {verdict}: {got.witness}")
     assert not failures, "\n".join(failures)

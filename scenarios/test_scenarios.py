@@ -25,7 +25,6 @@ def test_declared_verdicts_hold_in_virtual_time(scenario: Scenario, strategy: st
         outcome = simulate(scenario, strategy, seed)
         for checker, verdict in expected.items():
             got = outcome.judgement.verdict(checker)
-            if isinstance(verdict, str):
-                assert got.status == verdict, (
-                    f"{checker} is {got.status}, expected {verdict}: {got.witness}\nreplay: {outcome.replay_command()}"
-                )
+            assert got.status == verdict, (
+                f"{checker} is {got.status}, expected {verdict}: {got.witness}\nreplay: {outcome.replay_command()}"
+            )

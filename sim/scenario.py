@@ -17,7 +17,7 @@ verdict each strategy is expected to get. The virtual and the live mode run the 
     kind = "crash"
     instance = "winner"             # an instance name, or "winner": the one running a job at that moment
     restart_after_s = 30
-    [expect.lease]                  # checker: valid | invalid | unknown; a rate in [0, 1] for "sometimes"
+    [expect.lease]                  # checker (P1..P6, lateness): valid | invalid | unknown
     P1 = "valid"
 """
 
@@ -100,7 +100,7 @@ class Scenario:
     faults: tuple[FaultSpec, ...]
     scheduler: dict[str, Any]
     strategies: dict[str, dict[str, Any]]  # strategy settings, e.g. {"script": {"window_ms": 60000}}
-    expect: dict[str, dict[str, str | float]]  # strategy -> checker -> verdict, or a rate of "invalid"
+    expect: dict[str, dict[str, str]]  # strategy -> checker -> verdict
     path: Path | None = None
 
     def strategy_option(self, strategy: str) -> str | dict[str, Any]:
@@ -177,15 +177,15 @@ def parse(data: dict[str, Any], path: Path | None = None) -> Scenario:
         if instance is not None and instance not in names and instance != "winner":
             raise ScenarioError(f"{where}: fault {kind!r} names unknown instance {instance!r}")
         faults.append(FaultSpec(float(need(f, "at_s", (int, float), "faults")), kind, settings))
-    expect: dict[str, dict[str, str | float]] = {}
+    expect: dict[str, dict[str, str]] = {}
     for strategy, verdicts in data.get("expect", {}).items():
         if strategy not in STRATEGIES:
             raise ScenarioError(f"{where}: expect.{strategy} is not a strategy")
         for checker, verdict in verdicts.items():
             if checker not in CHECKERS:
                 raise ScenarioError(f"{where}: expect.{strategy}.{checker} is not a checker ({', '.join(CHECKERS)})")
-            if not (verdict in VERDICTS or (isinstance(verdict, float) and 0 <= verdict <= 1)):
-                raise ScenarioError(f"{where}: expect.{strategy}.{checker} = {verdict!r}")
+            if verdict not in VERDICTS:
+                raise ScenarioError(f"{where}: expect.{strategy}.{checker} = {verdict!r} is not one of {VERDICTS}")
         expect[strategy] = dict(verdicts)
     return Scenario(
         name=need(data, "name", str, "the file"),

@@ -410,5 +410,7 @@ def test_bad_scenarios_are_refused_with_the_reason() -> None:
         parse({**base, "faults": [{"at_s": 1, "kind": "crash", "instance": "a", "colour": 1}]})
     with pytest.raises(ScenarioError, match="not a checker"):
         parse({**base, "expect": {"lease": {"P9": "valid"}}})
+    with pytest.raises(ScenarioError, match="is not one of"):
+        parse({**base, "expect": {"lease": {"P1": 0.5}}})
     with pytest.raises(ScenarioError, match="needs 'work_s'"):
         parse({**base, "jobs": [{"name": "j", "cron": "* * * * *"}]})
