@@ -12,7 +12,7 @@ import asyncio
 import inspect
 import math
 import re
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar, cast
 
 from ._errors import ConfigTypeError, StoreError, StoreReplyError, StoreUnavailableError
@@ -102,11 +102,11 @@ def decode_in_place(reply: Any) -> Reply | StoreReplyError:
     return decode(reply)
 
 
-async def _guard(awaitable: Awaitable[T]) -> T:
+async def _guard(awaitable: Awaitable[T], translator: Callable[[BaseException], StoreError | None] = translate) -> T:
     try:
         return await awaitable
     except Exception as error:
-        translated = translate(error)
+        translated = translator(error)
         if translated is None or translated is error:
             raise
         raise translated from error
@@ -380,18 +380,15 @@ class SendAdapter:
 
     async def execute(self, command: Command) -> Reply:
         name, *args = (_text(arg) for arg in command)
-        try:
+
+        async def call() -> Any:
             reply = self.client.send(name, args)
-            if inspect.isawaitable(reply):
-                reply = await reply
-        except Exception as error:
-            translated = translate_send_error(error)
-            if translated is None or translated is error:
-                raise
-            raise translated from error
-        if isinstance(reply, BaseException):  # an error reply handed back as a value
-            raise translate_send_error(reply) or reply
-        return decode(reply)
+            reply = await reply if inspect.isawaitable(reply) else reply
+            if isinstance(reply, BaseException):  # an error reply handed back as a value
+                raise reply
+            return reply
+
+        return decode(await _guard(call(), translate_send_error))
 
     async def execute_many(self, commands: Sequence[Command]) -> list[Reply | StoreReplyError]:
         results: list[Reply | StoreReplyError] = []

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import functools
 import inspect
+import itertools
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TypeAlias
-
-from cronsim import CronSim
 
 from ._config import check_int
 from ._context import RunContext
@@ -140,19 +139,18 @@ def _densest_window(schedule: CronSchedule, window_ms: int, after_ms: int, cap: 
     """The most slots found in one window ``[s, s + window_ms]`` (counted up to ``cap``) and its first slot ``s``,
     over the windows that start at the slots of one day (or window) from the first slot after ``after_ms``; at
     most ``4 * cap`` slots are read. Equal schedules share the answer."""
+    first = schedule.next_after(after_ms)
+    if first is None:
+        return 0, 0
     inside: deque[int] = deque()
     best, best_start = 0, 0
-    end: int | None = None
-    start = datetime.fromtimestamp(after_ms // 1000, tz=UTC).astimezone(schedule.timezone)
-    for read, moment in enumerate(CronSim(schedule.expression, start)):
-        slot = int(moment.timestamp()) * 1000
-        if end is None:
-            end = slot + max(DAY_MS, window_ms) + window_ms
+    slots = schedule.slots_between(first - 1, first + max(DAY_MS, window_ms) + window_ms)
+    for slot in itertools.islice(slots, 4 * cap):
         while inside and inside[0] < slot - window_ms:
             inside.popleft()
         inside.append(slot)
         if len(inside) > best:
             best, best_start = len(inside), inside[0]
-        if best >= cap or slot > end or read >= 4 * cap:
-            break
+            if best >= cap:
+                break
     return best, best_start
