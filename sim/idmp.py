@@ -59,7 +59,7 @@ class IdmpState:
         return IdmpState(copy.deepcopy(self.streams))
 
 
-def _text(arg: object) -> str:
+def text(arg: object) -> str:
     return arg.decode() if isinstance(arg, bytes) else str(arg)
 
 
@@ -75,15 +75,15 @@ class IdmpConnection:
         return int(time.time() * 1000)  # the store's clock (virtual in a simulation)
 
     async def execute(self, command: Command) -> Reply:
-        name = _text(command[0]).upper()
+        name = text(command[0]).upper()
         if name == "XADD":
-            args = [_text(a) for a in command]
+            args = [text(a) for a in command]
             upper = [a.upper() for a in args]
             if "IDMP" in upper[2:]:
                 return await self._xadd_idmp(args, upper.index("IDMP", 2))
         elif name == "XCFGSET":
-            return await self._xcfgset([_text(a) for a in command])
-        elif name == "XINFO" and len(command) >= 3 and _text(command[1]).upper() == "STREAM":
+            return await self._xcfgset([text(a) for a in command])
+        elif name == "XINFO" and len(command) >= 3 and text(command[1]).upper() == "STREAM":
             return await self._xinfo(command)
         return await self.inner.execute(command)
 
@@ -118,7 +118,7 @@ class IdmpConnection:
                 stream.duplicates += 1
                 return original
         plain = args[:at] + args[at + 3 :]  # the same XADD without IDMP pid iid
-        entry_id = _text(await self.inner.execute(plain))
+        entry_id = text(await self.inner.execute(plain))
         stream = self.state.streams.setdefault(key, StreamIdmp())
         ids = stream.producers.setdefault(pid, OrderedDict())
         ids[iid] = entry_id
@@ -151,7 +151,7 @@ class IdmpConnection:
         reply = await self.inner.execute(command)
         if not isinstance(reply, list):
             return reply
-        stream = self.state.streams.get(_text(command[2]), StreamIdmp())
+        stream = self.state.streams.get(text(command[2]), StreamIdmp())
         stream.expire(self._now_ms())
         ours = {
             "idmp-duration": stream.duration_s,

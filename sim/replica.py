@@ -19,11 +19,10 @@ import asyncio
 import copy
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from anarchon._errors import StoreReplyError
 from anarchon._store import Command, Connection, Reply, ServerInfo
-from sim.idmp import IdmpState, StreamIdmp
+from sim.idmp import IdmpState, StreamIdmp, text
 
 # Commands that write nothing; every other command anarchon sends writes its first key, or, for scripts, the
 # keys it declares. A command the log does not know stops the simulation rather than let the replica drift.
@@ -38,19 +37,15 @@ WRITES_FIRST_KEY = frozenset({
 })  # fmt: skip
 
 
-def _text(arg: object) -> str:
-    return arg.decode() if isinstance(arg, bytes) else str(arg)
-
-
 def written_keys(command: Command) -> list[str]:
     """The keys ``command`` may write."""
-    name = _text(command[0]).upper()
+    name = text(command[0]).upper()
     if name in ("EVAL", "EVALSHA"):
-        return [_text(key) for key in command[3 : 3 + int(command[2])]]
+        return [text(key) for key in command[3 : 3 + int(command[2])]]
     if name in READS:
         return []
     if name in WRITES_FIRST_KEY:
-        return [_text(command[1])]
+        return [text(command[1])]
     raise ValueError(f"the replication log does not know which keys {name} writes")
 
 
@@ -78,8 +73,8 @@ class Entry:
 class Replication:
     """The primary's replication log and the windows in which it was held or dropped."""
 
-    def __init__(self, read_key: Callable[[str], KeyState | None], idmp: Callable[[], IdmpState]) -> None:
-        self._read_key = read_key
+    def __init__(self, read_key: Callable[[str], KeyState | None], idmp: IdmpState) -> None:
+        self._read_key = read_key  # reads the current primary, at once
         self._idmp = idmp
         self.base = Dataset()  # what the replica held when the log started (a full synchronisation)
         self.log: list[Entry] = []
@@ -94,7 +89,7 @@ class Replication:
         keys = list(dict.fromkeys(key for command in commands for key in written_keys(command)))
         if not keys:
             return
-        streams = self._idmp().streams
+        streams = self._idmp.streams
         self.log.append(
             Entry(
                 self.now(),
@@ -133,7 +128,7 @@ class Replication:
                 if stream is None:
                     dataset.idmp.pop(key, None)
                 else:
-                    dataset.idmp[key] = copy.deepcopy(stream)
+                    dataset.idmp[key] = stream  # a copy made when it was logged, copied again when promoted
         return dataset, missing
 
     def restart(self, base: Dataset) -> None:
@@ -166,17 +161,3 @@ class ReplicatedConnection:
 
     async def close(self) -> None:
         await self.inner.close()
-
-
-def read_key(client: Any, now_ms: Callable[[], int]) -> Callable[[str], KeyState | None]:
-    """A reader of keys through ``client``, a blocking fakeredis client of the primary: it runs at once, so no
-    other instance's command can come between a write and the log entry that records it."""
-
-    def read(key: str) -> KeyState | None:
-        dumped = client.dump(key)
-        if dumped is None:
-            return None
-        ttl = client.pttl(key)
-        return KeyState(dumped, None if ttl < 0 else now_ms() + ttl)
-
-    return read

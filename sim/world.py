@@ -25,7 +25,7 @@ from sim import fakestore
 from sim.history import Event, Execution, History, RecordingStrategy
 from sim.idmp import IdmpConnection, IdmpState
 from sim.links import Link
-from sim.replica import Dataset, ReplicatedConnection, Replication, read_key
+from sim.replica import Dataset, KeyState, ReplicatedConnection, Replication
 from sim.scenario import FaultSpec, InstanceSpec, JobSpec, Scenario
 
 EPOCH_S = 1_800_000_000  # 2027-01-15T08:00:00Z: simulations start at a fixed, round moment
@@ -128,12 +128,20 @@ class SimStore:
         self.version = version
         self.idmp = IdmpState()
         self._new_server()
-        self.replication = Replication(self._read_key, lambda: self.idmp) if replicated else None
+        self.replication = Replication(self._read_key, self.idmp) if replicated else None
 
     def _new_server(self) -> None:
         self.server = fakeredis.FakeServer(version=self.version)
         self._probe = fakeredis.FakeRedis(server=self.server)  # blocking: reads keys for the log at once
-        self._read_key = read_key(self._probe, lambda: int(time.time() * 1000))
+
+    def _read_key(self, key: str) -> KeyState | None:
+        """A key of the current primary, read at once: no other instance's command can come between a write and
+        the log entry that records it."""
+        dumped = self._probe.dump(key)
+        if dumped is None:
+            return None
+        ttl = self._probe.pttl(key)
+        return KeyState(dumped, None if ttl < 0 else int(time.time() * 1000) + ttl)
 
     def connection(self) -> Connection:
         # Straight into the engine: the wire is not what the simulator tests (every client adapter is tested

@@ -195,6 +195,11 @@ def test_the_replica_receives_the_replication_log_after_its_lag_or_a_hold_and_ne
     assert _promoted_after({**dropped, "duration_s": 2}, rerun) == ("valid", "valid")
 
 
+def test_the_promoted_replica_gets_a_replica_of_its_own() -> None:
+    # A first failover at 25 s; the claim at 40 s reaches the new primary's replica before the second one.
+    assert _promoted_after({"at_s": 25, "kind": "failover", "lag_ms": 0}) == ("valid", "valid")
+
+
 def test_a_failover_lag_loses_the_writes_of_its_last_moments() -> None:
     scenario = parse({
         "name": "lag", "duration_s": 60,
