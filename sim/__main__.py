@@ -44,15 +44,15 @@ def run(args: argparse.Namespace) -> int:
           f"{elapsed:.2f} s ({scenario.duration_s / elapsed:,.0f}x)")  # fmt: skip
     print(f"digest {outcome.digest}; {len(outcome.history.executions)} executions, "
           f"{outcome.judgement.slots_checked} slots checked")  # fmt: skip
-    judgement = outcome.judgement
-    for name, verdict in [*judgement.verdicts.items(), ("lateness", judgement.lateness)]:
+    checks = outcome.judgement.checks
+    for name, verdict in checks.items():
         line = f"  {name} {verdict.status}"
         if verdict.witness:
             line += f": {verdict.witness}"
         print(line)
         if verdict.figures:
             print(f"    {', '.join(f'{key} {value:g}' for key, value in verdict.figures.items())}")
-    if any(v.status == "invalid" for v in [*judgement.verdicts.values(), judgement.lateness]):
+    if any(v.status == "invalid" for v in checks.values()):
         print(f"replay: {outcome.replay_command()}")
     return 0
 

@@ -32,6 +32,7 @@ from anarchon import RedisBackend, RunContext, RunRecord, Scheduler, ValkeyBacke
 from anarchon._adapters import RedisPyAsync
 from anarchon._store import Store
 from anarchon._strategies import Claim, JobPolicy, Outcome, RunRequest
+from sim.checkers import percentile
 from sim.servers import RunningServer, available_targets, start_server
 
 STRATEGIES = ("lease", "stream-id", "idmp", "script")
@@ -40,15 +41,10 @@ JOBS = 100
 Cleanup = Callable[[], Awaitable[None]] | None
 
 
-def percentile(samples: Sequence[float], fraction: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
-
-
 def summary(samples_s: Sequence[float]) -> dict[str, float]:
     return {
-        "p50_us": round(percentile(samples_s, 0.50) * 1e6, 1),
-        "p99_us": round(percentile(samples_s, 0.99) * 1e6, 1),
+        "p50_us": round(percentile(samples_s, 50) * 1e6, 1),
+        "p99_us": round(percentile(samples_s, 99) * 1e6, 1),
     }
 
 
@@ -175,8 +171,8 @@ def burst(target: str, jobs: int, instances: int = 3) -> dict[str, Any]:
         "instances": instances,
         "started": len(counts),
         "duplicates": sum(n - 1 for n in counts.values()),
-        "lateness_p50_ms": round(percentile(lateness, 0.5), 1) if lateness else None,
-        "lateness_p99_ms": round(percentile(lateness, 0.99), 1) if lateness else None,
+        "lateness_p50_ms": round(percentile(lateness, 50), 1) if lateness else None,
+        "lateness_p99_ms": round(percentile(lateness, 99), 1) if lateness else None,
     }
 
 

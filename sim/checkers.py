@@ -53,13 +53,17 @@ class Judgement:
     lease_margins_ms: list[float] = field(default_factory=list)  # lease: each attempt's lease expiry - its end
     lateness: Verdict = field(default_factory=lambda: Verdict("lateness", "unknown", "not judged"))
 
+    @property
+    def checks(self) -> dict[str, Verdict]:
+        """P1..P6 and lateness."""
+        return {**self.verdicts, "lateness": self.lateness}
+
     def verdict(self, checker: str) -> Verdict:
-        """P1..P6, or "lateness"."""
-        return self.lateness if checker == "lateness" else self.verdicts[checker]
+        return self.checks[checker]
 
     def as_json(self) -> dict[str, Any]:
         return {
-            "verdicts": {**{name: v.status for name, v in self.verdicts.items()}, "lateness": self.lateness.status},
+            "verdicts": {name: v.status for name, v in self.checks.items()},
             "witnesses": {name: v.witness for name, v in self.verdicts.items() if v.witness},
             "counts": {name: v.count for name, v in self.verdicts.items()},
             "figures": {name: v.figures for name, v in self.verdicts.items() if v.figures},

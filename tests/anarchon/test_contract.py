@@ -327,6 +327,13 @@ async def _command_calls(target: StoreTarget, command: str) -> int:
     return int(line.split("calls=")[1].split(",")[0])
 
 
+async def _idmp_settings(target: StoreTarget, key: str) -> tuple[int, int]:
+    """The stream's IDMP duration and size, as XINFO STREAM shows them."""
+    info = await target.raw("XINFO", "STREAM", key)
+    fields = dict(zip(info[::2], info[1::2], strict=True))
+    return fields["idmp-duration"], fields["idmp-maxsize"]
+
+
 async def _xcfgset_calls(target: StoreTarget) -> int:
     return await _command_calls(target, "xcfgset")
 
@@ -375,9 +382,7 @@ async def test_idmp_configures_the_stream_once(target: StoreTarget) -> None:
     if not target.supports_idmp:
         pytest.skip(f"idmp needs Redis 8.6+; {target.name} is {target.describe}")
     backend = await target.started_backend({"name": "idmp", "duration_sec": 900, "max_size": 50})
-    info = await target.raw("XINFO", "STREAM", "cron:sync:runs")
-    fields = dict(zip(info[::2], info[1::2], strict=True))
-    assert (fields["idmp-duration"], fields["idmp-maxsize"]) == (900, 50)
+    assert await _idmp_settings(target, "cron:sync:runs") == (900, 50)
     configured = await _xcfgset_calls(target)
     won = await claim_one(backend, request(SLOT, "a"), JobPolicy())
     await backend.strategy.prepare(backend.store, ["sync"])  # same values: must not clear what the server tracks
@@ -399,9 +404,7 @@ async def test_idmp_configures_a_job_added_after_start_before_its_first_claim(ta
     first = [(request(SLOT, token, job="later"), JobPolicy()) for token in ("a", "b", "c")]
     claims = await asyncio.gather(*(backend.strategy.claim(backend.store, [one]) for one in first))
     assert sorted(c.outcome.value for [c] in claims if isinstance(c, Claim)) == ["lost", "lost", "won"]
-    info = await target.raw("XINFO", "STREAM", "cron:later:runs")
-    fields = dict(zip(info[::2], info[1::2], strict=True))
-    assert (fields["idmp-duration"], fields["idmp-maxsize"]) == (900, 50)
+    assert await _idmp_settings(target, "cron:later:runs") == (900, 50)
     assert await _xcfgset_calls(target) == before + 1
 
 
@@ -456,9 +459,7 @@ async def test_idmp_a_failed_configuration_fails_only_that_jobs_claims_and_is_tr
     [retried] = await backend.strategy.claim(backend.store, [(request(SLOT, "b", job="later"), JobPolicy())])
     assert isinstance(retried, Claim)
     assert retried.outcome is Outcome.WON
-    info = await target.raw("XINFO", "STREAM", "cron:later:runs")
-    fields = dict(zip(info[::2], info[1::2], strict=True))
-    assert (fields["idmp-duration"], fields["idmp-maxsize"]) == (900, 50)
+    assert await _idmp_settings(target, "cron:later:runs") == (900, 50)
     assert await _xcfgset_calls(target) == before + 1
     lost = await claim_one(backend, request(SLOT, "c", job="later"), JobPolicy())
     assert lost.outcome is Outcome.LOST
