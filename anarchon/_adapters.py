@@ -12,6 +12,7 @@ import asyncio
 import inspect
 import math
 import re
+import sys
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar, cast
 
@@ -273,24 +274,56 @@ class RedisPyCluster:
     def __init__(self, client: Any, *, blocking: bool) -> None:
         self.client = client
         self.blocking = blocking
+        self._initialized = blocking  # a blocking client learns the cluster's nodes when it is made
+
+    async def _learn_nodes(self) -> None:
+        # An asyncio cluster client learns the nodes on its first command; anarchon's commands go around it.
+        if not self._initialized:
+            await _guard(self.client.initialize())
+            self._initialized = True
+
+    def _node(self, command: Command) -> Any:
+        key = _command_key(command)
+        return self.client.get_node_from_key(key) if key is not None else self.client.get_random_node()
+
+    def _node_client(self, node: Any) -> Any:
+        # A sync ClusterNode wraps a plain client: redis_connection, or valkey-py's valkey_connection.
+        return node.redis_connection if hasattr(node, "redis_connection") else node.valkey_connection
 
     async def execute(self, command: Command) -> Reply:
-        key = _command_key(command)
-        node = self.client.get_node_from_key(key) if key is not None else self.client.get_random_node()
-        if self.blocking:  # a sync ClusterNode wraps a plain client: redis_connection, valkey-py's valkey_connection
-            client = node.redis_connection if hasattr(node, "redis_connection") else node.valkey_connection
-            call = asyncio.to_thread(client.execute_command, *_wire_name(command))
+        await self._learn_nodes()
+        node = self._node(command)
+        if self.blocking:
+            call = asyncio.to_thread(self._node_client(node).execute_command, *_wire_name(command))
             return decode(await _guard(call))
         return decode(await _guard(node.execute_command(*_wire_name(command))))
 
     async def execute_many(self, commands: Sequence[Command]) -> list[Reply | StoreReplyError]:
-        async def one(command: Command) -> Reply | StoreReplyError:
-            try:
-                return await self.execute(command)
-            except StoreReplyError as error:
-                return error
+        """One pipeline per node, all nodes at once. Within a node the batch's order holds, so a job's commands
+        (its keys share a slot) run in the order given: a later run's claim never overtakes an earlier one's."""
+        await self._learn_nodes()
+        nodes: dict[str, tuple[Any, list[int]]] = {}
+        for index, command in enumerate(commands):
+            node = self._node(command)
+            nodes.setdefault(node.name, (node, []))[1].append(index)
+        replies: list[Reply | StoreReplyError] = [None] * len(commands)
 
-        return list(await asyncio.gather(*(one(command) for command in commands)))
+        async def on(node: Any, indexes: list[int]) -> None:
+            for index, reply in zip(indexes, await self._pipeline(node, [commands[i] for i in indexes]), strict=True):
+                replies[index] = reply
+
+        await asyncio.gather(*(on(node, indexes) for node, indexes in nodes.values()))
+        return replies
+
+    async def _pipeline(self, node: Any, commands: Sequence[Command]) -> list[Reply | StoreReplyError]:
+        if self.blocking:
+            return await RedisPySync(self._node_client(node)).execute_many(commands)
+        # The node's own pipeline (one connection, one write), as the cluster client's pipelines use it; its
+        # module's PipelineCommand (redis-py's or valkey-py's) carries each command and receives its reply.
+        command_class = sys.modules[type(node).__module__].PipelineCommand
+        sent = [command_class(index, *_wire_name(command)) for index, command in enumerate(commands)]
+        await _guard(node.execute_pipeline(sent))
+        return [decode_in_place(command.result) for command in sent]
 
     async def server_info(self) -> ServerInfo:
         return parse_info(as_text(await self.execute(["INFO", "server"])))
@@ -315,15 +348,8 @@ class Glide:
     async def execute_many(self, commands: Sequence[Command]) -> list[Reply | StoreReplyError]:
         import glide
 
-        if self.cluster:  # a cluster batch must stay on one slot; route each command on its own instead
-            results: list[Reply | StoreReplyError] = []
-            for reply in await asyncio.gather(
-                *(self.client.custom_command([_encode(a) for a in c]) for c in commands),
-                return_exceptions=True,
-            ):
-                results.append(decode_in_place(reply))
-            return results
-        batch = glide.Batch(is_atomic=False)
+        # Not atomic: a cluster pipeline may span slots; GLIDE splits it per node and answers in the batch's order.
+        batch = glide.ClusterBatch(is_atomic=False) if self.cluster else glide.Batch(is_atomic=False)
         for command in commands:
             batch.custom_command([_encode(arg) for arg in command])
         replies = await _guard(self.client.exec(batch, raise_on_error=False))
