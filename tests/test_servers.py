@@ -193,25 +193,27 @@ def test_replica_receives_a_write(real_target: str) -> None:
             replica.close()
 
 
-def test_cluster_owns_all_slots(real_target: str) -> None:
+def test_cluster_has_three_primaries_sharing_the_slots(real_target: str) -> None:
     with start_server(real_target, cluster=True) as server:
         assert server.cluster
-        plain = server.client(decode_responses=True)
+        assert server.shards[0] == (server.host, server.port)
+        assert len(set(server.shards)) == 3
+        for host, port in server.shards:
+            node = redis.Redis(host=host, port=port, protocol=2, decode_responses=True)
+            try:
+                info = node.cluster("INFO")
+                assert (info["cluster_state"], info["cluster_slots_assigned"]) == ("ok", "16384")
+                assert info["cluster_known_nodes"] == "3"
+            finally:
+                node.close()
+        cluster = redis.cluster.RedisCluster(host=server.host, port=server.port, protocol=2, decode_responses=True)
         try:
-            info = plain.cluster("INFO")
-        finally:
-            plain.close()
-        assert info["cluster_state"] == "ok"
-        assert info["cluster_slots_assigned"] == "16384"
-        cluster = redis.cluster.RedisCluster(
-            host=server.host,
-            port=server.port,
-            protocol=2,
-            decode_responses=True,
-        )
-        try:
-            cluster.set("{job}:state", "1")
-            assert cluster.get("{job}:state") == "1"
+            names = [f"job{index}" for index in range(12)]
+            for name in names:
+                cluster.set(f"{{{name}}}:state", name)
+            assert [cluster.get(f"{{{name}}}:state") for name in names] == names
+            nodes = {cluster.get_node_from_key(f"{{{name}}}:state").port for name in names}
+            assert nodes == {port for _, port in server.shards}  # keys of different jobs on every primary
         finally:
             cluster.close()
 

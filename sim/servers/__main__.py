@@ -37,7 +37,7 @@ def _parser() -> argparse.ArgumentParser:
     run = commands.add_parser("run", help="run a throwaway server until Ctrl-C")
     run.add_argument("target", choices=TARGETS)
     run.add_argument("--replica", action="store_true", help="also start a replica of it")
-    run.add_argument("--cluster", action="store_true", help="single-node cluster owning all slots")
+    run.add_argument("--cluster", action="store_true", help="a cluster of three primaries")
     return parser
 
 
@@ -63,6 +63,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with start_server(args.target, replica=args.replica, cluster=args.cluster) as server:
             print(f"{server.target} {server.version} at {server.url()} (pid {server.pid})", flush=True)
+            for host, port in server.shards[1:]:
+                print(f"cluster primary at redis://{host}:{port}", flush=True)
             if server.replica is not None:
                 replica = server.replica
                 print(f"replica at {replica.url()} (pid {replica.pid})", flush=True)

@@ -13,8 +13,8 @@ from sim.servers._docker import docker_engine_answers, docker_host, start_docker
 from sim.servers._errors import ServerError
 from sim.servers._local import ServerProcess, register_dir, release_dir, start_process
 from sim.servers._ops import (
-    assign_all_slots,
     base_args,
+    form_cluster,
     join_as_cluster_replica,
     reported_version,
     wait_replica_link,
@@ -24,6 +24,8 @@ from sim.servers._targets import FAKE, TARGETS, TargetSpec, installed, spec_of
 
 MODE_ENV = "ANARCHON_SERVERS"
 Mode = Literal["auto", "local", "docker"]
+# A cluster has several primaries, so that keys of different jobs live on different nodes, as in production.
+CLUSTER_PRIMARIES = 3
 
 
 def server_mode() -> Mode:
@@ -103,8 +105,11 @@ def _start_local(
             return handle
 
         primary = launch("primary")
+        shards: tuple[tuple[str, int], ...] = ()
         if cluster:
-            assign_all_slots(primary.host, primary.port)
+            others = [launch(f"primary-{index}") for index in range(2, CLUSTER_PRIMARIES + 1)]
+            shards = tuple((node.host, node.port) for node in (primary, *others))
+            form_cluster(shards)
         version = reported_version(primary.host, primary.port)
         replica_server: RunningServer | None = None
         if replica:
@@ -131,6 +136,7 @@ def _start_local(
             port=primary.port,
             replica=replica_server,
             cluster=cluster,
+            shards=shards,
             directory=primary.directory,
             control=primary,
         )
@@ -146,7 +152,8 @@ def start_server(
     """Start a throwaway server of `target` on a free loopback port; everything is removed on exit.
 
     - `replica=True` adds a replica of it (`.replica`), returned once `master_link_status:up`.
-    - `cluster=True` makes it a single-node Redis Cluster owning all 16384 slots (`cluster_state:ok`).
+    - `cluster=True` makes it the first of a Redis Cluster's three primaries, each owning a third of the 16384
+      slots (`.shards`), returned once every node reports `cluster_state:ok`; a replica replicates the first.
     - `extra_args` are appended to the server's command line (e.g. `["--maxmemory", "10mb"]`).
 
     No persistence (`save ""`, `appendonly no`), bound to 127.0.0.1. Local binaries come from

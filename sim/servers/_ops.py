@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import redis
@@ -72,14 +73,25 @@ def _text(reply: Any) -> str:
     return reply.decode() if isinstance(reply, bytes) else str(reply)
 
 
-def cluster_state_ok(host: str, port: int) -> bool:
-    return "cluster_state:ok" in _text(command(host, port, "CLUSTER", "INFO"))
+def form_cluster(nodes: Sequence[tuple[str, int]], timeout: float = WAIT_TIMEOUT) -> None:
+    """Make fresh cluster nodes one cluster, each owning an equal run of the 16384 slots (CLUSTER ADDSLOTS and
+    MEET work on 5.0), and wait until every node knows all of them and reports state ok."""
+    for index, (host, port) in enumerate(nodes):
+        first, end = CLUSTER_SLOTS * index // len(nodes), CLUSTER_SLOTS * (index + 1) // len(nodes)
+        command(host, port, "CLUSTER", "ADDSLOTS", *range(first, end))
+    for host, port in nodes[1:]:
+        command(host, port, "CLUSTER", "MEET", *nodes[0])
 
+    def formed(host: str, port: int) -> bool:
+        text = _text(command(host, port, "CLUSTER", "INFO"))
+        return "cluster_state:ok" in text and f"cluster_known_nodes:{len(nodes)}\r" in text
 
-def assign_all_slots(host: str, port: int, timeout: float = WAIT_TIMEOUT) -> None:
-    """Make a fresh cluster node own all 16384 slots (CLUSTER ADDSLOTS works on 5.0) and wait for state ok."""
-    command(host, port, "CLUSTER", "ADDSLOTS", *range(CLUSTER_SLOTS))
-    wait_until(lambda: cluster_state_ok(host, port), f"cluster_state:ok on {host}:{port}", timeout)
+    for host, port in nodes:
+        wait_until(
+            functools.partial(formed, host, port),
+            f"a cluster of {len(nodes)} nodes formed, seen from {host}:{port}",
+            timeout,
+        )
 
 
 def join_as_cluster_replica(primary: tuple[str, int], replica: tuple[str, int]) -> None:

@@ -45,6 +45,7 @@ class RunningServer:
     port: int
     replica: RunningServer | None = None
     cluster: bool = False
+    shards: tuple[tuple[str, int], ...] = ()  # a cluster's primaries (host, port), this one first
     backend: Backend = "local"
     directory: Path | None = None  # the server's working folder (log: server.log); None for a container
     control: ServerControl = field(repr=False, compare=False)

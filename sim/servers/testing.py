@@ -120,15 +120,17 @@ class ServerUnderTest:
 
 
 def flush(server: RunningServer) -> None:
-    """Empty a real server between tests: data, cached scripts and (7.0+) function libraries."""
-    client = server.client(socket_timeout=10)
-    try:
-        client.flushall()
-        client.script_flush()
-        if server.version_info[0] >= 7 or server.is_valkey:
-            client.function_flush()
-    finally:
-        client.close()
+    """Empty a real server (every primary of a cluster) between tests: data, cached scripts and (7.0+) function
+    libraries."""
+    for host, port in server.shards or ((server.host, server.port),):
+        client = redis.Redis(host=host, port=port, protocol=2, socket_timeout=10)
+        try:
+            client.flushall()
+            client.script_flush()
+            if server.version_info[0] >= 7 or server.is_valkey:
+                client.function_flush()
+        finally:
+            client.close()
 
 
 class ServerPool:

@@ -5,6 +5,7 @@ redis-py or over a client of their own whose server errors are its own exception
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -125,6 +126,7 @@ async def glide_cluster(server: RunningServer) -> Any:
     return await GlideClusterClient.create(config)
 
 
+ClientOnServer = tuple[str, Any, RunningServer]  # the client's name in CLIENTS, the client, its server
 CLIENTS: dict[str, tuple[bool, Callable[[RunningServer], Any]]] = {  # name: (cluster server?, factory)
     "redis-py-asyncio": (False, lambda s: redis.asyncio.Redis(host=s.host, port=s.port, protocol=2)),
     "redis-py-sync": (False, lambda s: redis.Redis(host=s.host, port=s.port, protocol=2)),
@@ -159,11 +161,8 @@ async def _close(client: Any) -> None:
             return
 
 
-@pytest.fixture(params=list(CLIENTS))
-async def client_on_server(
-    request: pytest.FixtureRequest, real_server: ServerUnderTest, server_pool: ServerPool
-) -> AsyncIterator[tuple[str, Any, RunningServer]]:
-    name: str = request.param
+@contextlib.asynccontextmanager
+async def _opened(name: str, real_server: ServerUnderTest, server_pool: ServerPool) -> AsyncIterator[ClientOnServer]:
     cluster, factory = CLIENTS[name]
     running = server_pool.get(real_server.target, cluster=True) if cluster else real_server.running
     assert running is not None
@@ -177,11 +176,27 @@ async def client_on_server(
         await _close(client)
 
 
+@pytest.fixture(params=list(CLIENTS))
+async def client_on_server(
+    request: pytest.FixtureRequest, real_server: ServerUnderTest, server_pool: ServerPool
+) -> AsyncIterator[ClientOnServer]:
+    async with _opened(request.param, real_server, server_pool) as opened:
+        yield opened
+
+
+@pytest.fixture(params=[name for name, (cluster, _) in CLIENTS.items() if cluster])
+async def cluster_client(
+    request: pytest.FixtureRequest, real_server: ServerUnderTest, server_pool: ServerPool
+) -> AsyncIterator[ClientOnServer]:
+    async with _opened(request.param, real_server, server_pool) as opened:
+        yield opened
+
+
 def req(slot: int, token: str) -> RunRequest:
     return RunRequest("sync", str(slot), slot, token, f"runner-{token}")
 
 
-async def test_every_client_drives_the_lease_strategy(client_on_server: tuple[str, Any, RunningServer]) -> None:
+async def test_every_client_drives_the_lease_strategy(client_on_server: ClientOnServer) -> None:
     name, client, running = client_on_server
     backend = RedisBackend(redis=client, prefix=f"{name}:")
     await backend.start(["sync"])
@@ -220,7 +235,63 @@ async def test_every_client_drives_the_lease_strategy(client_on_server: tuple[st
     assert await RedisBackend(redis=client, prefix=f"{name}:").strategy.history(store, "sync", 1)
 
 
-async def test_server_error_replies_are_translated(client_on_server: tuple[str, Any, RunningServer]) -> None:
+async def test_a_cluster_batch_spans_every_primary_in_order_on_one_connection_each(
+    cluster_client: ClientOnServer,
+) -> None:
+    """A batch of claims of jobs that live on all three primaries: each node gets its commands in one pipeline,
+    in the batch's order (stream-id: a run claimed after a later run of its job is lost), and a second batch
+    opens no new connection."""
+    name, client, running = cluster_client
+    jobs = [f"job{index}" for index in range(9)]
+    backend = RedisBackend(redis=client, strategy="stream-id", prefix=f"{name}:")
+    await backend.start(jobs)
+    owners = {job: _owner(running, f"{name}:{{{job}}}:runs") for job in jobs}
+    assert set(owners.values()) == set(running.shards)  # the test is only worth something if they differ
+
+    def batch(first: int) -> list[tuple[RunRequest, JobPolicy]]:
+        slots = [first + 1000 * step for step in range(20)]
+        return [(RunRequest(job, str(slot), slot, "t", "r"), JobPolicy()) for slot in slots for job in jobs]
+
+    claims = await backend.strategy.claim(backend.store, batch(SLOT))
+    assert {c.outcome for c in claims if isinstance(c, Claim)} == {Outcome.WON}
+    assert len(claims) == 20 * len(jobs)
+    admins = [redis.Redis(*node, protocol=2) for node in running.shards]
+    try:
+        received = [admin.info("stats")["total_connections_received"] for admin in admins]
+        later = await backend.strategy.claim(backend.store, batch(SLOT + 20_000))
+        assert [admin.info("stats")["total_connections_received"] for admin in admins] == received
+    finally:
+        for admin in admins:
+            admin.close()
+    assert {c.outcome for c in later if isinstance(c, Claim)} == {Outcome.WON}
+    # Out of order within a job: the earlier run, claimed second, is lost on whichever node holds the job.
+    late = await backend.strategy.claim(
+        backend.store,
+        [
+            (RunRequest(job, str(slot), slot, "t", "r"), JobPolicy())
+            for job in jobs
+            for slot in (SLOT + 50_000, SLOT + 45_000)
+        ],
+    )
+    assert [c.outcome for c in late if isinstance(c, Claim)] == [Outcome.WON, Outcome.LOST] * len(jobs)
+    await backend.stop()
+
+
+def _owner(running: RunningServer, key: str) -> tuple[str, int]:
+    admin = running.client()
+    try:
+        slot = admin.cluster("KEYSLOT", key)
+    finally:
+        admin.close()
+    [owner] = [node for index, node in enumerate(running.shards) if _owns(index, len(running.shards), slot)]
+    return owner
+
+
+def _owns(index: int, primaries: int, slot: int) -> bool:
+    return 16384 * index // primaries <= slot < 16384 * (index + 1) // primaries
+
+
+async def test_server_error_replies_are_translated(client_on_server: ClientOnServer) -> None:
     name, client, _ = client_on_server
     backend = RedisBackend(redis=client, strategy="stream-id", prefix=f"{name}:")
     await backend.start(["sync"])

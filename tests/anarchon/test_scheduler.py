@@ -18,6 +18,7 @@ from typing import Any
 
 import fakeredis
 import pytest
+import redis.asyncio.cluster
 
 from anarchon import (
     JobNotFoundError,
@@ -28,6 +29,7 @@ from anarchon import (
     SchedulerStateError,
     StoreUnavailableError,
     SystemClock,
+    ValkeyBackend,
 )
 from anarchon import _scheduler as scheduler_module
 from anarchon._adapters import adapt
@@ -35,7 +37,7 @@ from anarchon._scheduler import SchedulerThread
 from anarchon._strategies import JobPolicy, Outcome, RunRequest
 from anarchon._strategies.lease import CLAIM
 from sim.links import Link
-from sim.servers.testing import ServerUnderTest
+from sim.servers.testing import ServerPool, ServerUnderTest, flush
 from tests.anarchon.support import StoreTarget
 from tests.support import Execution, Ledger, backend_for, now_ms, second_from_now
 
@@ -99,6 +101,49 @@ async def test_three_schedulers_run_every_slot_exactly_once(target: StoreTarget)
         assert max(counts.values()) == 1, strategy
         runners = {e.instance for e in ledger.executions if e.job == strategy}
         assert runners <= {f"{strategy}-{i}" for i in range(3)}
+
+
+@pytest.mark.slow
+async def test_three_schedulers_on_a_cluster_run_every_slot_of_every_job_once(
+    real_server: ServerUnderTest, server_pool: ServerPool
+) -> None:
+    """Three instances, each with its own cluster client, on a cluster of three primaries: eight jobs every
+    second whose keys live on every primary, every strategy side by side; each slot of each job runs once."""
+    running = server_pool.get(real_server.target, cluster=True)
+    flush(running)
+    idmp = not running.is_valkey and running.version_info >= (8, 6)
+    strategies = [s for s in STRATEGIES if s != "idmp" or idmp]
+    jobs = [f"job{index}" for index in range(8)]
+    ledger = Ledger()
+    clients = [redis.asyncio.cluster.RedisCluster(host=running.host, port=running.port, protocol=2) for _ in range(3)]
+    schedulers: list[Scheduler[Any]] = []
+    for strategy in strategies:
+        for i, client in enumerate(clients):
+            backend: RedisBackend[Any] = (
+                ValkeyBackend(valkey=client, strategy=strategy, prefix=f"{strategy}:")
+                if running.is_valkey
+                else RedisBackend(redis=client, strategy=strategy, prefix=f"{strategy}:")
+            )
+            scheduler: Scheduler[Any] = Scheduler(backend, instance_id=f"{strategy}-{i}")
+            for job in jobs:
+                scheduler.add_job(job, "* * * * * *", ledger.job(f"{strategy}-{i}"))
+            schedulers.append(scheduler)
+    try:
+        await asyncio.gather(*(s.start() for s in schedulers))
+        first = now_ms() // 1000 * 1000 + 1000
+        await asyncio.sleep(6)
+        last = now_ms() // 1000 * 1000 - 1000
+        await asyncio.gather(*(s.stop() for s in schedulers))
+    finally:
+        for client in clients:
+            await client.aclose()
+    expected = set(range(first, last + 1, 1000))
+    assert len(expected) >= 4
+    for strategy in strategies:
+        for job in jobs:
+            counts = Counter(e.slot for e in ledger.of(job) if e.instance.startswith(f"{strategy}-"))
+            assert {slot for slot in expected if counts[slot] != 1} == set(), (strategy, job, counts)
+            assert max(counts.values()) == 1, (strategy, job)
 
 
 async def test_a_backup_reruns_the_slot_of_a_winner_cut_off_mid_run(target: StoreTarget) -> None:
