@@ -4,6 +4,7 @@ any target, and waiting for something to happen."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections import Counter, defaultdict
 from collections.abc import Awaitable, Callable
@@ -11,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from anarchon import RedisBackend, RunContext, ValkeyBackend
+from sim.servers import RunningServer
 
 
 def now_ms() -> int:
@@ -81,3 +83,16 @@ class Ledger:
         for execution in self.of(job):
             slots[execution.slot].append(execution)
         return slots
+
+
+def jobs_on_every_shard(cluster: RunningServer, key_of: Callable[[str], str], per_shard: int) -> list[str]:
+    """Job names whose key ``key_of(job)`` lives on each primary of the cluster, ``per_shard`` per primary, taken
+    in turn (names that differ in one character hash to nearby slots, mostly on one primary)."""
+    chosen: dict[tuple[str, int], list[str]] = {shard: [] for shard in cluster.shards}
+    for job in (f"job{index}" for index in itertools.count()):
+        on_shard = chosen[cluster.shard_of(key_of(job))]
+        if len(on_shard) < per_shard:
+            on_shard.append(job)
+        if all(len(jobs) == per_shard for jobs in chosen.values()):
+            return [job for turn in zip(*chosen.values(), strict=True) for job in turn]
+    raise AssertionError("unreachable")

@@ -17,6 +17,7 @@ from sim.servers._ops import (
     form_cluster,
     join_as_cluster_replica,
     reported_version,
+    wait_cluster_formed,
     wait_replica_link,
 )
 from sim.servers._running import Backend, RunningServer
@@ -116,6 +117,7 @@ def _start_local(
             if cluster:
                 second = launch("replica")
                 join_as_cluster_replica((primary.host, primary.port), (second.host, second.port))
+                wait_cluster_formed((*shards, (second.host, second.port)))  # a failover needs the others' votes
             else:
                 # A startup option, not a REPLICAOF command: a restarted replica replicates again.
                 second = launch("replica", ["--replicaof", primary.host, str(primary.port)])

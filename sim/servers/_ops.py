@@ -73,14 +73,23 @@ def _text(reply: Any) -> str:
     return reply.decode() if isinstance(reply, bytes) else str(reply)
 
 
+def shard_slots(index: int, shards: int) -> range:
+    """The slots of a cluster's primary number `index` of `shards`, as `form_cluster` assigns them."""
+    return range(CLUSTER_SLOTS * index // shards, CLUSTER_SLOTS * (index + 1) // shards)
+
+
 def form_cluster(nodes: Sequence[tuple[str, int]], timeout: float = WAIT_TIMEOUT) -> None:
     """Make fresh cluster nodes one cluster, each owning an equal run of the 16384 slots (CLUSTER ADDSLOTS and
-    MEET work on 5.0), and wait until every node knows all of them and reports state ok."""
+    MEET work on 5.0), and wait until it is formed."""
     for index, (host, port) in enumerate(nodes):
-        first, end = CLUSTER_SLOTS * index // len(nodes), CLUSTER_SLOTS * (index + 1) // len(nodes)
-        command(host, port, "CLUSTER", "ADDSLOTS", *range(first, end))
+        command(host, port, "CLUSTER", "ADDSLOTS", *shard_slots(index, len(nodes)))
     for host, port in nodes[1:]:
         command(host, port, "CLUSTER", "MEET", *nodes[0])
+    wait_cluster_formed(nodes, timeout)
+
+
+def wait_cluster_formed(nodes: Sequence[tuple[str, int]], timeout: float = WAIT_TIMEOUT) -> None:
+    """Wait until every one of the nodes knows all of them (gossip has spread) and reports state ok."""
 
     def formed(host: str, port: int) -> bool:
         text = _text(command(host, port, "CLUSTER", "INFO"))

@@ -8,8 +8,9 @@ from typing import Any, Literal, Protocol
 
 import redis
 import redis.asyncio
+from redis.crc import key_slot
 
-from sim.servers._ops import info
+from sim.servers._ops import info, shard_slots
 from sim.servers._targets import spec_of
 
 Backend = Literal["local", "docker"]
@@ -54,6 +55,12 @@ class RunningServer:
     def pid(self) -> int | None:
         """The current server pid (None for a container, or while stopped)."""
         return self.control.pid
+
+    def shard_of(self, key: str) -> tuple[str, int]:
+        """The primary of this cluster that owns `key` (host, port)."""
+        slot = key_slot(key.encode())
+        [owner] = [node for index, node in enumerate(self.shards) if slot in shard_slots(index, len(self.shards))]
+        return owner
 
     @property
     def version_info(self) -> tuple[int, ...]:

@@ -33,13 +33,14 @@ from anarchon import (
 )
 from anarchon import _scheduler as scheduler_module
 from anarchon._adapters import adapt
+from anarchon._keys import KeySpace
 from anarchon._scheduler import SchedulerThread
 from anarchon._strategies import JobPolicy, Outcome, RunRequest
 from anarchon._strategies.lease import CLAIM
 from sim.links import Link
 from sim.servers.testing import ServerPool, ServerUnderTest, flush
 from tests.anarchon.support import StoreTarget
-from tests.support import Execution, Ledger, backend_for, now_ms, second_from_now
+from tests.support import Execution, Ledger, backend_for, jobs_on_every_shard, now_ms, second_from_now
 
 STRATEGIES = ("lease", "stream-id", "idmp", "script")
 
@@ -107,13 +108,13 @@ async def test_three_schedulers_run_every_slot_exactly_once(target: StoreTarget)
 async def test_three_schedulers_on_a_cluster_run_every_slot_of_every_job_once(
     real_server: ServerUnderTest, server_pool: ServerPool
 ) -> None:
-    """Three instances, each with its own cluster client, on a cluster of three primaries: eight jobs every
+    """Three instances, each with its own cluster client, on a cluster of three primaries: nine jobs every
     second whose keys live on every primary, every strategy side by side; each slot of each job runs once."""
     running = server_pool.get(real_server.target, cluster=True)
     flush(running)
     idmp = not running.is_valkey and running.version_info >= (8, 6)
     strategies = [s for s in STRATEGIES if s != "idmp" or idmp]
-    jobs = [f"job{index}" for index in range(8)]
+    jobs = jobs_on_every_shard(running, lambda job: KeySpace("lease:").lease(job).state, 3)
     ledger = Ledger()
     clients = [redis.asyncio.cluster.RedisCluster(host=running.host, port=running.port, protocol=2) for _ in range(3)]
     schedulers: list[Scheduler[Any]] = []
