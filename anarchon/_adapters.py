@@ -269,18 +269,17 @@ class RedisPySync:
 
 class RedisPyCluster:
     """redis-py / valkey-py cluster clients. Each command goes to the node that owns its key, through that
-    node's own connection: the cluster client's routing needs ``str`` command names (see ``_wire_name``)."""
+    node's own connection: the cluster client's routing needs ``str`` command names (see ``_wire_name``).
+
+    The client's map of which node owns which slots is read, not its command path (and its recovery), so the map
+    is renewed here: before the first command of an asyncio client, after a node could not be reached (its
+    replica may have taken its slots over), and when a node answers MOVED (then those commands are sent again).
+    """
 
     def __init__(self, client: Any, *, blocking: bool) -> None:
         self.client = client
         self.blocking = blocking
-        self._initialized = blocking  # a blocking client learns the cluster's nodes when it is made
-
-    async def _learn_nodes(self) -> None:
-        # An asyncio cluster client learns the nodes on its first command; anarchon's commands go around it.
-        if not self._initialized:
-            await _guard(self.client.initialize())
-            self._initialized = True
+        self._map_stale = not blocking  # a blocking client reads the map when it is made, an asyncio one lazily
 
     def _node(self, command: Command) -> Any:
         key = _command_key(command)
@@ -291,17 +290,44 @@ class RedisPyCluster:
         return node.redis_connection if hasattr(node, "redis_connection") else node.valkey_connection
 
     async def execute(self, command: Command) -> Reply:
-        await self._learn_nodes()
-        node = self._node(command)
-        if self.blocking:
-            call = asyncio.to_thread(self._node_client(node).execute_command, *_wire_name(command))
-            return decode(await _guard(call))
-        return decode(await _guard(node.execute_command(*_wire_name(command))))
+        [reply] = await self.execute_many([command])
+        return decode(reply)  # raises an error reply
 
     async def execute_many(self, commands: Sequence[Command]) -> list[Reply | StoreReplyError]:
         """One pipeline per node, all nodes at once. Within a node the batch's order holds, so a job's commands
         (its keys share a slot) run in the order given: a later run's claim never overtakes an earlier one's."""
-        await self._learn_nodes()
+        if self._map_stale:
+            await self._renew_map()
+        try:
+            replies = await self._send(commands)
+        except StoreUnavailableError:
+            self._map_stale = True
+            raise
+        moved = [
+            i
+            for i, reply in enumerate(replies)
+            if isinstance(reply, StoreReplyError) and reply.reply.startswith("MOVED ")
+        ]
+        if moved:  # not run: their slots have another owner now
+            await self._renew_map()
+            for index, reply in zip(moved, await self._send([commands[i] for i in moved]), strict=True):
+                replies[index] = reply
+        return replies
+
+    async def _renew_map(self) -> None:
+        manager = self.client.nodes_manager
+        try:
+            if self.blocking:
+                await asyncio.to_thread(manager.initialize)
+            elif manager.nodes_cache:
+                await manager.initialize()
+            else:
+                await self.client.initialize()  # the first time, the client sets itself up too
+        except Exception as error:  # no node answered, or the nodes' maps do not cover every slot yet
+            raise StoreUnavailableError(f"store unavailable: the cluster's map of slots is unknown: {error}") from error
+        self._map_stale = False
+
+    async def _send(self, commands: Sequence[Command]) -> list[Reply | StoreReplyError]:
         nodes: dict[str, tuple[Any, list[int]]] = {}
         for index, command in enumerate(commands):
             node = self._node(command)
