@@ -27,6 +27,7 @@ from glide import (
     NodeAddress,
     ProtocolVersion,
 )
+from redis.crc import key_slot
 
 from anarchon import RedisBackend, RunRecord, StoreReplyError, StoreUnavailableError
 from anarchon._adapters import RedisPyAsync, adapt
@@ -275,6 +276,50 @@ async def test_a_cluster_batch_spans_every_primary_in_order_on_one_connection_ea
     )
     assert [c.outcome for c in late if isinstance(c, Claim)] == [Outcome.WON, Outcome.LOST] * len(jobs)
     await backend.stop()
+
+
+@pytest.mark.parametrize("name", [name for name, (cluster, _) in CLIENTS.items() if cluster])
+async def test_a_claim_answered_moved_is_sent_to_the_slots_new_owner(real_target: str, name: str) -> None:
+    """A job's slot changes hands (as in a resharding) after the client read the cluster's map: the claim sent by
+    the old map is answered MOVED, the map is read again and the claim is won on the new owner."""
+    with start_server(real_target, cluster=True) as running:
+        made = CLIENTS[name][1](running)
+        client = await made if inspect.isawaitable(made) else made
+        backend = RedisBackend(redis=client)
+        [job, *_] = jobs_on_every_shard(running, lambda job: KeySpace().lease(job).state, 1)  # on the first
+        await backend.start([job])  # reads the map (the job's keys do not exist yet: its slot is empty)
+        try:
+            source, target, slot = running.shards[0], running.shards[1], key_slot(KeySpace().lease(job).state.encode())
+            _move_empty_slot(running, slot, source, target)
+            [claim] = await backend.strategy.claim(
+                backend.store, [(RunRequest(job, str(SLOT), SLOT, "a", "r"), JobPolicy())]
+            )
+            assert isinstance(claim, Claim)
+            assert claim.outcome is Outcome.WON
+            on_target = redis.Redis(*target, protocol=2)
+            try:
+                assert on_target.execute_command("CLUSTER", "COUNTKEYSINSLOT", slot) > 0
+            finally:
+                on_target.close()
+        finally:
+            await backend.stop()
+            await _close(client)
+
+
+def _move_empty_slot(running: RunningServer, slot: int, source: tuple[str, int], target: tuple[str, int]) -> None:
+    """Hand an empty slot from one primary to another the way a resharding does, and tell every primary."""
+    nodes = {node: redis.Redis(*node, protocol=2, decode_responses=True) for node in running.shards}
+    try:
+        target_id = nodes[target].execute_command("CLUSTER", "MYID")
+        nodes[target].execute_command(
+            "CLUSTER", "SETSLOT", slot, "IMPORTING", nodes[source].execute_command("CLUSTER", "MYID")
+        )
+        nodes[source].execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", target_id)
+        for node in (target, source, *(n for n in running.shards if n not in (source, target))):
+            nodes[node].execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
+    finally:
+        for client in nodes.values():
+            client.close()
 
 
 @pytest.mark.parametrize("name", [name for name, (cluster, _) in CLIENTS.items() if cluster])
