@@ -120,8 +120,12 @@ def _wire_name(command: Command) -> list[Any]:
     return [name.encode() if isinstance(name, str) else name, *rest]
 
 
+def _command_name(command: Command) -> str:
+    return str(command[0]).upper() if not isinstance(command[0], bytes) else command[0].decode().upper()
+
+
 def _command_key(command: Command) -> Arg | None:
-    name = str(command[0]).upper() if not isinstance(command[0], bytes) else command[0].decode().upper()
+    name = _command_name(command)
     if name in ("EVAL", "EVALSHA"):
         return command[3] if int(command[2]) > 0 else None
     return command[1] if len(command) > 1 and name not in ("INFO", "PING", "SCRIPT", "TIME") else None
@@ -270,6 +274,7 @@ class RedisPySync:
 class RedisPyCluster:
     """redis-py / valkey-py cluster clients. Each command goes to the node that owns its key, through that
     node's own connection: the cluster client's routing needs ``str`` command names (see ``_wire_name``).
+    ``SCRIPT`` goes to every primary, as each has a script cache of its own; other keyless commands to any node.
 
     The client's map of which node owns which slots is read, not its command path (and its recovery), so the map
     is renewed here: before the first command of an asyncio client, after a node could not be reached (its
@@ -281,9 +286,13 @@ class RedisPyCluster:
         self.blocking = blocking
         self._map_stale = not blocking  # a blocking client reads the map when it is made, an asyncio one lazily
 
-    def _node(self, command: Command) -> Any:
+    def _nodes(self, command: Command) -> list[Any]:
         key = _command_key(command)
-        return self.client.get_node_from_key(key) if key is not None else self.client.get_random_node()
+        if key is not None:
+            return [self.client.get_node_from_key(key)]
+        if _command_name(command) == "SCRIPT":
+            return list(self.client.get_primaries())
+        return [self.client.get_random_node()]
 
     def _node_client(self, node: Any) -> Any:
         # A sync ClusterNode wraps a plain client: redis_connection, or valkey-py's valkey_connection.
@@ -330,13 +339,15 @@ class RedisPyCluster:
     async def _send(self, commands: Sequence[Command]) -> list[Reply | StoreReplyError]:
         nodes: dict[str, tuple[Any, list[int]]] = {}
         for index, command in enumerate(commands):
-            node = self._node(command)
-            nodes.setdefault(node.name, (node, []))[1].append(index)
+            for node in self._nodes(command):
+                nodes.setdefault(node.name, (node, []))[1].append(index)
         replies: list[Reply | StoreReplyError] = [None] * len(commands)
 
         async def on(node: Any, indexes: list[int]) -> None:
             for index, reply in zip(indexes, await self._pipeline(node, [commands[i] for i in indexes]), strict=True):
-                replies[index] = reply
+                # A command sent to every primary answers with an error when any of them gave one.
+                if not isinstance(replies[index], StoreReplyError):
+                    replies[index] = reply
 
         await asyncio.gather(*(on(node, indexes) for node, indexes in nodes.values()))
         return replies

@@ -238,6 +238,21 @@ async def test_every_client_drives_the_lease_strategy(client_on_server: ClientOn
     assert await RedisBackend(redis=client, prefix=f"{name}:").strategy.history(store, "sync", 1)
 
 
+async def test_start_caches_the_scripts_on_every_primary(cluster_client: ClientOnServer) -> None:
+    """So that the first claims of a burst are not answered NOSCRIPT by the primaries that were not asked."""
+    name, client, running = cluster_client
+    backend = RedisBackend(redis=client, prefix=f"{name}:")
+    await backend.start(["sync"])
+    shas = [script.sha for script in backend.strategy.scripts]
+    for node in running.shards:
+        admin = redis.Redis(*node, protocol=2)
+        try:
+            assert admin.script_exists(*shas) == [True] * len(shas), node
+        finally:
+            admin.close()
+    await backend.stop()
+
+
 async def test_a_cluster_batch_spans_every_primary_in_order_on_one_connection_each(
     cluster_client: ClientOnServer,
 ) -> None:
