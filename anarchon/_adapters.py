@@ -45,6 +45,9 @@ _CODES = {
     "MasterDown": "MASTERDOWN",
 }
 _UNAVAILABLE = ("ConnectionError", "TimeoutError", "ClosingError", "BusyLoadingError", "MaxConnectionsError")
+# Replies that refuse a command for now without running it: the store is unavailable rather than saying no. A
+# cluster answers CLUSTERDOWN while a failed primary's slots wait for its replica, TRYAGAIN while a slot moves.
+_UNAVAILABLE_CODES = ("LOADING", "CLUSTERDOWN", "TRYAGAIN", "MASTERDOWN")
 _CODE_WORD = re.compile(r"[A-Z]{3,} ")  # WRONGTYPE Operation…, but not IDMP-DURATION must…
 _GLIDE_KIND = re.compile(r"- (\w+): (.*)", re.DOTALL)
 
@@ -69,12 +72,19 @@ def translate(error: BaseException) -> StoreError | None:
     if any(name in _UNAVAILABLE for name in names) or isinstance(error, OSError | asyncio.TimeoutError):
         return StoreUnavailableError(f"store unavailable: {error}")
     if "ResponseError" in names:  # redis-py, valkey-py, fakeredis
-        return StoreReplyError(_reply_text(names, str(error)))
+        return _reply_error(_reply_text(names, str(error)))
     if "RequestError" in names or "ExecAbortError" in names:  # GLIDE
         match = _GLIDE_KIND.search(str(error))
         kind, text = (match.group(1), match.group(2)) if match else ("", str(error))
-        return StoreReplyError(_reply_text([kind], text.strip()))
+        return _reply_error(_reply_text([kind], text.strip()))
     return None
+
+
+def _reply_error(text: str) -> StoreError:
+    """A server's error reply, its code first: StoreReplyError, or StoreUnavailableError for a refusal for now."""
+    if text.split(" ", 1)[0] in _UNAVAILABLE_CODES:
+        return StoreUnavailableError(f"store unavailable: {text}")
+    return StoreReplyError(text)
 
 
 def decode(reply: Any) -> Reply:
@@ -421,9 +431,7 @@ def translate_send_error(error: BaseException) -> StoreError | None:
     code = text.split(" ", 1)[0]
     if code not in _SERVER_CODES:
         return None
-    if code == "LOADING":
-        return StoreUnavailableError(f"store unavailable: {text}")
-    return StoreReplyError(text)
+    return _reply_error(text)
 
 
 class SendAdapter:

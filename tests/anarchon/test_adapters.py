@@ -19,6 +19,7 @@ import valkey
 import valkey.asyncio
 import valkey.asyncio.cluster
 import valkey.cluster
+import valkey.exceptions
 from glide import (
     GlideClient,
     GlideClientConfiguration,
@@ -26,11 +27,12 @@ from glide import (
     GlideClusterClientConfiguration,
     NodeAddress,
     ProtocolVersion,
+    RequestError,
 )
 from redis.crc import key_slot
 
 from anarchon import RedisBackend, RunRecord, StoreError, StoreReplyError, StoreUnavailableError
-from anarchon._adapters import RedisPyAsync, adapt
+from anarchon._adapters import RedisPyAsync, adapt, translate
 from anarchon._keys import KeySpace
 from anarchon._strategies import Claim, JobPolicy, Outcome, RunRequest
 from sim.servers import RunningServer, start_server
@@ -438,6 +440,36 @@ class Scripted:
         return self.answer
 
 
+@pytest.mark.parametrize(
+    ("error", "expected", "text"),
+    [
+        (redis.exceptions.ClusterDownError("The cluster is down"), StoreUnavailableError, "CLUSTERDOWN The"),
+        (valkey.exceptions.ClusterDownError("The cluster is down"), StoreUnavailableError, "CLUSTERDOWN The"),
+        (redis.exceptions.TryAgainError("Multiple keys request"), StoreUnavailableError, "TRYAGAIN Multiple"),
+        (RequestError("An error was signalled by the server: - ClusterDown: down"), StoreUnavailableError, "CLUSTER"),
+        (redis.exceptions.MovedError("3999 127.0.0.1:6381"), StoreReplyError, "MOVED 3999"),
+        (redis.exceptions.ResponseError("CROSSSLOT Keys in request"), StoreReplyError, "CROSSSLOT Keys"),
+    ],
+    ids=[
+        "redis-py-clusterdown",
+        "valkey-py-clusterdown",
+        "redis-py-tryagain",
+        "glide-clusterdown",
+        "moved",
+        "crossslot",
+    ],
+)
+def test_a_refusal_for_now_is_an_unavailable_store_and_other_replies_are_replies(
+    error: Exception, expected: type[StoreError], text: str
+) -> None:
+    """CLUSTERDOWN (a failed primary's slots waiting for its replica) and TRYAGAIN did not run the command and
+    will pass: the scheduler then retries as it does for a store it cannot reach (a result is recorded later, a
+    claim is sent again) instead of taking a server's answer."""
+    translated = translate(error)
+    assert type(translated) is expected
+    assert text in str(translated)
+
+
 @pytest.mark.parametrize("raise_it", [True, False], ids=["raised", "returned"])
 @pytest.mark.parametrize(
     ("answer", "expected"),
@@ -447,6 +479,8 @@ class Scripted:
         (ValueError("ERR"), StoreReplyError),
         (RuntimeError("MOVED 3999 127.0.0.1:6381"), StoreReplyError),
         (RuntimeError("LOADING Redis is loading the dataset in memory"), StoreUnavailableError),
+        (RuntimeError("CLUSTERDOWN The cluster is down"), StoreUnavailableError),
+        (RuntimeError("TRYAGAIN Multiple keys request during rehashing of slot"), StoreUnavailableError),
         (ConnectionResetError("connection reset by peer"), StoreUnavailableError),
         (RuntimeError("boom"), RuntimeError),
         (RuntimeError("NOSCRIPTED: not a code"), RuntimeError),
