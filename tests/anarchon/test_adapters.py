@@ -166,15 +166,20 @@ async def _close(client: Any) -> None:
             return
 
 
+async def _client(name: str, running: RunningServer) -> Any:
+    """A new client of CLIENTS[name] on the server (an asyncio cluster client awaited: it reads the map of slots)."""
+    made = CLIENTS[name][1](running)
+    return await made if inspect.isawaitable(made) else made
+
+
 @contextlib.asynccontextmanager
 async def _opened(name: str, real_server: ServerUnderTest, server_pool: ServerPool) -> AsyncIterator[ClientOnServer]:
-    cluster, factory = CLIENTS[name]
+    cluster = CLIENTS[name][0]
     running = server_pool.get(real_server.target, cluster=True) if cluster else real_server.running
     assert running is not None
     if cluster:
         flush(running)
-    made = factory(running)
-    client = await made if inspect.isawaitable(made) else made
+    client = await _client(name, running)
     try:
         yield name, client, running
     finally:
@@ -300,8 +305,7 @@ async def test_a_claim_answered_moved_is_sent_to_the_slots_new_owner(real_target
     """A job's slot changes hands (as in a resharding) after the client read the cluster's map: the claim sent by
     the old map is answered MOVED, the map is read again and the claim is won on the new owner."""
     with start_server(real_target, cluster=True) as running:
-        made = CLIENTS[name][1](running)
-        client = await made if inspect.isawaitable(made) else made
+        client = await _client(name, running)
         backend = RedisBackend(redis=client)
         [job, *_] = jobs_on_every_shard(running, lambda job: KeySpace().lease(job).state, 1)  # on the first
         await backend.start([job])  # reads the map (the job's keys do not exist yet: its slot is empty)
@@ -348,8 +352,7 @@ async def test_claims_reach_the_promoted_replica_after_a_cluster_failover(real_t
     quick = ["--cluster-node-timeout", "1000"]
     with start_server(real_target, cluster=True, replica=True, extra_args=quick) as running:
         assert running.replica is not None
-        made = CLIENTS[name][1](running)
-        client = await made if inspect.isawaitable(made) else made
+        client = await _client(name, running)
         backend = RedisBackend(redis=client)
         [job, *_] = jobs_on_every_shard(running, lambda job: KeySpace().lease(job).state, 1)  # on the first
         state = KeySpace().lease(job).state
