@@ -35,6 +35,7 @@ from anarchon._adapters import RedisPyAsync, adapt
 from anarchon._store import Store
 from anarchon._strategies import Claim, JobPolicy, Outcome, RunRequest
 from sim.checkers import percentile
+from sim.live import supported
 from sim.servers import RunningServer, available_targets, start_server
 
 STRATEGIES = ("lease", "stream-id", "idmp", "script")
@@ -48,10 +49,6 @@ def summary(samples_s: Sequence[float]) -> dict[str, float]:
         "p50_us": round(percentile(samples_s, 50) * 1e6, 1),
         "p99_us": round(percentile(samples_s, 99) * 1e6, 1),
     }
-
-
-def supports(server: RunningServer, strategy: str) -> bool:
-    return strategy != "idmp" or (not server.is_valkey and server.version_info[:2] >= (8, 6))
 
 
 def make_backend(server: RunningServer, client: Any, strategy: str, prefix: str) -> RedisBackend[Any]:
@@ -70,7 +67,7 @@ class ClaimBench:
         store = Store(RedisPyAsync(client), owned=True)
         backends = {}
         for strategy in STRATEGIES:
-            if supports(self.server, strategy):
+            if supported(strategy, self.server):
                 backend = make_backend(self.server, client, strategy, f"bench-{strategy}:")
                 await backend.start([f"job{j}" for j in range(JOBS)])
                 backends[strategy] = backend
@@ -237,7 +234,7 @@ async def store_memory(target: str, history_size: int = 1000, strategies: Sequen
         client = redis.asyncio.Redis(host=server.host, port=server.port, protocol=2)
         policy = JobPolicy(history_size=history_size, keep_ms=0, overlap=True)
         for strategy in strategies:
-            if not supports(server, strategy):
+            if not supported(strategy, server):
                 continue
             backend = make_backend(server, client, strategy, f"mem-{strategy}:")
             await backend.start(["job"])
@@ -296,7 +293,7 @@ async def commands_per_claim(targets: Sequence[str], claims: int = 100) -> dict[
         with start_server(target) as server:
             results[target] = {}
             for strategy in STRATEGIES:
-                if not supports(server, strategy):
+                if not supported(strategy, server):
                     continue
                 client = redis.asyncio.Redis(host=server.host, port=server.port, protocol=2)
                 counting = _Counting(RedisPyAsync(client))
@@ -347,7 +344,7 @@ async def _pipelined_on(server: RunningServer, claims: int, batch: int) -> dict[
     rates = {"set_nx_px": await _per_second(locks, claims, batch)}
     jobs = [f"job{j}" for j in range(batch)]
     for strategy in STRATEGIES:
-        if supports(server, strategy):
+        if supported(strategy, server):
             backend = make_backend(server, client, strategy, f"pipe-{strategy}:")
             await backend.start(jobs)
             rates[strategy] = await _per_second(_claim_batch(backend, jobs), claims, batch)

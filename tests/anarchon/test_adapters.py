@@ -300,21 +300,39 @@ async def test_a_cluster_batch_spans_every_primary_in_order_on_one_connection_ea
     await backend.stop()
 
 
+@contextlib.asynccontextmanager
+async def _lease_job_on_the_first_primary(
+    name: str, running: RunningServer
+) -> AsyncIterator[tuple[RedisBackend[Any], str]]:
+    """A started lease backend on a new client of CLIENTS[name], and a job whose keys live on the cluster's first
+    primary (none of them exists yet)."""
+    client = await _client(name, running)
+    backend = RedisBackend(redis=client)
+    [job, *_] = jobs_on_every_shard(running, lambda job: KeySpace().lease(job).state, 1)
+    await backend.start([job])
+    try:
+        yield backend, job
+    finally:
+        await backend.stop()
+        await _close(client)
+
+
+async def _claim(backend: RedisBackend[Any], job: str, token: str) -> Claim | StoreError:
+    [answer] = await backend.strategy.claim(
+        backend.store, [(RunRequest(job, str(SLOT), SLOT, token, "r"), JobPolicy())]
+    )
+    return answer
+
+
 @pytest.mark.parametrize("name", [name for name, (cluster, _) in CLIENTS.items() if cluster])
 async def test_a_claim_answered_moved_is_sent_to_the_slots_new_owner(real_target: str, name: str) -> None:
     """A job's slot changes hands (as in a resharding) after the client read the cluster's map: the claim sent by
     the old map is answered MOVED, the map is read again and the claim is won on the new owner."""
     with start_server(real_target, cluster=True) as running:
-        client = await _client(name, running)
-        backend = RedisBackend(redis=client)
-        [job, *_] = jobs_on_every_shard(running, lambda job: KeySpace().lease(job).state, 1)  # on the first
-        await backend.start([job])  # reads the map (the job's keys do not exist yet: its slot is empty)
-        try:
+        async with _lease_job_on_the_first_primary(name, running) as (backend, job):
             source, target, slot = running.shards[0], running.shards[1], key_slot(KeySpace().lease(job).state.encode())
-            _move_empty_slot(running, slot, source, target)
-            [claim] = await backend.strategy.claim(
-                backend.store, [(RunRequest(job, str(SLOT), SLOT, "a", "r"), JobPolicy())]
-            )
+            _move_empty_slot(running, slot, source, target)  # empty: the job's keys do not exist yet
+            claim = await _claim(backend, job, "a")
             assert isinstance(claim, Claim)
             assert claim.outcome is Outcome.WON
             on_target = redis.Redis(*target, protocol=2)
@@ -322,9 +340,6 @@ async def test_a_claim_answered_moved_is_sent_to_the_slots_new_owner(real_target
                 assert on_target.execute_command("CLUSTER", "COUNTKEYSINSLOT", slot) > 0
             finally:
                 on_target.close()
-        finally:
-            await backend.stop()
-            await _close(client)
 
 
 def _move_empty_slot(running: RunningServer, slot: int, source: tuple[str, int], target: tuple[str, int]) -> None:
@@ -352,17 +367,11 @@ async def test_claims_reach_the_promoted_replica_after_a_cluster_failover(real_t
     quick = ["--cluster-node-timeout", "1000"]
     with start_server(real_target, cluster=True, replica=True, extra_args=quick) as running:
         assert running.replica is not None
-        client = await _client(name, running)
-        backend = RedisBackend(redis=client)
-        [job, *_] = jobs_on_every_shard(running, lambda job: KeySpace().lease(job).state, 1)  # on the first
-        state = KeySpace().lease(job).state
-        await backend.start([job])
-        try:
-            [won] = await backend.strategy.claim(
-                backend.store, [(RunRequest(job, str(SLOT), SLOT, "a", "r"), JobPolicy())]
-            )
+        async with _lease_job_on_the_first_primary(name, running) as (backend, job):
+            won = await _claim(backend, job, "a")
             assert isinstance(won, Claim)
             assert won.outcome is Outcome.WON
+            state = KeySpace().lease(job).state
             replica = running.replica.client(single_connection_client=True)
             try:
                 replica.execute_command("READONLY")  # a cluster replica answers reads of its primary's slots
@@ -376,9 +385,7 @@ async def test_claims_reach_the_promoted_replica_after_a_cluster_failover(real_t
             answer: Claim | StoreError | None = None
             for _ in range(40):  # until the map of slots is read again: a claim or two may find no node
                 try:
-                    [answer] = await backend.strategy.claim(
-                        backend.store, [(RunRequest(job, str(SLOT), SLOT, "b", "r"), JobPolicy())]
-                    )
+                    answer = await _claim(backend, job, "b")
                 except StoreUnavailableError as error:
                     answer = error
                 if isinstance(answer, Claim):
@@ -386,9 +393,6 @@ async def test_claims_reach_the_promoted_replica_after_a_cluster_failover(real_t
                 await asyncio.sleep(0.25)
             assert isinstance(answer, Claim)
             assert answer.outcome is Outcome.RUNNING
-        finally:
-            await backend.stop()
-            await _close(client)
 
 
 async def test_server_error_replies_are_translated(client_on_server: ClientOnServer) -> None:

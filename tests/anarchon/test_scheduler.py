@@ -14,6 +14,7 @@ import random
 import threading
 import time
 from collections import Counter
+from collections.abc import AsyncIterator
 from typing import Any
 
 import fakeredis
@@ -29,7 +30,6 @@ from anarchon import (
     SchedulerStateError,
     StoreUnavailableError,
     SystemClock,
-    ValkeyBackend,
 )
 from anarchon import _scheduler as scheduler_module
 from anarchon._adapters import adapt
@@ -38,7 +38,8 @@ from anarchon._scheduler import SchedulerThread
 from anarchon._strategies import JobPolicy, Outcome, RunRequest
 from anarchon._strategies.lease import CLAIM
 from sim.links import Link
-from sim.servers import start_server
+from sim.live import supported
+from sim.servers import RunningServer, start_server
 from sim.servers.testing import ServerPool, ServerUnderTest, flush
 from tests.anarchon.support import StoreTarget
 from tests.support import (
@@ -113,6 +114,31 @@ async def test_three_schedulers_run_every_slot_exactly_once(target: StoreTarget)
         assert runners <= {f"{strategy}-{i}" for i in range(3)}
 
 
+@contextlib.asynccontextmanager
+async def _schedulers_on_cluster(
+    running: RunningServer, strategies: list[str], jobs: list[str], ledger: Ledger
+) -> AsyncIterator[list[Scheduler[Any]]]:
+    """Three started instances per strategy (prefix ``<strategy>:``), running ``jobs`` every second into the
+    ledger; each instance number has its own asyncio cluster client, not awaited: it reads the map of slots when
+    first used. Stopped at the end of the block, and the clients closed."""
+    clients = [redis.asyncio.cluster.RedisCluster(host=running.host, port=running.port, protocol=2) for _ in range(3)]
+    schedulers: list[Scheduler[Any]] = []
+    for strategy in strategies:
+        for i, client in enumerate(clients):
+            backend = backend_for(running.target, client, strategy, prefix=f"{strategy}:")
+            scheduler: Scheduler[Any] = Scheduler(backend, instance_id=f"{strategy}-{i}")
+            for job in jobs:
+                scheduler.add_job(job, "* * * * * *", ledger.job(f"{strategy}-{i}"))
+            schedulers.append(scheduler)
+    try:
+        await asyncio.gather(*(s.start() for s in schedulers))
+        yield schedulers
+        await asyncio.gather(*(s.stop() for s in schedulers))
+    finally:
+        for client in clients:
+            await client.aclose()
+
+
 @pytest.mark.slow
 async def test_three_schedulers_on_a_cluster_run_every_slot_of_every_job_once(
     real_server: ServerUnderTest, server_pool: ServerPool
@@ -121,32 +147,13 @@ async def test_three_schedulers_on_a_cluster_run_every_slot_of_every_job_once(
     second whose keys live on every primary, every strategy side by side; each slot of each job runs once."""
     running = server_pool.get(real_server.target, cluster=True)
     flush(running)
-    idmp = not running.is_valkey and running.version_info >= (8, 6)
-    strategies = [s for s in STRATEGIES if s != "idmp" or idmp]
+    strategies = [strategy for strategy in STRATEGIES if supported(strategy, running)]
     jobs = jobs_on_every_shard(running, lambda job: KeySpace("lease:").lease(job).state, 3)
     ledger = Ledger()
-    clients = [redis.asyncio.cluster.RedisCluster(host=running.host, port=running.port, protocol=2) for _ in range(3)]
-    schedulers: list[Scheduler[Any]] = []
-    for strategy in strategies:
-        for i, client in enumerate(clients):
-            backend: RedisBackend[Any] = (
-                ValkeyBackend(valkey=client, strategy=strategy, prefix=f"{strategy}:")
-                if running.is_valkey
-                else RedisBackend(redis=client, strategy=strategy, prefix=f"{strategy}:")
-            )
-            scheduler: Scheduler[Any] = Scheduler(backend, instance_id=f"{strategy}-{i}")
-            for job in jobs:
-                scheduler.add_job(job, "* * * * * *", ledger.job(f"{strategy}-{i}"))
-            schedulers.append(scheduler)
-    try:
-        await asyncio.gather(*(s.start() for s in schedulers))
+    async with _schedulers_on_cluster(running, strategies, jobs, ledger):
         first = now_ms() // 1000 * 1000 + 1000
         await asyncio.sleep(6)
         last = now_ms() // 1000 * 1000 - 1000
-        await asyncio.gather(*(s.stop() for s in schedulers))
-    finally:
-        for client in clients:
-            await client.aclose()
     expected = set(range(first, last + 1, 1000))
     assert len(expected) >= 4
     for strategy in strategies:
@@ -164,42 +171,28 @@ async def test_schedulers_on_a_cluster_carry_on_after_a_primary_fails_over(real_
     skipped-overlap. Every other slot due after the promotion runs once, and the last five run on time; jobs on
     the other primaries never run a slot twice (a refused claim did not run)."""
     quick = ["--cluster-node-timeout", "1000"]  # a node is failed after a second without an answer
+    keys = KeySpace("lease:")
     with start_server(real_target, cluster=True, replica=True, extra_args=quick) as running:
         assert running.replica is not None
-        jobs = jobs_on_every_shard(running, lambda job: KeySpace().lease(job).state, 2)
+        jobs = jobs_on_every_shard(running, lambda job: keys.lease(job).state, 2)
         ledger = Ledger()
-        clients = [
-            redis.asyncio.cluster.RedisCluster(host=running.host, port=running.port, protocol=2) for _ in range(3)
-        ]
-        schedulers: list[Scheduler[Any]] = []
-        for i, client in enumerate(clients):
-            backend: RedisBackend[Any] = (
-                ValkeyBackend(valkey=client) if running.is_valkey else RedisBackend(redis=client)
-            )
-            scheduler: Scheduler[Any] = Scheduler(backend, instance_id=f"i{i}")
-            for job in jobs:
-                scheduler.add_job(job, "* * * * * *", ledger.job(f"i{i}"))
-            schedulers.append(scheduler)
         replica = running.replica.client()
         try:
-            await asyncio.gather(*(s.start() for s in schedulers))
-            await asyncio.sleep(3)
-            running.control.kill()
-            await eventually(lambda: replica.info("replication")["role"] == "master", 30)
-            assert replica.info("replication")["role"] == "master"
-            promoted = now_ms() // 1000 * 1000 + 1000
-            await asyncio.sleep(12)  # the claims refused before wait out a few retries (0.5, 1, 2, 4 s)
-            last = now_ms() // 1000 * 1000 - 1000
-            skipped = {
-                job: {r.slot for r in await schedulers[0].history(job, 100) if r.status == "skipped-overlap"}
-                for job in jobs
-            }
-            await asyncio.gather(*(s.stop() for s in schedulers))
+            async with _schedulers_on_cluster(running, ["lease"], jobs, ledger) as schedulers:
+                await asyncio.sleep(3)
+                running.control.kill()
+                await eventually(lambda: replica.info("replication")["role"] == "master", 30)
+                assert replica.info("replication")["role"] == "master"
+                promoted = now_ms() // 1000 * 1000 + 1000
+                await asyncio.sleep(12)  # the claims refused before wait out a few retries (0.5, 1, 2, 4 s)
+                last = now_ms() // 1000 * 1000 - 1000
+                skipped = {
+                    job: {r.slot for r in await schedulers[0].history(job, 100) if r.status == "skipped-overlap"}
+                    for job in jobs
+                }
         finally:
             replica.close()
-            for client in clients:
-                await client.aclose()
-    failed = {job for job in jobs if running.shard_of(KeySpace().lease(job).state) == running.shards[0]}
+    failed = {job for job in jobs if running.shard_of(keys.lease(job).state) == running.shards[0]}
     after = set(range(promoted, last + 1, 1000))
     assert len(after) >= 10
     for job in jobs:
