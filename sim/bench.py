@@ -6,8 +6,10 @@ Claim latency: for each target, the same asyncio redis-py client (RESP2) takes t
 ``PING`` (the floor), a per-slot ``SET key token NX PX`` (the textbook lock) and a claim of each strategy; each
 lease claim is followed (untimed) by its finish, as in real use. Claims cycle over 100 jobs, so that each job's
 history holds what a job firing every few seconds would (the script strategy scans a job's recent claims). p50 /
-p99 in microseconds, and each strategy's p50 over SET NX PX's. Pipelined claims per second are measured on each
-target, and on a cluster of three primaries of the burst's target.
+p99 in microseconds, and each strategy's p50 over SET NX PX's. Beside them, ``lua-spin``: a script that does
+nothing but spin a Lua loop for as long as the lease claim runs in the server (``INFO commandstats``), which shows
+how much of the lease claim's ratio any script of that server time would cost. Pipelined claims per second are
+measured on each target, and on a cluster of three primaries of the burst's target.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import redis.asyncio.cluster
 
 from anarchon import RedisBackend, RunContext, RunRecord, Scheduler, ValkeyBackend
 from anarchon._adapters import RedisPyAsync, adapt
-from anarchon._store import Store
+from anarchon._store import Reply, Store, as_text
 from anarchon._strategies import Claim, JobPolicy, Outcome, RunRequest
 from sim.checkers import percentile
 from sim.live import supported
@@ -41,6 +43,8 @@ from sim.servers import RunningServer, available_targets, start_server
 STRATEGIES = ("lease", "stream-id", "idmp", "script")
 WARM_UP = 50
 JOBS = 100
+# SPIN: spin a Lua loop ARGV[1] times and nothing else. KEYS: none. Returns 1.
+SPIN = "local x = 0 for i = 1, tonumber(ARGV[1]) do x = x + i end return 1"
 Cleanup = Callable[[], Awaitable[None]] | None
 
 
@@ -78,6 +82,10 @@ class ClaimBench:
         }
         for strategy, backend in backends.items():
             ops[strategy] = self._claimer(backend, policy)
+        lease_server_us = await self._lease_server_us(store, backends["lease"], policy)
+        spin_sha = await store.execute("SCRIPT", "LOAD", SPIN)
+        spin_rounds = await _spin_rounds_for(store, spin_sha, lease_server_us)
+        ops["lua_spin"] = lambda i: self._spin(store, spin_sha, spin_rounds)
         samples: dict[str, list[float]] = {name: [] for name in ops}
         for i in range(self.iterations + WARM_UP):  # warm-up rounds fill connection pools and script caches
             for name, op in ops.items():
@@ -93,8 +101,9 @@ class ClaimBench:
         await store.close()
         result: dict[str, Any] = {name: summary(values) for name, values in samples.items()}
         floor = result["set_nx_px"]["p50_us"]
-        for strategy in backends:
-            result[strategy]["ratio_to_set_nx_px"] = round(result[strategy]["p50_us"] / floor, 2)
+        for name in (*backends, "lua_spin"):
+            result[name]["ratio_to_set_nx_px"] = round(result[name]["p50_us"] / floor, 2)
+        result["lease"]["server_us"] = result["lua_spin"]["server_us"] = round(lease_server_us, 1)
         result["version"] = self.server.version
         return result
 
@@ -102,6 +111,37 @@ class ClaimBench:
     async def _ping(store: Store) -> Cleanup:
         await store.execute("PING")
         return None
+
+    @staticmethod
+    async def _spin(store: Store, sha: Reply, rounds: int) -> Cleanup:
+        await store.execute("EVALSHA", as_text(sha), 0, rounds)
+        return None
+
+    @staticmethod
+    async def _lease_server_us(store: Store, backend: RedisBackend[Any], policy: JobPolicy) -> float:
+        """Server µs per lease claim: claims of the bench's jobs for slots before the timed ones, each job's
+        previous run finished, as in the timed loop; their finishes run after the counters are read."""
+        finishes = []
+        used_us = calls = 0.0
+        for round_ in range(3):
+            slot = 1_600_000_000_000 + round_ * 1000
+            await store.execute("CONFIG", "RESETSTAT")
+            for j in range(JOBS):
+                request = RunRequest(f"job{j}", str(slot), slot, f"calibrate-{round_}-{j}", "bench")
+                [won] = await backend.strategy.claim(backend.store, [(request, policy)])
+                finishes.append((request, won))
+            round_us, round_calls = await _evalsha_stats(store)
+            used_us, calls = used_us + round_us, calls + round_calls
+            for request, won in finishes:
+                assert isinstance(won, Claim)
+                record = RunRecord(
+                    job=request.job, run=request.run, slot=request.slot, attempt=won.attempt, status="ok",
+                    runner="bench", token=request.token, fence=won.fence, manual=False, started=request.slot,
+                    ended=request.slot,
+                )  # fmt: skip
+                await backend.strategy.finish(backend.store, request, won, policy, record)
+            finishes.clear()
+        return used_us / calls
 
     @staticmethod
     async def _set_nx_px(store: Store, i: int) -> Cleanup:
@@ -129,6 +169,28 @@ class ClaimBench:
             return finish
 
         return claim
+
+
+async def _evalsha_stats(store: Store) -> tuple[float, int]:
+    """Server µs spent in EVALSHA since the counters were reset, and how many calls."""
+    for line in as_text(await store.execute("INFO", "commandstats")).splitlines():
+        if line.startswith("cmdstat_evalsha:"):
+            fields = dict(field.split("=") for field in line.partition(":")[2].split(","))
+            return float(fields["usec"]), int(fields["calls"])
+    return 0.0, 0
+
+
+async def _spin_rounds_for(store: Store, sha: Reply, server_us: float) -> int:
+    """How many SPIN rounds take ``server_us`` in the server: two measured points, a line through them."""
+    points = []
+    for rounds in (1000, 4000):
+        await store.execute("CONFIG", "RESETSTAT")
+        for _ in range(300):
+            await store.execute("EVALSHA", as_text(sha), 0, rounds)
+        used_us, calls = await _evalsha_stats(store)
+        points.append((rounds, used_us / calls))
+    (low, low_us), (high, high_us) = points
+    return max(1, round(low + (server_us - low_us) * (high - low) / (high_us - low_us)))
 
 
 async def claim_latency(targets: Sequence[str], iterations: int) -> dict[str, Any]:
@@ -459,13 +521,14 @@ def without_the_store(simulation: Callable[[], object]) -> tuple[float, int]:
 
 
 def print_claims(results: dict[str, Any]) -> None:
-    print(f"{'target':<10} {'op':<10} {'p50 µs':>8} {'p99 µs':>8} {'p50 / SET NX PX':>16}")
+    print(f"{'target':<10} {'op':<10} {'p50 µs':>8} {'p99 µs':>8} {'p50 / SET NX PX':>16} {'server µs':>10}")
     for target, ops in results.items():
-        for op in ("ping", "set_nx_px", *STRATEGIES):
+        for op in ("ping", "set_nx_px", *STRATEGIES, "lua_spin"):
             if op in ops:
                 row = ops[op]
                 ratio = row.get("ratio_to_set_nx_px", "")
-                print(f"{target:<10} {op:<10} {row['p50_us']:>8} {row['p99_us']:>8} {ratio!s:>16}")
+                server = row.get("server_us", "")
+                print(f"{target:<10} {op:<10} {row['p50_us']:>8} {row['p99_us']:>8} {ratio!s:>16} {server!s:>10}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
