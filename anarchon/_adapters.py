@@ -103,13 +103,14 @@ def decode(reply: Any) -> Reply:
     return str(reply)
 
 
-def decode_in_place(reply: Any) -> Reply | StoreReplyError:
-    """Decode one reply of a batch, keeping error replies as values instead of raising them."""
+def decode_in_place(reply: Any) -> Reply | StoreError:
+    """Decode one reply of a batch, keeping store errors as values instead of raising them: error replies, and
+    refusals for now (TRYAGAIN for one slot that is moving) or a lost connection that a client put in place."""
     if isinstance(reply, BaseException):
         translated = translate(reply)
-        if isinstance(translated, StoreReplyError):
-            return translated
-        raise translated or reply
+        if translated is None:
+            raise reply
+        return translated
     return decode(reply)
 
 
@@ -167,7 +168,7 @@ class RedisPyAsync:
         [reply] = await self._exchange((command,))
         return decode(reply)  # raises an error reply
 
-    async def execute_many(self, commands: Sequence[Command]) -> list[Reply | StoreReplyError]:
+    async def execute_many(self, commands: Sequence[Command]) -> list[Reply | StoreError]:
         if self._pool is None:
             pipe = self.client.pipeline(transaction=False)
             for command in commands:
@@ -250,7 +251,8 @@ async def _read_reply(connection: Any, timeout: float | None) -> Any:
         return await connection.read_response(timeout=timeout)
     except Exception as error:
         translated = translate(error)
-        if isinstance(translated, StoreReplyError):
+        # An error reply (MASTERDOWN too) was read in full: kept in place, the batch's next replies are read.
+        if translated is not None and "ResponseError" in _class_names(error):
             return translated
         raise translated or error from error
 
@@ -264,7 +266,7 @@ class RedisPySync:
     async def execute(self, command: Command) -> Reply:
         return decode(await _guard(asyncio.to_thread(self.client.execute_command, *_wire_name(command))))
 
-    async def execute_many(self, commands: Sequence[Command]) -> list[Reply | StoreReplyError]:
+    async def execute_many(self, commands: Sequence[Command]) -> list[Reply | StoreError]:
         def run() -> list[Any]:
             pipe = self.client.pipeline(transaction=False)
             for command in commands:
@@ -312,7 +314,7 @@ class RedisPyCluster:
         [reply] = await self.execute_many([command])
         return decode(reply)  # raises an error reply
 
-    async def execute_many(self, commands: Sequence[Command]) -> list[Reply | StoreReplyError]:
+    async def execute_many(self, commands: Sequence[Command]) -> list[Reply | StoreError]:
         """One pipeline per node, all nodes at once. Within a node the batch's order holds, so a job's commands
         (its keys share a slot) run in the order given: a later run's claim never overtakes an earlier one's."""
         if self._map_stale:
@@ -346,23 +348,32 @@ class RedisPyCluster:
             raise StoreUnavailableError(f"store unavailable: the cluster's map of slots is unknown: {error}") from error
         self._map_stale = False
 
-    async def _send(self, commands: Sequence[Command]) -> list[Reply | StoreReplyError]:
+    async def _send(self, commands: Sequence[Command]) -> list[Reply | StoreError]:
         nodes: dict[str, tuple[Any, list[int]]] = {}
         for index, command in enumerate(commands):
             for node in self._nodes(command):
                 nodes.setdefault(node.name, (node, []))[1].append(index)
-        replies: list[Reply | StoreReplyError] = [None] * len(commands)
+        replies: list[Reply | StoreError] = [None] * len(commands)
 
         async def on(node: Any, indexes: list[int]) -> None:
-            for index, reply in zip(indexes, await self._pipeline(node, [commands[i] for i in indexes]), strict=True):
+            try:
+                answers = await self._pipeline(node, [commands[i] for i in indexes])
+            except StoreUnavailableError as error:  # this node's commands only: the others' answers stand
+                answers = [error] * len(indexes)
+            for index, reply in zip(indexes, answers, strict=True):
                 # A command sent to every primary answers with an error when any of them gave one.
-                if not isinstance(replies[index], StoreReplyError):
+                if not isinstance(replies[index], StoreError):
                     replies[index] = reply
 
         await asyncio.gather(*(on(node, indexes) for node, indexes in nodes.values()))
+        unavailable = [reply for reply in replies if isinstance(reply, StoreUnavailableError)]
+        if unavailable:
+            self._map_stale = True  # a replica may be taking a lost node's slots over
+            if len(unavailable) == len(replies):
+                raise unavailable[0]
         return replies
 
-    async def _pipeline(self, node: Any, commands: Sequence[Command]) -> list[Reply | StoreReplyError]:
+    async def _pipeline(self, node: Any, commands: Sequence[Command]) -> list[Reply | StoreError]:
         if self.blocking:
             return await RedisPySync(self._node_client(node)).execute_many(commands)
         # The node's own pipeline (one connection, one write), as the cluster client's pipelines use it; its
@@ -390,9 +401,15 @@ class Glide:
         self.cluster = cluster
 
     async def execute(self, command: Command) -> Reply:
-        return decode(await _guard(self.client.custom_command([_encode(arg) for arg in command])))
+        try:
+            return decode(await _guard(self.client.custom_command([_encode(arg) for arg in command])))
+        except StoreReplyError as error:
+            unfollowed = _unfollowed_as_unavailable(error)
+            if unfollowed is error:
+                raise
+            raise unfollowed from error
 
-    async def execute_many(self, commands: Sequence[Command]) -> list[Reply | StoreReplyError]:
+    async def execute_many(self, commands: Sequence[Command]) -> list[Reply | StoreError]:
         import glide
 
         # Not atomic: a cluster pipeline may span slots; GLIDE splits it per node and answers in the batch's order.
@@ -400,13 +417,22 @@ class Glide:
         for command in commands:
             batch.custom_command([_encode(arg) for arg in command])
         replies = await _guard(self.client.exec(batch, raise_on_error=False))
-        return [decode_in_place(reply) for reply in replies or []]
+        decoded = [decode_in_place(reply) for reply in replies or []]
+        return [_unfollowed_as_unavailable(reply) if isinstance(reply, StoreError) else reply for reply in decoded]
 
     async def server_info(self) -> ServerInfo:
         return parse_info(as_text(await self.execute(["INFO", "server"])))
 
     async def close(self) -> None:
         await _guard(self.client.close())
+
+
+def _unfollowed_as_unavailable(error: StoreError) -> StoreError:
+    """GLIDE follows MOVED and ASK itself: one it hands back names a node it could not reach (a primary that is
+    down still owns its slots in the other nodes' maps). The command did not run there; the store is unavailable."""
+    if isinstance(error, StoreReplyError) and error.reply.startswith(("MOVED ", "ASK ")):
+        return StoreUnavailableError(f"store unavailable: cannot reach the node of {error.reply.split(';')[0]!r}")
+    return error
 
 
 # The codes Redis and Valkey start their error replies with. A ``send`` client may report a server error as an
@@ -461,8 +487,8 @@ class SendAdapter:
 
         return decode(await _guard(call(), translate_send_error))
 
-    async def execute_many(self, commands: Sequence[Command]) -> list[Reply | StoreReplyError]:
-        results: list[Reply | StoreReplyError] = []
+    async def execute_many(self, commands: Sequence[Command]) -> list[Reply | StoreError]:
+        results: list[Reply | StoreError] = []
         for command in commands:
             try:
                 results.append(await self.execute(command))

@@ -65,9 +65,11 @@ class Connection(Protocol):
         """Send one command; raise StoreReplyError for an error reply, StoreUnavailableError if unreachable."""
         ...
 
-    async def execute_many(self, commands: Sequence[Command]) -> list[Reply | StoreReplyError]:
+    async def execute_many(self, commands: Sequence[Command]) -> list[Reply | StoreError]:
         """Send commands in one round trip where the client can (not a transaction). Error replies are
-        returned in place, so one failing command does not hide the others' results."""
+        returned in place, so one failing command does not hide the others' results; so is a
+        StoreUnavailableError for commands whose node could not be reached while others answered (a cluster).
+        Raise StoreUnavailableError when no command could be sent."""
         ...
 
     async def server_info(self) -> ServerInfo:
@@ -115,19 +117,19 @@ class ScriptCall(NamedTuple):
         return ["EVAL", self.script.source, len(self.keys), *self.keys, *self.args]
 
 
-def as_list(reply: Reply | StoreReplyError, length: int | None = None) -> list[Reply]:
+def as_list(reply: Reply | StoreError, length: int | None = None) -> list[Reply]:
     """A reply that must be an array (of ``length`` items); anything else means a store anarchon cannot read."""
-    if isinstance(reply, StoreReplyError):
+    if isinstance(reply, StoreError):
         raise reply
     if not isinstance(reply, list) or (length is not None and len(reply) != length):
         raise StoreError(f"unexpected reply from the store: {reply!r:.200}")
     return reply
 
 
-def as_text(reply: Reply | StoreReplyError) -> str:
+def as_text(reply: Reply | StoreError) -> str:
     if isinstance(reply, str):
         return reply
-    if isinstance(reply, StoreReplyError):
+    if isinstance(reply, StoreError):
         raise reply
     if isinstance(reply, list) and reply:  # a multi-node reply (cluster clients): every node answers alike
         return as_text(reply[0])
@@ -161,8 +163,8 @@ class Store:
     def execute(self, *command: Arg) -> Coroutine[Any, Any, Reply]:
         return self._send(command)
 
-    async def execute_many(self, commands: Sequence[Command]) -> list[Reply | StoreReplyError]:
-        """Send commands together; an error reply is returned in its command's place."""
+    async def execute_many(self, commands: Sequence[Command]) -> list[Reply | StoreError]:
+        """Send commands together; an error reply (or a node out of reach) is returned in its command's place."""
         if len(commands) == 1:
             return [await _kept(self._send(commands[0]))]
         self._in_flight += 1
@@ -183,7 +185,7 @@ class Store:
         # NOSCRIPT: the script did not run. EVAL runs it and caches it for the next EVALSHA.
         return await self._send(call.eval())
 
-    async def run_many(self, calls: Sequence[ScriptCall]) -> list[Reply | StoreReplyError]:
+    async def run_many(self, calls: Sequence[ScriptCall]) -> list[Reply | StoreError]:
         """Run scripts by SHA; a call answered NOSCRIPT did not run, and is resent with EVAL (which caches it)."""
         if len(calls) == 1:
             try:
@@ -228,7 +230,7 @@ class Store:
             delivery.add_done_callback(self._deliveries.discard)
 
     async def _deliver(self, batch: list[tuple[Command, asyncio.Future[Reply]]]) -> None:
-        replies: list[Reply | StoreReplyError]
+        replies: list[Reply | StoreError]
         try:
             if len(batch) == 1:  # a plain command costs less than a pipeline of one
                 replies = [await _kept(self.connection.execute(batch[0][0]))]
@@ -248,7 +250,7 @@ class Store:
         for (_, future), reply in zip(batch, replies, strict=True):
             if future.done():  # its caller was cancelled
                 continue
-            if isinstance(reply, StoreReplyError):
+            if isinstance(reply, StoreError):
                 future.set_exception(reply)
             else:
                 future.set_result(reply)

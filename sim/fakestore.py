@@ -21,7 +21,7 @@ from fakeredis.commands_mixins import scripting_mixin as scripting
 from fakeredis.commands_mixins.scripting_mixin import ScriptingCommandsMixin
 
 from anarchon._adapters import decode_in_place, fake_server_info
-from anarchon._errors import StoreReplyError
+from anarchon._errors import StoreError
 from anarchon._store import Arg, Command, Reply, ServerInfo
 
 _original_eval = ScriptingCommandsMixin.eval
@@ -114,14 +114,14 @@ class EmbeddedConnection:
 
     async def execute(self, command: Command) -> Reply:
         reply = await self._run(command)
-        if isinstance(reply, StoreReplyError):
+        if isinstance(reply, StoreError):
             raise reply
         return reply
 
-    async def execute_many(self, commands: Sequence[Command]) -> list[Reply | StoreReplyError]:
+    async def execute_many(self, commands: Sequence[Command]) -> list[Reply | StoreError]:
         return [await self._run(command) for command in commands]
 
-    async def _run(self, command: Command) -> Reply | StoreReplyError:
+    async def _run(self, command: Command) -> Reply | StoreError:
         socket = await self._engine()
         socket._process_command([_field(arg) for arg in command])
         return decode_in_place(socket.responses.get_nowait())

@@ -24,7 +24,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from anarchon._errors import StoreReplyError
+from anarchon._errors import StoreError, StoreReplyError
 from anarchon._store import Command, Connection, Reply, ServerInfo
 
 DEFAULT_DURATION_S = 100
@@ -87,8 +87,8 @@ class IdmpConnection:
             return await self._xinfo(command)
         return await self.inner.execute(command)
 
-    async def execute_many(self, commands: Sequence[Command]) -> list[Reply | StoreReplyError]:
-        results: list[Reply | StoreReplyError] = []
+    async def execute_many(self, commands: Sequence[Command]) -> list[Reply | StoreError]:
+        results: list[Reply | StoreError] = []
         for command in commands:  # one by one: IDMP commands must see the effects of the ones before them
             try:
                 results.append(await self.execute(command))

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 
 from anarchon import StoreUnavailableError
-from anarchon._errors import StoreReplyError
+from anarchon._errors import StoreError
 from anarchon._store import Command, Connection, Reply, ServerInfo
 
 
@@ -61,7 +61,7 @@ class Link:
         await self._pass(sent=True)
         return reply
 
-    async def execute_many(self, commands: Sequence[Command]) -> list[Reply | StoreReplyError]:
+    async def execute_many(self, commands: Sequence[Command]) -> list[Reply | StoreError]:
         await self._pass(sent=False)
         replies = await self.inner.execute_many(commands)
         if self.lose_replies:

@@ -20,7 +20,7 @@ import copy
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from anarchon._errors import StoreReplyError
+from anarchon._errors import StoreError
 from anarchon._store import Command, Connection, Reply, ServerInfo
 from sim.idmp import IdmpState, StreamIdmp, text
 
@@ -150,7 +150,7 @@ class ReplicatedConnection:
         finally:
             self.replication.record([command])  # also after an error: a script may have written before it
 
-    async def execute_many(self, commands: Sequence[Command]) -> list[Reply | StoreReplyError]:
+    async def execute_many(self, commands: Sequence[Command]) -> list[Reply | StoreError]:
         try:
             return await self.inner.execute_many(commands)
         finally:

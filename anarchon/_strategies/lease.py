@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from .._errors import StoreError, StoreReplyError
+from .._errors import StoreError
 from .._keys import KeySpace
 from .._records import RunRecord, Status
 from .._store import Reply, Script, ScriptCall, ServerInfo, Store, as_text
@@ -30,7 +30,7 @@ def _trim_args(policy: JobPolicy) -> tuple[int, int, int]:
     return (policy.history_size, policy.keep_ms, policy.history_ttl_ms or 0)
 
 
-def _parse_claim(reply: Reply | StoreReplyError) -> Claim | StoreError:
+def _parse_claim(reply: Reply | StoreError) -> Claim | StoreError:
     if isinstance(reply, StoreError):
         return reply
     answer, attempt, fence, left = as_text(reply).split(" ")

@@ -32,8 +32,9 @@ class StreamIdStrategy(ClaimOnlyStrategy):
         ]  # fmt: skip
         claims: list[Claim | StoreError] = []
         for (request, _), reply in zip(requests, await store.execute_many(commands), strict=True):
-            if isinstance(reply, StoreReplyError):
-                claims.append(Claim(Outcome.LOST) if ID_NOT_GREATER in reply.reply else reply)
+            if isinstance(reply, StoreError):
+                lost = isinstance(reply, StoreReplyError) and ID_NOT_GREATER in reply.reply
+                claims.append(Claim(Outcome.LOST) if lost else reply)
             else:
                 claims.append(Claim(Outcome.WON, 1, fence_of(f"{request.slot}-0")))  # the ID it was written at
         return claims

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import pytest
@@ -34,7 +34,9 @@ from redis.crc import key_slot
 from anarchon import RedisBackend, RunRecord, StoreError, StoreReplyError, StoreUnavailableError
 from anarchon._adapters import RedisPyAsync, adapt, translate
 from anarchon._keys import KeySpace
+from anarchon._store import Command, Reply, ServerInfo, Store
 from anarchon._strategies import Claim, JobPolicy, Outcome, RunRequest
+from anarchon._strategies.stream_id import StreamIdStrategy
 from sim.servers import RunningServer, start_server
 from sim.servers.testing import ServerPool, ServerUnderTest, flush
 from tests.support import eventually, jobs_on_every_shard
@@ -395,6 +397,33 @@ async def test_claims_reach_the_promoted_replica_after_a_cluster_failover(real_t
             assert answer.outcome is Outcome.RUNNING
 
 
+@pytest.mark.parametrize("name", [name for name, (cluster, _) in CLIENTS.items() if cluster])
+async def test_while_a_primary_is_down_the_others_answer_their_part_of_a_batch(real_target: str, name: str) -> None:
+    """A cluster that serves the slots it still covers (``cluster-require-full-coverage no``) loses a primary: a
+    batch of claims is won on the primaries that are up, and only the claims of the lost primary's jobs come back
+    unavailable, in their places, to be sent again."""
+    partial = ["--cluster-require-full-coverage", "no"]
+    with start_server(real_target, cluster=True, extra_args=partial) as running:
+        client = await _client(name, running)
+        jobs = jobs_on_every_shard(running, lambda job: KeySpace().lease(job).state, 2)
+        backend = RedisBackend(redis=client)
+        await backend.start(jobs)
+        try:
+            running.control.kill()  # the first primary: no replica takes its slots over
+            lost = [running.shard_of(KeySpace().lease(job).state) == running.shards[0] for job in jobs]
+            for step in range(3):  # again and again: the map of slots is read again in between
+                slot = SLOT + step * 1000
+                requests = [
+                    (RunRequest(job, str(slot), slot, f"t{step}", "r"), JobPolicy(overlap=True)) for job in jobs
+                ]
+                claims = await backend.strategy.claim(backend.store, requests)
+                assert [isinstance(claim, StoreUnavailableError) for claim in claims] == lost, claims
+                assert all(claim.outcome is Outcome.WON for claim in claims if isinstance(claim, Claim))
+        finally:
+            await backend.stop()
+            await _close(client)
+
+
 async def test_server_error_replies_are_translated(client_on_server: ClientOnServer) -> None:
     name, client, _ = client_on_server
     backend = RedisBackend(redis=client, strategy="stream-id", prefix=f"{name}:")
@@ -511,6 +540,54 @@ async def test_send_clients_errors_are_read_by_their_server_error_code(
         assert caught.value is answer
 
 
+class _OneNodeDown:
+    """The store seam of a cluster that lost one primary: commands on keys of ``down:`` come back unavailable, in
+    their places in a batch, while the others are answered."""
+
+    def __init__(self) -> None:
+        self.batches: list[int] = []
+
+    @staticmethod
+    def _answer(command: Command) -> Reply | StoreError:
+        if str(command[1]).startswith("down:"):
+            return StoreUnavailableError("store unavailable: the node is down")
+        return "OK" if command[0] == "SET" else f"{command[4]}"  # XADD …: the ID it was given
+
+    async def execute(self, command: Command) -> Reply:
+        await asyncio.sleep(0)  # a round trip: commands sent meanwhile wait for it
+        answer = self._answer(command)
+        if isinstance(answer, StoreError):
+            raise answer
+        return answer
+
+    async def execute_many(self, commands: Sequence[Command]) -> list[Reply | StoreError]:
+        self.batches.append(len(commands))
+        return [self._answer(command) for command in commands]
+
+    async def server_info(self) -> ServerInfo:
+        return ServerInfo("redis", (7, 0))
+
+    async def close(self) -> None:
+        return None
+
+
+async def test_a_node_out_of_reach_fails_only_its_commands_of_a_batch() -> None:
+    """Commands sent together (the store pipelines those that wait for a reply in flight): only the callers
+    whose command went to the lost node get StoreUnavailableError; a claim among them is not taken as won."""
+    connection = _OneNodeDown()
+    store = Store(connection, owned=False)
+    sent = [asyncio.ensure_future(store.execute("SET", key, "v")) for key in ("up:1", "up:2", "down:1", "up:3")]
+    assert await sent[0] == "OK"  # went out alone; the next three waited for it and went together
+    assert connection.batches == [3]
+    assert [await sent[1], await sent[3]] == ["OK", "OK"]
+    with pytest.raises(StoreUnavailableError):
+        await sent[2]
+
+    strategy = StreamIdStrategy(KeySpace("down:"))
+    claims = await strategy.claim(store, [(RunRequest("job", str(SLOT), SLOT, "t", "r"), JobPolicy())] * 2)
+    assert [type(claim) for claim in claims] == [StoreUnavailableError] * 2
+
+
 @pytest.mark.parametrize("single_connection", [False, True], ids=["pooled", "single-connection"])
 async def test_redis_py_asyncio_batches_keep_error_replies_in_place(
     real_server: ServerUnderTest, single_connection: bool
@@ -530,6 +607,14 @@ async def test_redis_py_asyncio_batches_keep_error_replies_in_place(
         with pytest.raises(StoreReplyError):
             await connection.execute(("INCR", "adapter:k"))
         assert await connection.execute(("ECHO", 12.5)) == "12.5"
+        # A refusal for now (TRYAGAIN: redis-py raises it as it reads it) stays in its place too, and the replies
+        # after it are read: none is left on the connection for the client's next command.
+        refusal = ("EVAL", "return redis.error_reply('TRYAGAIN the slot is moving')", 0)
+        replies = await connection.execute_many([refusal, ("ECHO", "after")])
+        assert isinstance(replies[0], StoreUnavailableError)
+        assert "TRYAGAIN the slot is moving" in str(replies[0])
+        assert replies[1:] == ["after"]
+        assert await connection.execute(("ECHO", "next")) == "next"
     finally:
         await client.aclose()
 

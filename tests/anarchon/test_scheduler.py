@@ -204,6 +204,36 @@ async def test_schedulers_on_a_cluster_carry_on_after_a_primary_fails_over(real_
             assert max(counts.values()) == 1, (job, sorted(counts.items()))
 
 
+@pytest.mark.slow
+async def test_jobs_on_the_primaries_still_up_run_on_time_while_another_is_down(real_target: str) -> None:
+    """A cluster that serves the slots it still covers (``cluster-require-full-coverage no``) loses a primary for
+    good. Three instances, six lease jobs on three primaries, every second: the jobs on the two primaries still up
+    run each slot once, within its second, though every batch of claims also holds claims of the lost primary's
+    jobs, which do not run."""
+    partial = ["--cluster-require-full-coverage", "no"]
+    keys = KeySpace("lease:")
+    with start_server(real_target, cluster=True, extra_args=partial) as running:
+        jobs = jobs_on_every_shard(running, lambda job: keys.lease(job).state, 2)
+        ledger = Ledger()
+        async with _schedulers_on_cluster(running, ["lease"], jobs, ledger):
+            await asyncio.sleep(2)
+            running.control.kill()
+            down = now_ms() // 1000 * 1000 + 1000
+            await asyncio.sleep(6)
+            last = now_ms() // 1000 * 1000 - 1000
+    lost = {job for job in jobs if running.shard_of(keys.lease(job).state) == running.shards[0]}
+    assert 0 < len(lost) < len(jobs)
+    after = set(range(down, last + 1, 1000))
+    assert len(after) >= 4
+    for job in jobs:
+        runs = [e for e in ledger.of(job) if e.slot in after]
+        if job in lost:
+            assert runs == [], job
+        else:
+            assert sorted(e.slot for e in runs) == sorted(after), job
+            assert max(e.started_ms - e.slot for e in runs) < 1000, job
+
+
 async def test_a_backup_reruns_the_slot_of_a_winner_cut_off_mid_run(target: StoreTarget) -> None:
     ledger = Ledger()
     lost: list[tuple[str, bool, int]] = []
