@@ -333,7 +333,37 @@ class RedisPyCluster:
             await self._renew_map()
             for index, reply in zip(moved, await self._send([commands[i] for i in moved]), strict=True):
                 replies[index] = reply
+        asked: dict[str, list[int]] = {}  # "host:port" of a node: the commands it was named for
+        for index, reply in enumerate(replies):
+            if isinstance(reply, StoreReplyError) and reply.reply.startswith("ASK "):  # ASK <slot> <host>:<port>
+                asked.setdefault(reply.reply.split(" ")[2], []).append(index)
+        if asked:  # not run: their keys are moving to another node, which serves them after ASKING
+            await self._ask(commands, replies, asked)
         return replies
+
+    async def _ask(
+        self, commands: Sequence[Command], replies: list[Reply | StoreError], asked: dict[str, list[int]]
+    ) -> None:
+        """Send the commands to the node named by their ASK, each after an ``ASKING`` (which lets the next
+        command of the connection into a slot the node is importing), and keep their replies."""
+
+        async def on(address: str, indexes: list[int]) -> None:
+            host, _, port = address.rpartition(":")
+            node = self.client.get_node(host=host, port=int(port))
+            answers: list[Reply | StoreError]
+            if node is None:
+                self._map_stale = True
+                answers = [StoreUnavailableError(f"store unavailable: no node {address} in the map")] * len(indexes)
+            else:
+                asking = [part for index in indexes for part in (("ASKING",), commands[index])]
+                try:
+                    answers = (await self._pipeline(node, asking))[1::2]
+                except StoreUnavailableError as error:
+                    answers = [error] * len(indexes)
+            for index, answer in zip(indexes, answers, strict=True):
+                replies[index] = answer
+
+        await asyncio.gather(*(on(address, indexes) for address, indexes in asked.items()))
 
     async def _renew_map(self) -> None:
         manager = self.client.nodes_manager

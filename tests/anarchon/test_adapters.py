@@ -344,6 +344,63 @@ async def test_a_claim_answered_moved_is_sent_to_the_slots_new_owner(real_target
                 on_target.close()
 
 
+@pytest.mark.parametrize("name", [name for name, (cluster, _) in CLIENTS.items() if cluster])
+async def test_claims_and_results_answered_ask_take_effect_where_the_keys_moved(real_target: str, name: str) -> None:
+    """Mid-resharding: a stream-id job's slot is being moved and its runs stream already was, so the old owner
+    answers ASK. Claims go to the new owner (after ASKING) and act on the moved stream: a newer run is won there,
+    the older one is lost. (A lease job's five keys take a migration together: until they are all on one side,
+    its claims are answered TRYAGAIN and sent again.)"""
+    with start_server(real_target, cluster=True) as running:
+        client = await _client(name, running)
+        keys = KeySpace("ask:")
+        [job, *_] = jobs_on_every_shard(running, lambda job: keys.claim(job).runs, 1)
+        backend = RedisBackend(redis=client, strategy="stream-id", prefix="ask:")
+        await backend.start([job])
+        try:
+
+            async def claim(slot: int) -> Claim | StoreError:
+                [answer] = await backend.strategy.claim(
+                    backend.store, [(RunRequest(job, str(slot), slot, "t", "r"), JobPolicy())]
+                )
+                return answer
+
+            assert isinstance(await claim(SLOT), Claim)
+            source, target, slot = running.shards[0], running.shards[1], key_slot(keys.claim(job).runs.encode())
+            _move_keys_of_slot(running, slot, source, target, [keys.claim(job).runs])
+            newer, older = await claim(SLOT + 2000), await claim(SLOT + 1000)
+            assert isinstance(newer, Claim)
+            assert isinstance(older, Claim)
+            assert (newer.outcome, older.outcome) == (Outcome.WON, Outcome.LOST)
+            on_target = redis.Redis(*target, protocol=2, single_connection_client=True)
+            try:
+                on_target.execute_command("ASKING")  # the slot is still the source's: a read needs it too
+                entries = on_target.xrange(keys.claim(job).runs)
+                assert [int(fields[b"slot"]) for _, fields in entries] == [SLOT, SLOT + 2000]
+            finally:
+                on_target.close()
+        finally:
+            await backend.stop()
+            await _close(client)
+
+
+def _move_keys_of_slot(
+    running: RunningServer, slot: int, source: tuple[str, int], target: tuple[str, int], keys: Sequence[str]
+) -> None:
+    """Start moving a slot from one primary to another as a resharding does, and move these keys of it; the slot
+    stays in migration (the source still owns it)."""
+    nodes = {node: redis.Redis(*node, protocol=2, decode_responses=True) for node in (source, target)}
+    try:
+        source_id = nodes[source].execute_command("CLUSTER", "MYID")
+        nodes[target].execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", source_id)
+        target_id = nodes[target].execute_command("CLUSTER", "MYID")
+        nodes[source].execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", target_id)
+        nodes[source].execute_command("MIGRATE", *target, "", 0, 5000, "KEYS", *keys)
+        assert nodes[source].execute_command("CLUSTER", "COUNTKEYSINSLOT", slot) == 0
+    finally:
+        for client in nodes.values():
+            client.close()
+
+
 def _move_empty_slot(running: RunningServer, slot: int, source: tuple[str, int], target: tuple[str, int]) -> None:
     """Hand an empty slot from one primary to another the way a resharding does, and tell every primary."""
     nodes = {node: redis.Redis(*node, protocol=2, decode_responses=True) for node in running.shards}
