@@ -32,9 +32,7 @@ def _fast_eval(self: Any, script: bytes, numkeys: int, *keys_and_args: bytes) ->
         raise SimpleError(msgs.TOO_MANY_KEYS_MSG)
     if numkeys < 0:
         raise SimpleError(msgs.NEGATIVE_KEYS_MSG)
-    sha1 = hashlib.sha1(script).hexdigest().encode()
     server: Any = self._server
-    server.script_cache[sha1] = script
     runtime = self._get_server_runtime(server)
     compiled = server.__dict__.get("_sim_compiled")
     if compiled is None:
@@ -42,12 +40,17 @@ def _fast_eval(self: Any, script: bytes, numkeys: int, *keys_and_args: bytes) ->
         _guard_globals(runtime)
         server._sim_set_keys_argv = runtime.eval("function(k, a) rawset(_G, 'KEYS', k) rawset(_G, 'ARGV', a) end")
         server._sim_collect = runtime.eval("function() collectgarbage('step') end")
-    function = compiled.get(sha1)
-    if function is None:
+    # Keyed by the source itself: EVALSHA passes the cached source object, whose hash Python keeps, so a call
+    # by SHA costs no SHA-1 of the whole script.
+    known = compiled.get(script)
+    if known is None:
+        sha1 = hashlib.sha1(script).hexdigest().encode()
         try:
-            function = compiled[sha1] = runtime.compile(script)
+            known = compiled[script] = (sha1, runtime.compile(script))
         except scripting.LUA_MODULE.LuaError as error:
             raise SimpleError(msgs.SCRIPT_ERROR_MSG.format(sha1.decode(), error)) from error
+    sha1, function = known
+    server.script_cache[sha1] = script
     server._lua_current_socket[0] = self
     self._script_resp = 2
     caller_fieldsets, self._fieldsets = self._fieldsets, {}

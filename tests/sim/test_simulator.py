@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import subprocess
 import sys
@@ -66,6 +67,33 @@ def test_the_embedded_store_fails_a_script_where_it_sets_a_global() -> None:
     values, again = asyncio.run(main())
     assert values == (b"1", None)
     assert again == 2
+
+
+def test_the_embedded_store_caches_scripts_by_sha_as_redis_does() -> None:
+    """EVAL caches the script for EVALSHA, SCRIPT FLUSH forgets it (NOSCRIPT until EVAL again), and a script that
+    does not compile is refused and not cached."""
+    fakestore.install()
+
+    async def main() -> list[object]:
+        store = fakeredis.FakeAsyncRedis()
+        source, broken = "return ARGV[1]", "return ("
+        seen: list[object] = [await store.eval(source, 0, "a")]
+        sha = hashlib.sha1(source.encode()).hexdigest()
+        seen.append(await store.evalsha(sha, 0, "b"))
+        await store.script_flush()
+        for script in (sha, hashlib.sha1(broken.encode()).hexdigest()):
+            with pytest.raises(redis.exceptions.NoScriptError):
+                await store.evalsha(script, 0, "c")
+        with pytest.raises(redis.exceptions.ResponseError, match="unexpected symbol"):
+            await store.eval(broken, 0)
+        with pytest.raises(redis.exceptions.NoScriptError):
+            await store.evalsha(hashlib.sha1(broken.encode()).hexdigest(), 0)
+        seen.append(await store.eval(source, 0, "d"))
+        seen.append(await store.evalsha(sha, 0, "e"))
+        await store.aclose()
+        return seen
+
+    assert asyncio.run(main()) == [b"a", b"b", b"d", b"e"]
 
 
 def test_a_simulation_that_can_never_progress_says_so() -> None:
