@@ -177,7 +177,7 @@ async def _evalsha_stats(store: Store) -> tuple[float, int]:
         if line.startswith("cmdstat_evalsha:"):
             fields = dict(field.split("=") for field in line.partition(":")[2].split(","))
             return float(fields["usec"]), int(fields["calls"])
-    return 0.0, 0
+    raise RuntimeError("INFO commandstats counted no EVALSHA: the server time of a script cannot be measured")
 
 
 async def _spin_rounds_for(store: Store, sha: Reply, server_us: float) -> int:
@@ -190,7 +190,7 @@ async def _spin_rounds_for(store: Store, sha: Reply, server_us: float) -> int:
         used_us, calls = await _evalsha_stats(store)
         points.append((rounds, used_us / calls))
     (low, low_us), (high, high_us) = points
-    return max(1, round(low + (server_us - low_us) * (high - low) / (high_us - low_us)))
+    return max(1, round(low + (server_us - low_us) * (high - low) / max(high_us - low_us, 0.1)))
 
 
 async def claim_latency(targets: Sequence[str], iterations: int) -> dict[str, Any]:
