@@ -324,18 +324,14 @@ class RedisPyCluster:
         except StoreUnavailableError:
             self._map_stale = True
             raise
-        moved = [
-            i
-            for i, reply in enumerate(replies)
-            if isinstance(reply, StoreReplyError) and reply.reply.startswith("MOVED ")
-        ]
+        moved = [i for i, reply in enumerate(replies) if _redirection(reply) == "MOVED"]
         if moved:  # not run: their slots have another owner now
             await self._renew_map()
             for index, reply in zip(moved, await self._send([commands[i] for i in moved]), strict=True):
                 replies[index] = reply
         asked: dict[str, list[int]] = {}  # "host:port" of a node: the commands it was named for
         for index, reply in enumerate(replies):
-            if isinstance(reply, StoreReplyError) and reply.reply.startswith("ASK "):  # ASK <slot> <host>:<port>
+            if isinstance(reply, StoreReplyError) and _redirection(reply) == "ASK":  # ASK <slot> <host>:<port>
                 asked.setdefault(reply.reply.split(" ")[2], []).append(index)
         if asked:  # not run: their keys are moving to another node, which serves them after ASKING
             await self._ask(commands, replies, asked)
@@ -431,13 +427,8 @@ class Glide:
         self.cluster = cluster
 
     async def execute(self, command: Command) -> Reply:
-        try:
-            return decode(await _guard(self.client.custom_command([_encode(arg) for arg in command])))
-        except StoreReplyError as error:
-            unfollowed = _unfollowed_as_unavailable(error)
-            if unfollowed is error:
-                raise
-            raise unfollowed from error
+        sent = self.client.custom_command([_encode(arg) for arg in command])
+        return decode(await _guard(sent, _translate_glide))
 
     async def execute_many(self, commands: Sequence[Command]) -> list[Reply | StoreError]:
         import glide
@@ -448,7 +439,7 @@ class Glide:
             batch.custom_command([_encode(arg) for arg in command])
         replies = await _guard(self.client.exec(batch, raise_on_error=False))
         decoded = [decode_in_place(reply) for reply in replies or []]
-        return [_unfollowed_as_unavailable(reply) if isinstance(reply, StoreError) else reply for reply in decoded]
+        return [_unfollowed(reply) if isinstance(reply, StoreError) else reply for reply in decoded]
 
     async def server_info(self) -> ServerInfo:
         return parse_info(as_text(await self.execute(["INFO", "server"])))
@@ -457,12 +448,26 @@ class Glide:
         await _guard(self.client.close())
 
 
-def _unfollowed_as_unavailable(error: StoreError) -> StoreError:
+def _unfollowed(error: StoreError) -> StoreError:
     """GLIDE follows MOVED and ASK itself: one it hands back names a node it could not reach (a primary that is
     down still owns its slots in the other nodes' maps). The command did not run there; the store is unavailable."""
-    if isinstance(error, StoreReplyError) and error.reply.startswith(("MOVED ", "ASK ")):
+    if isinstance(error, StoreReplyError) and _redirection(error):
         return StoreUnavailableError(f"store unavailable: cannot reach the node of {error.reply.split(';')[0]!r}")
     return error
+
+
+def _translate_glide(error: BaseException) -> StoreError | None:
+    translated = translate(error)
+    return None if translated is None else _unfollowed(translated)
+
+
+def _redirection(reply: Reply | StoreError) -> str | None:
+    """ "MOVED" or "ASK" when a cluster node answered that the command's keys are served elsewhere."""
+    if isinstance(reply, StoreReplyError):
+        code = reply.reply.split(" ", 1)[0]
+        if code in ("MOVED", "ASK"):
+            return code
+    return None
 
 
 # The codes Redis and Valkey start their error replies with. A ``send`` client may report a server error as an

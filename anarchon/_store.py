@@ -68,8 +68,8 @@ class Connection(Protocol):
     async def execute_many(self, commands: Sequence[Command]) -> list[Reply | StoreError]:
         """Send commands in one round trip where the client can (not a transaction). Error replies are
         returned in place, so one failing command does not hide the others' results; so is a
-        StoreUnavailableError for commands whose node could not be reached while others answered (a cluster).
-        Raise StoreUnavailableError when no command could be sent."""
+        StoreUnavailableError for commands that did not run for now (a cluster node out of reach, TRYAGAIN).
+        When the store cannot be reached at all, StoreUnavailableError may be raised instead."""
         ...
 
     async def server_info(self) -> ServerInfo:

@@ -6,7 +6,7 @@ Claim latency: for each target, the same asyncio redis-py client (RESP2) takes t
 ``PING`` (the floor), a per-slot ``SET key token NX PX`` (the textbook lock) and a claim of each strategy; each
 lease claim is followed (untimed) by its finish, as in real use. Claims cycle over 100 jobs, so that each job's
 history holds what a job firing every few seconds would (the script strategy scans a job's recent claims). p50 /
-p99 in microseconds, and each strategy's p50 over SET NX PX's. Beside them, ``lua-spin``: a script that does
+p99 in microseconds, and each strategy's p50 over SET NX PX's. Beside them, ``lua_spin``: a script that does
 nothing but spin a Lua loop for as long as the lease claim runs in the server (``INFO commandstats``), which shows
 how much of the lease claim's ratio any script of that server time would cost. Pipelined claims per second are
 measured on each target, and on a cluster of three primaries of the burst's target.
@@ -34,7 +34,7 @@ import redis.asyncio.cluster
 
 from anarchon import RedisBackend, RunContext, RunRecord, Scheduler, ValkeyBackend
 from anarchon._adapters import RedisPyAsync, adapt
-from anarchon._store import Reply, Store, as_text
+from anarchon._store import Store, as_text
 from anarchon._strategies import Claim, JobPolicy, Outcome, RunRequest
 from sim.checkers import percentile
 from sim.live import supported
@@ -83,7 +83,7 @@ class ClaimBench:
         for strategy, backend in backends.items():
             ops[strategy] = self._claimer(backend, policy)
         lease_server_us = await self._lease_server_us(store, backends["lease"], policy)
-        spin_sha = await store.execute("SCRIPT", "LOAD", SPIN)
+        spin_sha = as_text(await store.execute("SCRIPT", "LOAD", SPIN))
         spin_rounds = await _spin_rounds_for(store, spin_sha, lease_server_us)
         ops["lua_spin"] = lambda i: self._spin(store, spin_sha, spin_rounds)
         samples: dict[str, list[float]] = {name: [] for name in ops}
@@ -113,19 +113,19 @@ class ClaimBench:
         return None
 
     @staticmethod
-    async def _spin(store: Store, sha: Reply, rounds: int) -> Cleanup:
-        await store.execute("EVALSHA", as_text(sha), 0, rounds)
+    async def _spin(store: Store, sha: str, rounds: int) -> Cleanup:
+        await store.execute("EVALSHA", sha, 0, rounds)
         return None
 
     @staticmethod
     async def _lease_server_us(store: Store, backend: RedisBackend[Any], policy: JobPolicy) -> float:
         """Server µs per lease claim: claims of the bench's jobs for slots before the timed ones, each job's
         previous run finished, as in the timed loop; their finishes run after the counters are read."""
-        finishes = []
-        used_us = calls = 0.0
+        used_us, calls = 0.0, 0
         for round_ in range(3):
             slot = 1_600_000_000_000 + round_ * 1000
             await store.execute("CONFIG", "RESETSTAT")
+            finishes = []
             for j in range(JOBS):
                 request = RunRequest(f"job{j}", str(slot), slot, f"calibrate-{round_}-{j}", "bench")
                 [won] = await backend.strategy.claim(backend.store, [(request, policy)])
@@ -140,7 +140,6 @@ class ClaimBench:
                     ended=request.slot,
                 )  # fmt: skip
                 await backend.strategy.finish(backend.store, request, won, policy, record)
-            finishes.clear()
         return used_us / calls
 
     @staticmethod
@@ -180,13 +179,13 @@ async def _evalsha_stats(store: Store) -> tuple[float, int]:
     raise RuntimeError("INFO commandstats counted no EVALSHA: the server time of a script cannot be measured")
 
 
-async def _spin_rounds_for(store: Store, sha: Reply, server_us: float) -> int:
+async def _spin_rounds_for(store: Store, sha: str, server_us: float) -> int:
     """How many SPIN rounds take ``server_us`` in the server: two measured points, a line through them."""
     points = []
     for rounds in (1000, 4000):
         await store.execute("CONFIG", "RESETSTAT")
         for _ in range(300):
-            await store.execute("EVALSHA", as_text(sha), 0, rounds)
+            await store.execute("EVALSHA", sha, 0, rounds)
         used_us, calls = await _evalsha_stats(store)
         points.append((rounds, used_us / calls))
     (low, low_us), (high, high_us) = points

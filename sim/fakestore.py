@@ -2,9 +2,9 @@
 
 fakeredis 2.41 compiles a script's source on every EVAL and runs a full Lua garbage collection after it: about
 270 µs per call, most of a simulation's time. :func:`install` replaces its EVAL with one that keeps each script
-compiled (found by its source) and collects garbage incrementally. Stray globals are refused the way Redis does it, by a
-guard on the globals table that fails the script when it sets one, instead of fakeredis's comparison of every
-global after every call (an eighth of a simulation's time). Everything else (KEYS/ARGV, redis.call, errors) is
+compiled (found by its source) and collects garbage incrementally. Stray globals are refused the way Redis does
+it, by a guard on the globals table that fails the script when it sets one, instead of fakeredis's comparison of
+every global after every call (an eighth of a simulation's time). Everything else (KEYS/ARGV, redis.call, errors) is
 fakeredis's own. The pinned fakeredis version is the one this was written against.
 """
 
