@@ -89,11 +89,14 @@ def form_cluster(nodes: Sequence[tuple[str, int]], timeout: float = WAIT_TIMEOUT
 
 
 def wait_cluster_formed(nodes: Sequence[tuple[str, int]], timeout: float = WAIT_TIMEOUT) -> None:
-    """Wait until every one of the nodes knows all of them (gossip has spread) and reports state ok."""
+    """Wait until every one of the nodes knows all of them and who owns each slot (gossip has spread), and
+    reports state ok. (With ``cluster-require-full-coverage no`` a node reports ok before it has heard of the
+    other nodes' slots: a client that reads its map then would find slots without an owner.)"""
 
     def formed(host: str, port: int) -> bool:
         text = _text(command(host, port, "CLUSTER", "INFO"))
-        return "cluster_state:ok" in text and f"cluster_known_nodes:{len(nodes)}\r" in text
+        known = f"cluster_known_nodes:{len(nodes)}\r" in text
+        return "cluster_state:ok" in text and known and f"cluster_slots_assigned:{CLUSTER_SLOTS}\r" in text
 
     for host, port in nodes:
         wait_until(
