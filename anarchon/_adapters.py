@@ -44,7 +44,10 @@ _CODES = {
     "MasterDownError": "MASTERDOWN",
     "MasterDown": "MASTERDOWN",
 }
-_UNAVAILABLE = ("ConnectionError", "TimeoutError", "ClosingError", "BusyLoadingError", "MaxConnectionsError")
+# SlotNotCoveredError: a cluster client's map has no node for a key's slot (yet).
+_UNAVAILABLE = (
+    "ConnectionError", "TimeoutError", "ClosingError", "BusyLoadingError", "MaxConnectionsError", "SlotNotCoveredError"
+)  # fmt: skip
 # Replies that refuse a command for now without running it: the store is unavailable rather than saying no. A
 # cluster answers CLUSTERDOWN while a failed primary's slots wait for its replica, TRYAGAIN while a slot moves.
 _UNAVAILABLE_CODES = ("LOADING", "CLUSTERDOWN", "TRYAGAIN", "MASTERDOWN")
@@ -289,14 +292,19 @@ class RedisPyCluster:
     ``SCRIPT`` goes to every primary, as each has a script cache of its own; other keyless commands to any node.
 
     The client's map of which node owns which slots is read, not its command path (and its recovery), so the map
-    is renewed here: before the first command of an asyncio client, after a node could not be reached (its
-    replica may have taken its slots over), and when a node answers MOVED (then those commands are sent again).
+    is renewed here: before the first command of an asyncio client; when a node answers MOVED (then those
+    commands are sent again, once); and after a node could not be reached, as its replica may have taken its
+    slots over. Then at most once per ``MAP_RENEWAL_S``: each reading may wait for the lost node's connect
+    timeout, and the batches of the nodes still up should not.
     """
+
+    MAP_RENEWAL_S = 1.0
 
     def __init__(self, client: Any, *, blocking: bool) -> None:
         self.client = client
         self.blocking = blocking
         self._map_stale = not blocking  # a blocking client reads the map when it is made, an asyncio one lazily
+        self._map_read_at = -math.inf  # event loop time of the last reading
 
     def _nodes(self, command: Command) -> list[Any]:
         key = _command_key(command)
@@ -316,26 +324,38 @@ class RedisPyCluster:
 
     async def execute_many(self, commands: Sequence[Command]) -> list[Reply | StoreError]:
         """One pipeline per node, all nodes at once. Within a node the batch's order holds, so a job's commands
-        (its keys share a slot) run in the order given: a later run's claim never overtakes an earlier one's."""
-        if self._map_stale:
+        (its keys share a slot) run in the order given: a later run's claim never overtakes an earlier one's.
+        A command whose node cannot be reached comes back StoreUnavailableError in its place."""
+        if self._map_stale and asyncio.get_running_loop().time() - self._map_read_at >= self.MAP_RENEWAL_S:
             await self._renew_map()
-        try:
-            replies = await self._send(commands)
-        except StoreUnavailableError:
-            self._map_stale = True
-            raise
+        replies = await self._send(commands)
         moved = [i for i, reply in enumerate(replies) if _redirection(reply) == "MOVED"]
         if moved:  # not run: their slots have another owner now
-            await self._renew_map()
-            for index, reply in zip(moved, await self._send([commands[i] for i in moved]), strict=True):
-                replies[index] = reply
+            await self._follow_moved(commands, replies, moved)
         asked: dict[str, list[int]] = {}  # "host:port" of a node: the commands it was named for
         for index, reply in enumerate(replies):
             if isinstance(reply, StoreReplyError) and _redirection(reply) == "ASK":  # ASK <slot> <host>:<port>
                 asked.setdefault(reply.reply.split(" ")[2], []).append(index)
         if asked:  # not run: their keys are moving to another node, which serves them after ASKING
             await self._ask(commands, replies, asked)
+        for index, reply in enumerate(replies):
+            if _redirection(reply):  # redirected again: the slots are still changing hands, try later
+                self._map_stale = True
+                replies[index] = StoreUnavailableError(f"store unavailable: redirected twice: {reply}")
         return replies
+
+    async def _follow_moved(
+        self, commands: Sequence[Command], replies: list[Reply | StoreError], moved: list[int]
+    ) -> None:
+        """Read the map again and send the commands answered MOVED to their slots' new owners. If that fails,
+        only they come back unavailable: the other commands of the batch ran, and their replies stand."""
+        try:
+            await self._renew_map()
+            again = await self._send([commands[i] for i in moved])
+        except StoreUnavailableError as error:
+            again = [error] * len(moved)
+        for index, reply in zip(moved, again, strict=True):
+            replies[index] = reply
 
     async def _ask(
         self, commands: Sequence[Command], replies: list[Reply | StoreError], asked: dict[str, list[int]]
@@ -344,9 +364,8 @@ class RedisPyCluster:
         command of the connection into a slot the node is importing), and keep their replies."""
 
         async def on(address: str, indexes: list[int]) -> None:
-            host, _, port = address.rpartition(":")
-            node = self.client.get_node(host=host, port=int(port))
             answers: list[Reply | StoreError]
+            node = self._node_at(address)
             if node is None:
                 self._map_stale = True
                 answers = [StoreUnavailableError(f"store unavailable: no node {address} in the map")] * len(indexes)
@@ -361,8 +380,18 @@ class RedisPyCluster:
 
         await asyncio.gather(*(on(address, indexes) for address, indexes in asked.items()))
 
+    def _node_at(self, address: str) -> Any | None:
+        """The map's node at the "host:port" a server named (through the client's address remapping), if any."""
+        host, _, port = address.rpartition(":")
+        try:
+            host, number = self.client.nodes_manager.remap_host_port(host, int(port))
+            return self.client.get_node(host=host, port=number)
+        except (ValueError, OSError):  # a port that is no number; a host name that does not resolve
+            return None
+
     async def _renew_map(self) -> None:
         manager = self.client.nodes_manager
+        self._map_read_at = asyncio.get_running_loop().time()
         try:
             if self.blocking:
                 await asyncio.to_thread(manager.initialize)
@@ -376,10 +405,18 @@ class RedisPyCluster:
 
     async def _send(self, commands: Sequence[Command]) -> list[Reply | StoreError]:
         nodes: dict[str, tuple[Any, list[int]]] = {}
-        for index, command in enumerate(commands):
-            for node in self._nodes(command):
-                nodes.setdefault(node.name, (node, []))[1].append(index)
         replies: list[Reply | StoreError] = [None] * len(commands)
+        for index, command in enumerate(commands):
+            try:
+                targets = self._nodes(command)
+            except Exception as error:
+                translated = translate(error)  # SlotNotCoveredError: the map has no node for the key's slot (yet)
+                if translated is None:
+                    raise
+                replies[index] = translated
+                continue
+            for node in targets:
+                nodes.setdefault(node.name, (node, []))[1].append(index)
 
         async def on(node: Any, indexes: list[int]) -> None:
             try:

@@ -186,28 +186,34 @@ class Store:
         return await self._send(call.eval())
 
     async def run_many(self, calls: Sequence[ScriptCall]) -> list[Reply | StoreError]:
-        """Run scripts by SHA; a call answered NOSCRIPT did not run, and is resent with EVAL (which caches it)."""
+        """Run scripts by SHA; a call answered NOSCRIPT did not run, and is resent with EVAL (which caches it).
+        Like :meth:`execute_many`, a store error comes back in its call's place (or raised when nothing ran)."""
         if len(calls) == 1:
-            try:
-                return [await self._run(calls[0])]
-            except StoreReplyError as error:
-                return [error]
+            return [await _kept(self._run(calls[0]))]
         replies = await self.execute_many([call.evalsha() for call in calls])
         missing = [i for i, reply in enumerate(replies) if is_noscript(reply)]
         if missing:
             # One EVAL per script loads it; the other calls go again by SHA (a batch of ten thousand claims does
-            # not send the source ten thousand times). A node that still lacks it (Cluster) gets EVAL.
+            # not send the source ten thousand times). A node that still lacks it (Cluster) gets EVAL. The
+            # replies already in stand whatever happens to these.
             loaders = list({calls[i].script.sha: i for i in reversed(missing)}.values())
-            for i, reply in zip(loaders, await self.execute_many([calls[i].eval() for i in loaders]), strict=True):
+            for i, reply in zip(loaders, await self._kept_many([calls[i].eval() for i in loaders]), strict=True):
                 replies[i] = reply
             loaded = set(loaders)
             rest = [i for i in missing if i not in loaded]
-            again = await self.execute_many([calls[i].evalsha() for i in rest])
+            again = await self._kept_many([calls[i].evalsha() for i in rest])
             for i, reply in zip(rest, again, strict=True):
                 if is_noscript(reply):
                     reply = await _kept(self._run(calls[i]))
                 replies[i] = reply
         return replies
+
+    async def _kept_many(self, commands: Sequence[Command]) -> list[Reply | StoreError]:
+        """:meth:`execute_many`, with a store that could not be reached at all answering each command so."""
+        try:
+            return await self.execute_many(commands)
+        except StoreError as error:
+            return [error] * len(commands)
 
     async def _send(self, command: Command) -> Reply:
         if self._in_flight or self._pending:
@@ -269,8 +275,9 @@ class Store:
             await self.connection.close()
 
 
-async def _kept(reply: Awaitable[Reply]) -> Reply | StoreReplyError:
+async def _kept(reply: Awaitable[Reply]) -> Reply | StoreError:
+    """The reply, or the store error it raised, as a value: a batch's answer for one command."""
     try:
         return await reply
-    except StoreReplyError as error:
+    except StoreError as error:
         return error

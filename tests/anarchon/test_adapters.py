@@ -32,10 +32,11 @@ from glide import (
 from redis.crc import key_slot
 
 from anarchon import RedisBackend, RunRecord, StoreError, StoreReplyError, StoreUnavailableError
-from anarchon._adapters import RedisPyAsync, adapt, translate
+from anarchon._adapters import RedisPyAsync, RedisPyCluster, adapt, translate
 from anarchon._keys import KeySpace
 from anarchon._store import Command, Reply, ServerInfo, Store
 from anarchon._strategies import Claim, JobPolicy, Outcome, RunRequest
+from anarchon._strategies.lease import LeaseStrategy
 from anarchon._strategies.stream_id import StreamIdStrategy
 from sim.servers import RunningServer, start_server
 from sim.servers.testing import ServerPool, ServerUnderTest, flush
@@ -347,35 +348,34 @@ async def test_a_claim_answered_moved_is_sent_to_the_slots_new_owner(real_target
 @pytest.mark.parametrize("name", [name for name, (cluster, _) in CLIENTS.items() if cluster])
 async def test_claims_and_results_answered_ask_take_effect_where_the_keys_moved(real_target: str, name: str) -> None:
     """Mid-resharding: a stream-id job's slot is being moved and its runs stream already was, so the old owner
-    answers ASK. Claims go to the new owner (after ASKING) and act on the moved stream: a newer run is won there,
-    the older one is lost. (A lease job's five keys take a migration together: until they are all on one side,
-    its claims are answered TRYAGAIN and sent again.)"""
+    answers ASK. Its claims go to the new owner (after ASKING) and act on the moved stream, in the batch's order: a
+    newer run is won there, the older one after it is lost; the batch's claims of jobs on other primaries are won
+    as usual. (A lease job's five keys take a migration together: until they are all on one side, its claims are
+    answered TRYAGAIN and sent again.)"""
     with start_server(real_target, cluster=True) as running:
         client = await _client(name, running)
         keys = KeySpace("ask:")
-        [job, *_] = jobs_on_every_shard(running, lambda job: keys.claim(job).runs, 1)
+        job, *others = jobs_on_every_shard(running, lambda job: keys.claim(job).runs, 1)
         backend = RedisBackend(redis=client, strategy="stream-id", prefix="ask:")
-        await backend.start([job])
+        await backend.start([job, *others])
         try:
 
-            async def claim(slot: int) -> Claim | StoreError:
-                [answer] = await backend.strategy.claim(
-                    backend.store, [(RunRequest(job, str(slot), slot, "t", "r"), JobPolicy())]
-                )
-                return answer
+            async def claim(*runs: tuple[str, int]) -> list[Claim | StoreError]:
+                requests = [(RunRequest(job, str(slot), slot, "t", "r"), JobPolicy()) for job, slot in runs]
+                return await backend.strategy.claim(backend.store, requests)
 
-            assert isinstance(await claim(SLOT), Claim)
+            assert all(isinstance(answer, Claim) for answer in await claim((job, SLOT)))
             source, target, slot = running.shards[0], running.shards[1], key_slot(keys.claim(job).runs.encode())
             _move_keys_of_slot(running, slot, source, target, [keys.claim(job).runs])
-            newer, older = await claim(SLOT + 2000), await claim(SLOT + 1000)
-            assert isinstance(newer, Claim)
-            assert isinstance(older, Claim)
-            assert (newer.outcome, older.outcome) == (Outcome.WON, Outcome.LOST)
+            newer, older = SLOT + 2000, SLOT + 1000
+            answers = await claim((job, newer), (others[0], newer), (job, older), (others[1], newer))
+            outcomes = [answer.outcome if isinstance(answer, Claim) else answer for answer in answers]
+            assert outcomes == [Outcome.WON, Outcome.WON, Outcome.LOST, Outcome.WON]
             on_target = redis.Redis(*target, protocol=2, single_connection_client=True)
             try:
                 on_target.execute_command("ASKING")  # the slot is still the source's: a read needs it too
                 entries = on_target.xrange(keys.claim(job).runs)
-                assert [int(fields[b"slot"]) for _, fields in entries] == [SLOT, SLOT + 2000]
+                assert [int(fields[b"slot"]) for _, fields in entries] == [SLOT, newer]
             finally:
                 on_target.close()
         finally:
@@ -643,6 +643,140 @@ async def test_a_node_out_of_reach_fails_only_its_commands_of_a_batch() -> None:
     strategy = StreamIdStrategy(KeySpace("down:"))
     claims = await strategy.claim(store, [(RunRequest("job", str(SLOT), SLOT, "t", "r"), JobPolicy())] * 2)
     assert [type(claim) for claim in claims] == [StoreUnavailableError] * 2
+
+
+class _StubNode:
+    """A cluster node as a blocking redis-py cluster client holds it: a name and a plain client, whose pipeline
+    answers each command with ``answer`` (a reply, or a redis-py exception for an error reply). A node that is
+    down fails its whole pipeline."""
+
+    def __init__(self, name: str, answer: Callable[[tuple[Any, ...]], Any], *, down: bool = False) -> None:
+        self.name = name
+        self.answer = answer
+        self.down = down
+        self.redis_connection = self
+        self.received: list[tuple[Any, ...]] = []
+
+    def pipeline(self, transaction: bool) -> _StubNode:
+        self.batch: list[tuple[Any, ...]] = []
+        return self
+
+    def execute_command(self, *command: Any) -> None:
+        self.batch.append(command)
+
+    def execute(self, raise_on_error: bool) -> list[Any]:
+        if self.down:
+            raise redis.exceptions.ConnectionError(f"Error 111 connecting to {self.name}. Connection refused.")
+        self.received += self.batch
+        return [self.answer(command) for command in self.batch]
+
+
+class _StubCluster:
+    """What the cluster adapter reads of a blocking redis-py cluster client: the map from keys to nodes (``owners``
+    now, ``owners_next`` once the map is read again) and how often the map was read."""
+
+    def __init__(self, owners: dict[str, _StubNode], owners_next: dict[str, _StubNode] | None = None) -> None:
+        self.owners = owners
+        self.owners_next = owners_next or owners
+        self.readings = 0
+        self.nodes_manager = self
+
+    def initialize(self) -> None:
+        self.readings += 1
+        self.owners = self.owners_next
+
+    def get_node_from_key(self, key: bytes | str) -> _StubNode:
+        return self.owners[key.decode() if isinstance(key, bytes) else key]
+
+
+def _ok(command: tuple[Any, ...]) -> str:
+    return "OK"
+
+
+def _moved(command: tuple[Any, ...]) -> Any:
+    return redis.exceptions.ResponseError("MOVED 866 127.0.0.1:7002")
+
+
+async def test_a_command_moved_where_no_node_answers_fails_alone() -> None:
+    """A claim answered MOVED to a node that then cannot be reached comes back unavailable; the other commands of
+    the batch ran on their nodes, and their replies stand."""
+    up, old_owner, new_owner = _StubNode("up", _ok), _StubNode("old", _moved), _StubNode("new", _ok, down=True)
+    cluster = _StubCluster({"a": up, "moving": old_owner}, {"a": up, "moving": new_owner})
+    connection = RedisPyCluster(cluster, blocking=True)
+    replies = await connection.execute_many([("SET", "a", "1"), ("SET", "moving", "1"), ("SET", "a", "2")])
+    assert replies[0] == replies[2] == "OK"
+    assert isinstance(replies[1], StoreUnavailableError)
+    assert cluster.readings == 1
+
+
+async def test_a_command_redirected_twice_is_unavailable_for_now() -> None:
+    """While a slot changes hands, the map just read may still send a command to a node that no longer serves it:
+    a second MOVED is not an answer to the command but a store that cannot serve it yet (retried later)."""
+    up, old_owner = _StubNode("up", _ok), _StubNode("old", _moved)
+    cluster = _StubCluster({"a": up, "moving": old_owner})
+    connection = RedisPyCluster(cluster, blocking=True)
+    replies = await connection.execute_many([("SET", "moving", "1"), ("SET", "a", "1")])
+    assert isinstance(replies[0], StoreUnavailableError)
+    assert "MOVED" in str(replies[0])
+    assert replies[1] == "OK"
+    assert len(old_owner.received) == 2  # sent once again after the map was read, not more
+    assert cluster.readings == 1
+
+
+async def test_while_a_node_is_down_the_map_is_read_at_most_once_per_interval() -> None:
+    """Each reading of the map may wait for the lost node's connect timeout: while it stays down, batches go out by
+    the map in hand, and the map is read again at most once per ``MAP_RENEWAL_S``."""
+    up, lost = _StubNode("up", _ok), _StubNode("lost", _ok, down=True)
+    cluster = _StubCluster({"a": up, "b": lost})
+    connection = RedisPyCluster(cluster, blocking=True)
+    connection.MAP_RENEWAL_S = 0.2
+    for _ in range(5):
+        replies = await connection.execute_many([("SET", "a", "1"), ("SET", "b", "1")])
+        assert replies[0] == "OK"
+        assert isinstance(replies[1], StoreUnavailableError)
+    assert cluster.readings == 1  # after the first batch found the node down
+    await asyncio.sleep(0.25)
+    await connection.execute_many([("SET", "a", "1"), ("SET", "b", "1")])
+    assert cluster.readings == 2
+    lost.down = False
+    await asyncio.sleep(0.25)
+    for _ in range(3):
+        assert await connection.execute_many([("SET", "a", "1"), ("SET", "b", "1")]) == ["OK", "OK"]
+    assert cluster.readings == 3  # read once more, then no longer stale
+
+
+class _ScriptsLostThenStoreGone:
+    """A store that lost its scripts (every EVALSHA answered NOSCRIPT), and is gone by the time they are sent again."""
+
+    def __init__(self) -> None:
+        self.batches = 0
+
+    async def execute(self, command: Command) -> Reply:
+        raise StoreUnavailableError("store unavailable: connection refused")
+
+    async def execute_many(self, commands: Sequence[Command]) -> list[Reply | StoreError]:
+        self.batches += 1
+        if self.batches > 1:
+            raise StoreUnavailableError("store unavailable: connection refused")
+        return [StoreReplyError("NOSCRIPT No matching script.") for _ in commands]
+
+    async def server_info(self) -> ServerInfo:
+        return ServerInfo("redis", (7, 0))
+
+    async def close(self) -> None:
+        return None
+
+
+async def test_scripts_sent_again_after_noscript_answer_in_place_when_the_store_is_gone() -> None:
+    """A batch of claims answered NOSCRIPT is sent again with the scripts; when the store cannot be reached by then,
+    each claim's answer is "unavailable" in its place (retried by the scheduler), not an exception for the batch."""
+    store = Store(_ScriptsLostThenStoreGone(), owned=False)
+    strategy = LeaseStrategy(KeySpace())
+    requests = [(RunRequest(job, str(SLOT), SLOT, "t", "r"), JobPolicy()) for job in ("a", "b", "a")]
+    claims = await strategy.claim(store, requests)
+    assert [type(claim) for claim in claims] == [StoreUnavailableError] * 3
+    [alone] = await strategy.claim(store, requests[:1])
+    assert isinstance(alone, StoreUnavailableError)
 
 
 @pytest.mark.parametrize("single_connection", [False, True], ids=["pooled", "single-connection"])
