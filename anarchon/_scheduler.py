@@ -556,7 +556,7 @@ class Scheduler(Generic[M]):
                 return
             raise_if_cancelled()
             request = RunRequest(job.name, run_id(slot), slot, self._token(), self.instance_id)
-            while True:
+            while self._started:  # claimed again while the store is out of reach or another run holds it
                 sent = self.clock.monotonic()
                 [claim] = await self.backend.strategy.claim(self.backend.store, [(request, self._policies[job.name])])
                 if isinstance(claim, StoreUnavailableError):

@@ -782,6 +782,20 @@ async def test_a_claim_whose_reply_was_lost_is_retried_with_its_token(fake_targe
     assert [(r.attempt, r.status) for r in history] == [(1, "ok")]
 
 
+async def test_stop_ends_a_catch_up_that_waits_for_an_unreachable_store(fake_target: StoreTarget) -> None:
+    """Catch-up claims a missed slot again while the store cannot be reached; stop() does not wait for the store
+    to come back."""
+    link = Link(adapt(fake_target.new_client()))
+    scheduler = Scheduler(fake_target.backend("lease", connection=link), lease_ms=2_000)
+    scheduler.add_job("tick", "0 0 * * *", lambda: None, catch_up_ms=2 * 86_400_000)  # two missed slots
+    await scheduler.start()
+    link.cut()
+    await asyncio.sleep(1.2)  # a few claims of the missed slot, refused
+    began = time.monotonic()
+    await asyncio.wait_for(scheduler.stop(), 5)
+    assert time.monotonic() - began < 1.5  # the catch-up's next look, at most RETRY_MIN_S away
+
+
 RUN_FOREVER = """
 import fakeredis
 from anarchon import RedisBackend, Scheduler
