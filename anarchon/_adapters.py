@@ -292,10 +292,11 @@ class RedisPyCluster:
     ``SCRIPT`` goes to every primary, as each has a script cache of its own; other keyless commands to any node.
 
     The client's map of which node owns which slots is read, not its command path (and its recovery), so the map
-    is renewed here: before the first command of an asyncio client; when a node answers MOVED (then those
-    commands are sent again, once); and after a node could not be reached, as its replica may have taken its
-    slots over. Then at most once per ``MAP_RENEWAL_S``: each reading may wait for the lost node's connect
-    timeout, and the batches of the nodes still up should not.
+    is renewed here: before the first command when the client has none yet (an asyncio client reads it lazily);
+    when a node answers MOVED (then those commands are sent again); and after a node could not be reached, as
+    its replica may have taken its slots over. Then at most once per ``MAP_RENEWAL_S``, and if the reading fails
+    the batch goes out by the map in hand: a reading may wait for the lost node's connect timeout, and the
+    nodes still up should go on answering their part.
     """
 
     MAP_RENEWAL_S = 1.0
@@ -303,8 +304,11 @@ class RedisPyCluster:
     def __init__(self, client: Any, *, blocking: bool) -> None:
         self.client = client
         self.blocking = blocking
-        self._map_stale = not blocking  # a blocking client reads the map when it is made, an asyncio one lazily
-        self._map_read_at = -math.inf  # event loop time of the last reading
+        self._map_stale = not self._has_map()
+        self._map_read_at = -math.inf  # event loop time the last reading ended
+
+    def _has_map(self) -> bool:
+        return bool(self.client.nodes_manager.nodes_cache)
 
     def _nodes(self, command: Command) -> list[Any]:
         key = _command_key(command)
@@ -326,8 +330,12 @@ class RedisPyCluster:
         """One pipeline per node, all nodes at once. Within a node the batch's order holds, so a job's commands
         (its keys share a slot) run in the order given: a later run's claim never overtakes an earlier one's.
         A command whose node cannot be reached comes back StoreUnavailableError in its place."""
-        if self._map_stale and asyncio.get_running_loop().time() - self._map_read_at >= self.MAP_RENEWAL_S:
-            await self._renew_map()
+        if self._map_stale and self._renewal_due():
+            try:
+                await self._renew_map()
+            except StoreUnavailableError:
+                if not self._has_map():
+                    raise
         replies = await self._send(commands)
         moved = [i for i, reply in enumerate(replies) if _redirection(reply) == "MOVED"]
         if moved:  # not run: their slots have another owner now
@@ -339,10 +347,14 @@ class RedisPyCluster:
         if asked:  # not run: their keys are moving to another node, which serves them after ASKING
             await self._ask(commands, replies, asked)
         for index, reply in enumerate(replies):
-            if _redirection(reply):  # redirected again: the slots are still changing hands, try later
+            # Redirected again (after a MOVED, or an ASK): the slots are still changing hands; sent again later.
+            if _redirection(reply):
                 self._map_stale = True
-                replies[index] = StoreUnavailableError(f"store unavailable: redirected twice: {reply}")
+                replies[index] = StoreUnavailableError(f"store unavailable: redirected again: {reply}")
         return replies
+
+    def _renewal_due(self) -> bool:
+        return not self._has_map() or asyncio.get_running_loop().time() - self._map_read_at >= self.MAP_RENEWAL_S
 
     async def _follow_moved(
         self, commands: Sequence[Command], replies: list[Reply | StoreError], moved: list[int]
@@ -386,12 +398,11 @@ class RedisPyCluster:
         try:
             host, number = self.client.nodes_manager.remap_host_port(host, int(port))
             return self.client.get_node(host=host, port=number)
-        except (ValueError, OSError):  # a port that is no number; a host name that does not resolve
+        except Exception:  # no number for a port; an empty host (redis-py raises DataError); a name that won't resolve
             return None
 
     async def _renew_map(self) -> None:
         manager = self.client.nodes_manager
-        self._map_read_at = asyncio.get_running_loop().time()
         try:
             if self.blocking:
                 await asyncio.to_thread(manager.initialize)
@@ -401,7 +412,10 @@ class RedisPyCluster:
                 await self.client.initialize()  # the first time, the client sets itself up too
         except Exception as error:  # no node answered, or the nodes' maps do not cover every slot yet
             raise StoreUnavailableError(f"store unavailable: the cluster's map of slots is unknown: {error}") from error
-        self._map_stale = False
+        else:
+            self._map_stale = False
+        finally:
+            self._map_read_at = asyncio.get_running_loop().time()
 
     async def _send(self, commands: Sequence[Command]) -> list[Reply | StoreError]:
         nodes: dict[str, tuple[Any, list[int]]] = {}

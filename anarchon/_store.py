@@ -187,7 +187,8 @@ class Store:
 
     async def run_many(self, calls: Sequence[ScriptCall]) -> list[Reply | StoreError]:
         """Run scripts by SHA; a call answered NOSCRIPT did not run, and is resent with EVAL (which caches it).
-        Like :meth:`execute_many`, a store error comes back in its call's place (or raised when nothing ran)."""
+        As with :meth:`execute_many`, a store error comes back in its call's place, except that a batch of
+        several calls may raise StoreUnavailableError when the store could not be reached at all."""
         if len(calls) == 1:
             return [await _kept(self._run(calls[0]))]
         replies = await self.execute_many([call.evalsha() for call in calls])
@@ -262,7 +263,8 @@ class Store:
                 future.set_result(reply)
 
     async def load(self, scripts: Sequence[Script]) -> None:
-        """Cache scripts on the server ahead of use, so that a first burst is not answered NOSCRIPT."""
+        """Cache scripts on the server ahead of use, so that a first burst is not answered NOSCRIPT. One that could
+        not be loaded (a cluster node out of reach) is loaded by its first call instead."""
         await self.execute_many([("SCRIPT", "LOAD", script.source) for script in scripts])
 
     async def server_info(self) -> ServerInfo:

@@ -673,16 +673,23 @@ class _StubNode:
 
 class _StubCluster:
     """What the cluster adapter reads of a blocking redis-py cluster client: the map from keys to nodes (``owners``
-    now, ``owners_next`` once the map is read again) and how often the map was read."""
+    now, ``owners_next`` once the map is read again), how often the map was read, and whether reading it fails."""
 
     def __init__(self, owners: dict[str, _StubNode], owners_next: dict[str, _StubNode] | None = None) -> None:
         self.owners = owners
-        self.owners_next = owners_next or owners
+        self.owners_next = owners_next if owners_next is not None else owners
         self.readings = 0
+        self.reading_fails = False
         self.nodes_manager = self
+
+    @property
+    def nodes_cache(self) -> dict[str, _StubNode]:
+        return {node.name: node for node in self.owners.values()}
 
     def initialize(self) -> None:
         self.readings += 1
+        if self.reading_fails:
+            raise redis.exceptions.RedisClusterException("Redis Cluster cannot be connected.")
         self.owners = self.owners_next
 
     def get_node_from_key(self, key: bytes | str) -> _StubNode:
@@ -729,20 +736,49 @@ async def test_while_a_node_is_down_the_map_is_read_at_most_once_per_interval() 
     up, lost = _StubNode("up", _ok), _StubNode("lost", _ok, down=True)
     cluster = _StubCluster({"a": up, "b": lost})
     connection = RedisPyCluster(cluster, blocking=True)
-    connection.MAP_RENEWAL_S = 0.2
+    batch = [("SET", "a", "1"), ("SET", "b", "1")]
+    connection.MAP_RENEWAL_S = 3600
     for _ in range(5):
-        replies = await connection.execute_many([("SET", "a", "1"), ("SET", "b", "1")])
+        replies = await connection.execute_many(batch)
         assert replies[0] == "OK"
         assert isinstance(replies[1], StoreUnavailableError)
     assert cluster.readings == 1  # after the first batch found the node down
-    await asyncio.sleep(0.25)
-    await connection.execute_many([("SET", "a", "1"), ("SET", "b", "1")])
+    connection.MAP_RENEWAL_S = 0  # the interval has passed
+    await connection.execute_many(batch)
     assert cluster.readings == 2
     lost.down = False
-    await asyncio.sleep(0.25)
     for _ in range(3):
-        assert await connection.execute_many([("SET", "a", "1"), ("SET", "b", "1")]) == ["OK", "OK"]
+        assert await connection.execute_many(batch) == ["OK", "OK"]
     assert cluster.readings == 3  # read once more, then no longer stale
+
+
+async def test_when_the_map_cannot_be_read_the_batch_goes_out_by_the_map_in_hand() -> None:
+    """A node is down and reading the map again fails too: the nodes still up answer their part all the same."""
+    up, lost = _StubNode("up", _ok), _StubNode("lost", _ok, down=True)
+    cluster = _StubCluster({"a": up, "b": lost})
+    cluster.reading_fails = True
+    connection = RedisPyCluster(cluster, blocking=True)
+    for _ in range(2):
+        replies = await connection.execute_many([("SET", "a", "1"), ("SET", "b", "1")])
+        assert replies[0] == "OK"
+        assert isinstance(replies[1], StoreUnavailableError)
+    assert cluster.readings == 1
+
+
+async def test_a_client_without_a_map_reads_it_before_each_command_until_it_has_one() -> None:
+    """An asyncio cluster client reads the map lazily: while no reading has succeeded, each command tries again
+    (no interval applies) and fails as unavailable, keyless ones too (there is no node to pick)."""
+    up = _StubNode("up", _ok)
+    cluster = _StubCluster({}, {"a": up})
+    cluster.reading_fails = True
+    connection = RedisPyCluster(cluster, blocking=True)
+    for command in (("SET", "a", "1"), ("PING",), ("SCRIPT", "LOAD", "return 1")):
+        with pytest.raises(StoreUnavailableError):
+            await connection.execute(command)
+    assert cluster.readings == 3
+    cluster.reading_fails = False
+    assert await connection.execute(("SET", "a", "1")) == "OK"
+    assert cluster.readings == 4
 
 
 class _ScriptsLostThenStoreGone:
