@@ -383,10 +383,7 @@ class RedisPyCluster:
                 answers = [StoreUnavailableError(f"store unavailable: no node {address} in the map")] * len(indexes)
             else:
                 asking = [part for index in indexes for part in (("ASKING",), commands[index])]
-                try:
-                    answers = (await self._pipeline(node, asking))[1::2]
-                except StoreUnavailableError as error:
-                    answers = [error] * len(indexes)
+                answers = (await _each_or_unavailable(len(asking), self._pipeline(node, asking)))[1::2]
             for index, answer in zip(indexes, answers, strict=True):
                 replies[index] = answer
 
@@ -433,10 +430,7 @@ class RedisPyCluster:
                 nodes.setdefault(node.name, (node, []))[1].append(index)
 
         async def on(node: Any, indexes: list[int]) -> None:
-            try:
-                answers = await self._pipeline(node, [commands[i] for i in indexes])
-            except StoreUnavailableError as error:  # this node's commands only: the others' answers stand
-                answers = [error] * len(indexes)
+            answers = await _each_or_unavailable(len(indexes), self._pipeline(node, [commands[i] for i in indexes]))
             for index, reply in zip(indexes, answers, strict=True):
                 # A command sent to every primary answers with an error when any of them gave one.
                 if not isinstance(replies[index], StoreError):
@@ -497,6 +491,15 @@ class Glide:
 
     async def close(self) -> None:
         await _guard(self.client.close())
+
+
+async def _each_or_unavailable(count: int, answers: Awaitable[list[Reply | StoreError]]) -> list[Reply | StoreError]:
+    """The answers to ``count`` commands sent to one node, or, when the node could not be reached, its
+    StoreUnavailableError as each one's answer: the batch's commands sent to other nodes keep theirs."""
+    try:
+        return await answers
+    except StoreUnavailableError as error:
+        return [error] * count
 
 
 def _unfollowed(error: StoreError) -> StoreError:

@@ -766,8 +766,8 @@ async def test_when_the_map_cannot_be_read_the_batch_goes_out_by_the_map_in_hand
 
 
 async def test_a_client_without_a_map_reads_it_before_each_command_until_it_has_one() -> None:
-    """An asyncio cluster client reads the map lazily: while no reading has succeeded, each command tries again
-    (no interval applies) and fails as unavailable, keyless ones too (there is no node to pick)."""
+    """An asyncio cluster client reads the map lazily: while no reading has succeeded, each command, keyless ones
+    too, reads it again (no interval applies) and fails as unavailable when the reading does."""
     up = _StubNode("up", _ok)
     cluster = _StubCluster({}, {"a": up})
     cluster.reading_fails = True
