@@ -123,9 +123,12 @@ class LeaseKeeper:
             answers = [TimeoutError("no answer before the lease deadline")] * len(due)
         for run, answer in zip(due, answers, strict=True):
             if isinstance(answer, BaseException):
-                if not isinstance(answer, StoreError | TimeoutError):
+                if not isinstance(answer, Exception):
                     raise answer
-                log.warning("job %s: heartbeat failed: %s", run.request.job, answer)
+                # Whatever went wrong, the run's lease may still be kept by the next try before its deadline:
+                # ending the keeper instead would leave every run it holds unaware of losing its lease.
+                unexpected = not isinstance(answer, StoreError | TimeoutError)
+                log.warning("job %s: heartbeat failed: %s", run.request.job, answer, exc_info=unexpected)
                 run.next_beat = min(sent + RETRY_S, run.deadline)
             elif answer <= 0:
                 if self.release(run.request.token):

@@ -508,6 +508,9 @@ class Scheduler(Generic[M]):
                 claims = await strategy.claim(store, [(request, self._policies[request.job]) for request in requests])
             except StoreError as error:
                 claims = [error] * len(part)
+            except Exception as error:  # an answer anarchon cannot read: retried, and the dispatcher goes on
+                log.exception("claims of %d runs failed", len(part))
+                claims = [StoreUnavailableError(f"the claim failed: {type(error).__name__}: {error}")] * len(part)
         for entry, request, claim in zip(part, requests, claims, strict=True):
             self._settle(entry, request, claim, sent_ms, sent)
 

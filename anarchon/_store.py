@@ -170,6 +170,10 @@ class Store:
         self._in_flight += 1
         try:
             return await self.connection.execute_many(commands) if commands else []
+        except StoreError:
+            raise
+        except Exception as error:
+            raise _unknown_outcome(error) from error
         finally:
             self._done()
 
@@ -224,6 +228,10 @@ class Store:
         self._in_flight += 1
         try:
             return await self.connection.execute(command)
+        except StoreError:
+            raise
+        except Exception as error:
+            raise _unknown_outcome(error) from error
         finally:
             self._done()
 
@@ -245,11 +253,13 @@ class Store:
                 replies = await self.connection.execute_many([command for command, _ in batch])
         except BaseException as error:
             # Every caller learns what happened; a delivery cancelled mid-way has an unknown outcome.
-            failure = error if isinstance(error, Exception) else StoreUnavailableError("the command was cancelled")
+            failure = error if isinstance(error, StoreError) else None
+            if failure is None and isinstance(error, Exception):
+                failure = _unknown_outcome(error)
             for _, future in batch:
                 if not future.done():
-                    future.set_exception(failure)
-            if failure is not error:
+                    future.set_exception(failure or StoreUnavailableError("the command was cancelled"))
+            if failure is None:
                 raise
             return
         finally:
@@ -275,6 +285,13 @@ class Store:
             await asyncio.gather(*self._deliveries, return_exceptions=True)
         if self.owned:
             await self.connection.close()
+
+
+def _unknown_outcome(error: Exception) -> StoreUnavailableError:
+    """A client's exception that no adapter translated (a protocol error, a bug in a ``send`` client) leaves the
+    command's outcome unknown, as a dropped connection does: the scheduler retries what is safe to retry, and its
+    loops go on instead of ending on an exception they cannot know."""
+    return StoreUnavailableError(f"the store client failed: {type(error).__name__}: {error}")
 
 
 async def _kept(reply: Awaitable[Reply]) -> Reply | StoreError:

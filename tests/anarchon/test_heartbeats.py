@@ -55,3 +55,31 @@ async def test_a_refused_heartbeat_reports_the_lease_lost_once() -> None:
 async def test_a_heartbeat_refused_because_the_run_just_ended_reports_nothing() -> None:
     beats, lost = await refused_heartbeat_reports(ended_meanwhile=True)
     assert (beats, lost) == (1, [])
+
+
+class FailingOnceStrategy:
+    """Its first heartbeat fails with an exception that is no store error; the next ones extend the lease."""
+
+    def __init__(self) -> None:
+        self.beats = 0
+
+    async def heartbeat(self, store: Store, request: RunRequest, policy: JobPolicy) -> int:
+        self.beats += 1
+        if self.beats == 1:
+            raise ValueError("a reply nobody expected")
+        return 10_000
+
+
+async def test_a_heartbeat_failing_unexpectedly_is_tried_again_and_the_keeper_goes_on() -> None:
+    strategy = FailingOnceStrategy()
+    keeper = LeaseKeeper(cast(Strategy, strategy), cast(Store, None), SystemClock(), heartbeat_ms=20, margin_ms=0)
+    lost: list[str] = []
+    serving = asyncio.create_task(keeper.serve())
+    try:
+        keeper.hold(REQUEST, JobPolicy(), SystemClock().monotonic(), 10_000, lost.append)
+        await eventually(lambda: strategy.beats >= 3, cap_s=5)  # the retry a second later, then the next beat
+        assert not serving.done()
+    finally:
+        serving.cancel()
+        await asyncio.gather(serving, return_exceptions=True)
+    assert lost == []

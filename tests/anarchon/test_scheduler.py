@@ -20,6 +20,7 @@ from typing import Any
 import fakeredis
 import pytest
 import redis.asyncio.cluster
+import redis.exceptions
 
 from anarchon import (
     JobNotFoundError,
@@ -794,6 +795,52 @@ async def test_stop_ends_a_catch_up_that_waits_for_an_unreachable_store(fake_tar
     began = time.monotonic()
     await asyncio.wait_for(scheduler.stop(), 5)
     assert time.monotonic() - began < 1.5  # the catch-up's next look, at most RETRY_MIN_S away
+
+
+class Garbled:
+    """A store connection that, while ``garbled`` is set, fails every command with an exception no adapter
+    translates (as a client's protocol error would be)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.garbled = False
+
+    def _check(self) -> None:
+        if self.garbled:
+            raise redis.exceptions.InvalidResponse("Protocol Error: b'?'")
+
+    async def execute(self, command: Any) -> Any:
+        self._check()
+        return await self.inner.execute(command)
+
+    async def execute_many(self, commands: Any) -> Any:
+        self._check()
+        return await self.inner.execute_many(commands)
+
+    async def server_info(self) -> Any:
+        return await self.inner.server_info()
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+@pytest.mark.parametrize("strategy", ["lease", "stream-id"])
+async def test_claims_failing_with_an_untranslated_client_error_are_retried_and_scheduling_goes_on(
+    fake_target: StoreTarget, strategy: str
+) -> None:
+    connection = Garbled(adapt(fake_target.new_client()))
+    ledger = Ledger()
+    scheduler = Scheduler(fake_target.backend(strategy, connection=connection))
+    scheduler.add_job("tick", "* * * * * *", ledger.job("a"))
+    async with scheduler:
+        await eventually(lambda: len(ledger.of()) >= 1, cap_s=3)
+        connection.garbled = True
+        await asyncio.sleep(1.5)  # the claims of a slot or two fail
+        connection.garbled = False
+        before = len(ledger.of())
+        await eventually(lambda: len(ledger.of()) >= before + 2, cap_s=5)
+        assert len(ledger.of()) >= before + 2  # runs go on once the client answers again
+    assert max(ledger.slots().values()) == 1
 
 
 RUN_FOREVER = """
