@@ -296,6 +296,7 @@ class Scheduler(Generic[M]):
                 history_size=self.history_size,
                 history_ttl_ms=self.history_ttl_ms,
                 keep_ms=job.claim_horizon_ms(self.lease_ms) + CLAIM_MARGIN_MS,
+                max_late_ms=job.options.max_late_ms,
             )
         )
         if self._started:
@@ -488,9 +489,12 @@ class Scheduler(Generic[M]):
                 # The first pipelines leave before any next slot is worked out; the rest of that work is done
                 # in pieces, so that replies are read (and won runs started) in between.
                 await asyncio.sleep(0)
-                for _, _, job, slot, kind, _, _ in due[first : first + CLAIM_BATCH]:
+                for _, _, name, slot, kind, _, _ in due[first : first + CLAIM_BATCH]:
                     if kind == "scheduled":
-                        self._schedule_next(self._jobs[job], slot)
+                        # After a stall or a clock jump, on from the first slot still within max_late_ms: one
+                        # skip for the missed ones, not one each.
+                        scheduled = self._jobs[name]
+                        self._schedule_next(scheduled, max(slot, now - scheduled.options.max_late_ms))
             await asyncio.gather(*parts)
         finally:
             # When the dispatcher is stopped midway: stop() may go on only once no pipeline can still settle (and

@@ -2,13 +2,19 @@
 -- KEYS[1..5]  the job's state, active, slots, runs, results keys (see lease_lib)
 -- ARGV[1] run id    ARGV[2] token    ARGV[3] runner    ARGV[4] status ("skipped-late")
 -- ARGV[5] message as a JSON literal    ARGV[6] history_size    ARGV[7] keep_ms    ARGV[8] history_ttl_ms
--- returns 1 if the skip was recorded, 0 if the run already had a state (claimed, finished or skipped)
+-- ARGV[9] max_late_ms
+-- returns 1 if the skip was recorded, 0 if the run already had a state (claimed, finished or skipped) or if
+--   the server's clock is not yet max_late_ms past the slot (the caller's clock is ahead: the run is left to
+--   the instances whose clocks say it is due)
 local run = ARGV[1]
 if redis.call('HEXISTS', STATE, run) == 1 then
   return 0
 end
 local now = server_now()
 local slot, manual = run_slot(run)
+if now <= tonumber(slot) + tonumber(ARGV[9]) then
+  return 0
+end
 local skipped = { status = ARGV[4], attempt = 1, token = ARGV[2], runner = ARGV[3], lease_end = 0, fence = 0,
   slot = slot, manual = manual, started = now }
 close_run(run, skipped, ARGV[4], now, ARGV[5])

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from .._errors import StoreError
 from .._keys import KeySpace
 from .._records import RunRecord, Status, encode_record, result_score
-from .._store import Script, ServerInfo, Store, as_text
+from .._store import Script, ServerInfo, Store, as_list, as_text
 from ._base import Claim, JobPolicy, Outcome, RunRequest, fence_of, read_history
 
 
@@ -74,6 +74,17 @@ class ClaimOnlyStrategy:
         return True
 
     async def skip(self, store: Store, request: RunRequest, policy: JobPolicy, status: Status, message: str) -> bool:
+        """Record the skip of a run that the store's clock also sees as late and that no instance claimed: the run
+        is claimed for the skip first. An instance whose clock ran ahead then skips no run the others are about
+        to run, and a late instance records no skip beside the run that another one ran."""
+        seconds, micros = (int(as_text(part)) for part in as_list(await store.execute("TIME"), 2))
+        if seconds * 1000 + micros // 1000 <= request.slot + policy.max_late_ms:
+            return False
+        [claim] = await self.claim_scheduled(store, [(request, policy)])
+        if isinstance(claim, StoreError):
+            raise claim
+        if claim.outcome is not Outcome.WON:
+            return False
         # Written without runner and token, so the same skip reported by several instances is stored once.
         record = RunRecord(
             job=request.job, run=request.run, slot=request.slot, attempt=1, status=status, runner="",

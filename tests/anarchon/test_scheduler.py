@@ -36,7 +36,7 @@ from anarchon import _scheduler as scheduler_module
 from anarchon._adapters import adapt
 from anarchon._keys import KeySpace
 from anarchon._scheduler import SchedulerThread
-from anarchon._strategies import JobPolicy, Outcome, RunRequest
+from anarchon._strategies import JobPolicy, Outcome, RunRequest, run_id
 from anarchon._strategies.lease import CLAIM
 from sim.links import Link
 from sim.live import supported
@@ -449,6 +449,65 @@ async def test_a_claim_later_than_max_late_ms_is_skipped_and_recorded(fake_targe
     assert skipped[0].message is not None
     assert "max_late_ms is 200" in skipped[0].message
     assert not {r.slot for r in skipped} & set(ledger.slots())
+
+
+class ShiftableClock(SystemClock):
+    """The machine's clock, shifted by ``offset_ms``, which a test may change: a wall clock that jumps."""
+
+    def __init__(self) -> None:
+        self.offset_ms = 0
+
+    def wall_ms(self) -> int:
+        return super().wall_ms() + self.offset_ms
+
+
+@pytest.mark.parametrize("strategy", ["lease", "script"])  # stream-id loses the runs older than its newest claim
+async def test_an_instance_whose_clock_jumps_ahead_skips_no_run_that_the_others_run(
+    fake_target: StoreTarget, strategy: str
+) -> None:
+    """Its queued slots look late to it once its clock has jumped 5 s ahead; the store's clock says they are not,
+    so it records no skip, and the instance whose clock is right runs every slot."""
+    ledger = Ledger()
+    jumping = ShiftableClock()
+    schedulers = [
+        Scheduler(fake_target.backend(strategy), instance_id="jumps", clock=jumping),
+        Scheduler(fake_target.backend(strategy), instance_id="steady"),
+    ]
+    for scheduler in schedulers:
+        scheduler.add_job("tick", "* * * * * *", ledger.job(scheduler.instance_id), max_late_ms=1_000)
+    await asyncio.gather(*(s.start() for s in schedulers))
+    try:
+        first = (now_ms() // 1000 + 1) * 1000
+        await eventually(lambda: first in ledger.slots(), cap_s=3)
+        jumping.offset_ms = 5_000
+        await asyncio.sleep(4)
+        history = await schedulers[1].history("tick", limit=50)
+    finally:
+        await asyncio.gather(*(s.stop() for s in schedulers))
+    assert [r for r in history if r.status == "skipped-late"] == []
+    ran = ledger.slots()
+    assert max(ran.values()) == 1
+    assert all(slot in ran for slot in range(first, first + 4_000, 1000)), sorted(ran)
+
+
+@pytest.mark.parametrize("strategy", ["lease", "stream-id", "script"])
+async def test_a_late_instance_records_no_skip_of_a_run_another_instance_claimed(
+    fake_target: StoreTarget, strategy: str
+) -> None:
+    backend = await fake_target.started_backend(strategy)
+    policy = JobPolicy(max_late_ms=0)
+    slot = now_ms() - 5_000
+    claimed = RunRequest("sync", run_id(slot), slot, "token-a", "a")
+    skipping = RunRequest("sync", run_id(slot), slot, "token-b", "b")
+    [claim] = await backend.strategy.claim(backend.store, [(claimed, policy)])
+    assert not isinstance(claim, Exception)
+    assert claim.outcome is Outcome.WON
+    assert not await backend.strategy.skip(backend.store, skipping, policy, "skipped-late", "too late")
+    unclaimed = RunRequest("sync", run_id(slot + 1_000), slot + 1_000, "token-b", "b")  # newer: stream-id can take it
+    assert await backend.strategy.skip(backend.store, unclaimed, policy, "skipped-late", "too late")
+    assert not await backend.strategy.skip(backend.store, unclaimed, policy, "skipped-late", "too late")  # once
+    history = await backend.strategy.history(backend.store, "sync", 10)
+    assert [(r.slot, r.status) for r in history] == [(slot + 1_000, "skipped-late")]
 
 
 async def test_runs_due_together_are_claimed_in_consecutive_pipelines(
