@@ -153,15 +153,21 @@ class Scheduler(Generic[M]):
         self.lease_ms = check_int("lease_ms", 30_000 if lease_ms is None else lease_ms, 10, DAY_MS)
         default_heartbeat = max(1, self.lease_ms // 3)
         self.heartbeat_ms = check_int(
-            "heartbeat_ms", default_heartbeat if heartbeat_ms is None else heartbeat_ms, 1, self.lease_ms - 1
+            # At most half the lease: a heartbeat that failed is tried again before the lease ends, and the keeper
+            # gives a run up once its lease is nearly over (see LEASE_MARGIN).
+            "heartbeat_ms",
+            default_heartbeat if heartbeat_ms is None else heartbeat_ms,
+            1,
+            self.lease_ms // 2,
         )
         self.history_size = check_int("history_size", history_size, 1, 1_000_000)
         self.history_ttl_ms = (
             None if history_ttl_ms is None else check_int("history_ttl_ms", history_ttl_ms, 1, 365 * DAY_MS)
         )
         self.clock: Clock = SystemClock() if clock is None else clock
-        if not isinstance(self.clock, Clock):
-            raise ConfigTypeError("clock", f"got {type(clock).__name__}", "an object with wall_ms, monotonic, sleep")
+        if isinstance(self.clock, type) or not isinstance(self.clock, Clock):
+            got = f"the class {self.clock.__name__}" if isinstance(self.clock, type) else type(clock).__name__
+            raise ConfigTypeError("clock", f"got {got}", "an object with wall_ms, monotonic, sleep (an instance)")
         methods = ("getrandbits", "randint")
         if random is not None and (
             isinstance(random, type) or not all(callable(getattr(random, m, None)) for m in methods)
@@ -296,7 +302,7 @@ class Scheduler(Generic[M]):
                 history_size=self.history_size,
                 history_ttl_ms=self.history_ttl_ms,
                 keep_ms=job.claim_horizon_ms(self.lease_ms) + CLAIM_MARGIN_MS,
-                max_late_ms=job.options.max_late_ms,
+                late_after_ms=job.options.late_after_ms,
             )
         )
         if self._started:
@@ -323,9 +329,14 @@ class Scheduler(Generic[M]):
         if self._started:
             raise SchedulerStateError("the scheduler is already started")
         await self.backend.start(list(self._jobs))
+        try:
+            self._start_keeper()
+            now = self.clock.wall_ms()
+        except BaseException:
+            await self._stop_keeper()
+            await self.backend.stop()
+            raise
         self._started = True
-        self._start_keeper()
-        now = self.clock.wall_ms()
         for job in self._jobs.values():
             self._schedule_next(job, now)
             if job.options.catch_up_ms and self.backend.leases:
@@ -469,7 +480,7 @@ class Scheduler(Generic[M]):
         late: list[_Due] = []
         for entry in due:
             _, _, job, slot, kind, _, _ = entry
-            is_late = kind != "backup" and now > slot + self._jobs[job].options.max_late_ms
+            is_late = kind != "backup" and now > slot + self._jobs[job].options.late_after_ms
             (late if is_late else batch).append(entry)
         if late:
             self._spawn(self._skip_late(late, now))
@@ -491,10 +502,10 @@ class Scheduler(Generic[M]):
                 await asyncio.sleep(0)
                 for _, _, name, slot, kind, _, _ in due[first : first + CLAIM_BATCH]:
                     if kind == "scheduled":
-                        # After a stall or a clock jump, on from the first slot still within max_late_ms: one
+                        # After a stall or a clock jump, on from the first slot that may still be claimed: one
                         # skip for the missed ones, not one each.
                         scheduled = self._jobs[name]
-                        self._schedule_next(scheduled, max(slot, now - scheduled.options.max_late_ms))
+                        self._schedule_next(scheduled, max(slot, now - scheduled.options.late_after_ms))
             await asyncio.gather(*parts)
         finally:
             # When the dispatcher is stopped midway: stop() may go on only once no pipeline can still settle (and
@@ -547,7 +558,10 @@ class Scheduler(Generic[M]):
         for entry in late:
             request = self._request(entry)
             job, slot = self._jobs[request.job], request.slot
-            message = f"claim came {now - slot} ms after the slot; max_late_ms is {job.options.max_late_ms}"
+            jitter = job.options.jitter_ms
+            message = f"claim came {now - slot} ms after the slot; max_late_ms is {job.options.max_late_ms}" + (
+                f" after a jitter_ms of {jitter}" if jitter else ""
+            )
             log.warning("job %s slot %d skipped: %s", job.name, slot, message, extra={"job": job.name, "slot": slot})
             try:
                 await self.backend.strategy.skip(
@@ -684,12 +698,17 @@ class Scheduler(Generic[M]):
         margin_ms = self.lease_ms * LEASE_MARGIN
         fork = getattr(self.backend.store.connection, "fork", None)
         if type(self.clock) is SystemClock and fork is not None:
-            keeper = LeaseKeeper(
-                self.backend.strategy, Store(fork(), owned=True), SystemClock(), heartbeat_ms=self.heartbeat_ms,
-                margin_ms=margin_ms,
-            )  # fmt: skip
-            self._keeper, self._heartbeats = keeper, HeartbeatThread(keeper)
-            return
+            try:
+                connection = fork()
+            except Exception as error:  # a pool anarchon cannot copy (Sentinel's needs its own arguments)
+                log.warning("heartbeats stay on the event loop: no second connection for their thread: %s", error)
+            else:
+                keeper = LeaseKeeper(
+                    self.backend.strategy, Store(connection, owned=True), SystemClock(),
+                    heartbeat_ms=self.heartbeat_ms, margin_ms=margin_ms,
+                )  # fmt: skip
+                self._keeper, self._heartbeats = keeper, HeartbeatThread(keeper)
+                return
         self._keeper = LeaseKeeper(
             self.backend.strategy, self.backend.store, self.clock, heartbeat_ms=self.heartbeat_ms, margin_ms=margin_ms
         )
@@ -771,7 +790,11 @@ class SchedulerThread:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="anarchon", daemon=True)
         self._thread.start()
-        self._call(scheduler.start())
+        try:
+            self._call(scheduler.start())
+        except BaseException:
+            self._end_loop()
+            raise
 
     def _call(self, coroutine: Awaitable[Any], timeout: float | None = None) -> Any:
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout)  # type: ignore[arg-type]
@@ -786,9 +809,12 @@ class SchedulerThread:
         try:
             self._call(self.scheduler.stop(timeout))
         finally:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join()
-            self._loop.close()
+            self._end_loop()
+
+    def _end_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
 
 
 def raise_if_cancelled() -> None:

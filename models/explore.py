@@ -52,7 +52,7 @@ LEASE = 2
 WINDOW = 1
 MAX_LATE = 0
 POLICY = JobPolicy(
-    lease_ms=LEASE, max_attempts=3, overlap=False, history_size=1000, keep_ms=1_000_000, max_late_ms=MAX_LATE
+    lease_ms=LEASE, max_attempts=3, overlap=False, history_size=1000, keep_ms=1_000_000, late_after_ms=MAX_LATE
 )
 
 FAULTS = ("crash", "pause", "skew", "late", "failover")

@@ -2,9 +2,9 @@
 -- KEYS[1..5]  the job's state, active, slots, runs, results keys (see lease_lib)
 -- ARGV[1] run id    ARGV[2] token    ARGV[3] runner    ARGV[4] status ("skipped-late")
 -- ARGV[5] message as a JSON literal    ARGV[6] history_size    ARGV[7] keep_ms    ARGV[8] history_ttl_ms
--- ARGV[9] max_late_ms
+-- ARGV[9] late_after_ms: the job's jitter_ms + max_late_ms
 -- returns 1 if the skip was recorded, 0 if the run already had a state (claimed, finished or skipped) or if
---   the server's clock is not yet max_late_ms past the slot (the caller's clock is ahead: the run is left to
+--   the server's clock is not yet late_after_ms past the slot (the caller's clock is ahead: the run is left to
 --   the instances whose clocks say it is due)
 local run = ARGV[1]
 if redis.call('HEXISTS', STATE, run) == 1 then

@@ -61,7 +61,7 @@ class JobPolicy:
     history_size: int = 1000
     history_ttl_ms: int | None = None
     keep_ms: int = 3_600_000  # how long after its slot a run may still be claimed (late claims, catch-up)
-    max_late_ms: int = 60_000  # a run is skipped only once the store's clock is this far past its slot
+    late_after_ms: int = 60_000  # jitter_ms + max_late_ms: a run is skipped once the store's clock is this far past it
 
 
 class Strategy(Protocol):

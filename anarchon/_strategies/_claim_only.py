@@ -78,7 +78,7 @@ class ClaimOnlyStrategy:
         is claimed for the skip first. An instance whose clock ran ahead then skips no run the others are about
         to run, and a late instance records no skip beside the run that another one ran."""
         seconds, micros = (int(as_text(part)) for part in as_list(await store.execute("TIME"), 2))
-        if seconds * 1000 + micros // 1000 <= request.slot + policy.max_late_ms:
+        if seconds * 1000 + micros // 1000 <= request.slot + policy.late_after_ms:
             return False
         [claim] = await self.claim_scheduled(store, [(request, policy)])
         if isinstance(claim, StoreError):

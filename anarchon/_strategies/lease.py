@@ -87,7 +87,7 @@ class LeaseStrategy:
     async def skip(self, store: Store, request: RunRequest, policy: JobPolicy, status: Status, message: str) -> bool:
         keys = self.job_keys(request.job)
         args = (request.run, request.token, request.runner, status, json.dumps(message))
-        return await store.run(SKIP, keys, (*args, *_trim_args(policy), policy.max_late_ms)) == 1
+        return await store.run(SKIP, keys, (*args, *_trim_args(policy), policy.late_after_ms)) == 1
 
     async def history(self, store: Store, job: str, limit: int) -> list[RunRecord]:
         return await read_history(store, job, self.keys.lease(job).results, limit)

@@ -29,7 +29,7 @@ scheduler = Scheduler(backend=lease, lease_ms=30_000, heartbeat_ms=10_000)
 scheduler.add_job("sync", "*/5 * * * *", job, max_attempts=3, catch_up_ms=3_600_000, overlap=False)
 scheduler.add_job("tick", "*/10 * * * * *", sync_job, jitter_ms=5, timezone="Europe/Berlin")
 claim_only = Scheduler(backend=idmp, history_size=10)
-claim_only.add_job("a", "* * * * *", job, jitter_ms=5, max_late_ms=10)
+claim_only.add_job("a", "* * * * *", job, jitter_ms=5, max_late_ms=10_000)
 Scheduler(valkey_lease, lease_ms=1000)
 
 @scheduler.job("deco", "* * * * *", max_attempts=2)
