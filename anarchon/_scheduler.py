@@ -196,6 +196,8 @@ class Scheduler(Generic[M]):
         self._callback_context = contextvars.Context()
         self._dispatcher: asyncio.Task[None] | None = None
         self._sleeper: asyncio.Task[None] | None = None
+        self._naps: set[asyncio.Future[None]] = set()  # catch-ups' sleeps, which stop() ends
+        self._stopping: asyncio.Future[None] | None = None
         self._keeper: LeaseKeeper | None = None
         self._heartbeats: HeartbeatThread | None = None
         self._started = False
@@ -346,10 +348,24 @@ class Scheduler(Generic[M]):
 
     async def stop(self, timeout: float = 30.0) -> None:
         """Stop claiming; wait up to ``timeout`` seconds for running jobs, then cancel them (recorded as
-        interrupted); close the connections anarchon opened."""
-        if not self._started:
-            return
+        interrupted); close the connections anarchon opened.
+
+        Stopping goes on if the caller is cancelled meanwhile; calling stop() again waits for it to end."""
+        if self._stopping is None:
+            if not self._started:
+                return
+            self._stopping = asyncio.ensure_future(self._stop(timeout))
+        stopping = self._stopping
+        try:
+            await asyncio.shield(stopping)
+        finally:
+            if stopping.done():
+                self._stopping = None
+
+    async def _stop(self, timeout: float) -> None:
         self._started = False
+        for nap in self._naps:
+            nap.cancel()
         if self._dispatcher is not None:
             self._dispatcher.cancel()
             await asyncio.gather(self._dispatcher, return_exceptions=True)
@@ -413,14 +429,23 @@ class Scheduler(Generic[M]):
         now = self.clock.wall_ms()
         token = self._token()
         request = RunRequest(job.name, run_id(now, token[:8]), now, token, self.instance_id, manual=True)
+        return await self._track(self._run_manually(job, request))
+
+    async def _run_manually(self, job: Job, request: RunRequest) -> RunRecord:
+        """A task of the scheduler's from the claim on, so that stop() waits for it."""
         sent = self.clock.monotonic()
         [claim] = await self.backend.strategy.claim(self.backend.store, [(request, self._policies[job.name])])
         if isinstance(claim, StoreError):
             raise claim
-        if claim.outcome is Outcome.WON:
-            return await self._track(self._execute(job, request, claim, sent))
-        message = "another run of the job was still running"
-        return self._local_record(request, "skipped-overlap", message)
+        if claim.outcome is not Outcome.WON:
+            return self._local_record(request, "skipped-overlap", "another run of the job was still running")
+        if not self._started:  # stop() began while the claim was on its way: the job is not started
+            record = self._local_record(
+                request, "interrupted", "the scheduler stopped", attempt=claim.attempt, fence=claim.fence
+            )
+            await self._finish(request, claim, record, {"job": job.name, "slot": request.slot})
+            return record
+        return await self._execute(job, request, claim, sent)
 
     async def history(self, name: str, limit: int = 50) -> list[RunRecord]:
         """The job's recorded attempts, newest first."""
@@ -581,18 +606,28 @@ class Scheduler(Generic[M]):
                 sent = self.clock.monotonic()
                 [claim] = await self.backend.strategy.claim(self.backend.store, [(request, self._policies[job.name])])
                 if isinstance(claim, StoreUnavailableError):
-                    await self.clock.sleep(RETRY_MIN_S)
+                    await self._nap(RETRY_MIN_S)
                     continue
                 if isinstance(claim, StoreError):
                     log.warning("job %s: catch-up claim of slot %d failed: %s", job.name, slot, claim)
                     break
                 if claim.outcome is Outcome.RUNNING:
-                    await self.clock.sleep((claim.lease_ms_left + 1) / 1000)
+                    await self._nap((claim.lease_ms_left + 1) / 1000)
                     continue
                 if claim.outcome is Outcome.WON:
                     log.info("job %s: catching up slot %d", job.name, slot, extra={"job": job.name, "slot": slot})
                     await self._execute(job, request, claim, sent)
                 break
+
+    async def _nap(self, seconds: float) -> None:
+        """Sleep on the scheduler's clock until ``seconds`` have passed or stop() begins."""
+        nap = asyncio.ensure_future(self.clock.sleep(seconds))
+        self._naps.add(nap)
+        try:
+            await asyncio.wait([nap])
+        finally:
+            nap.cancel()
+            self._naps.discard(nap)
 
     # --- running -------------------------------------------------------------------------------------------
 
@@ -630,11 +665,15 @@ class Scheduler(Generic[M]):
                 await self._call(job, context)
             else:  # interrupted while the start hook ran: the job is not started
                 status, message = "interrupted", running.reason
-        except asyncio.CancelledError:
-            if running.reason is None or task is None:
+        except asyncio.CancelledError as error:
+            if task is not None and not task.cancelling():  # the job raised it itself: it failed
+                status, message = "error", f"CancelledError: {error}"
+                log.error("job %s slot %d attempt %d failed: CancelledError", job.name, request.slot, claim.attempt)
+            elif running.reason is None or task is None:
                 raise  # this task was cancelled from outside: not an interruption the scheduler asked for
-            task.uncancel()
-            status, message = "interrupted", running.reason
+            else:
+                task.uncancel()
+                status, message = "interrupted", running.reason
         except Exception as error:
             status, message = "error", f"{type(error).__name__}: {error}"
             log.exception("job %s slot %d attempt %d failed", job.name, request.slot, claim.attempt, extra=extra)

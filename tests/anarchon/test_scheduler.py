@@ -958,6 +958,106 @@ async def test_claims_failing_with_an_untranslated_client_error_are_retried_and_
     assert max(ledger.slots().values()) == 1
 
 
+async def test_stop_ends_a_catch_up_that_waits_for_another_instances_lease(fake_target: StoreTarget) -> None:
+    started = asyncio.Event()
+
+    async def long_job(run: RunContext) -> None:
+        started.set()
+        await asyncio.sleep(60)
+
+    schedulers = [Scheduler(fake_target.backend("lease"), lease_ms=20_000, instance_id=name) for name in "ab"]
+    for scheduler in schedulers:
+        scheduler.add_job("daily", "0 0 * * *", long_job, catch_up_ms=2 * 86_400_000)
+    holder, waiter = schedulers
+    await holder.start()
+    try:
+        await asyncio.wait_for(started.wait(), 5)  # the holder catches up the oldest missed slot
+        await waiter.start()
+        await asyncio.sleep(0.5)  # the waiter's catch-up was answered "running": it waits out the 20 s lease
+        began = time.monotonic()
+        await asyncio.wait_for(waiter.stop(timeout=1), 10)
+        assert time.monotonic() - began < 2
+    finally:
+        await holder.stop(timeout=0.5)
+
+
+class Slowed:
+    """A store connection that answers every command ``delay_s`` late."""
+
+    def __init__(self, inner: Any, delay_s: float) -> None:
+        self.inner = inner
+        self.delay_s = delay_s
+
+    async def execute(self, command: Any) -> Any:
+        await asyncio.sleep(self.delay_s)
+        return await self.inner.execute(command)
+
+    async def execute_many(self, commands: Any) -> Any:
+        return [await self.execute(command) for command in commands]
+
+    async def server_info(self) -> Any:
+        return await self.inner.server_info()
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+@pytest.mark.parametrize("strategy", ["lease", "stream-id"])
+async def test_a_manual_run_whose_claim_is_answered_during_stop_does_not_start(
+    fake_target: StoreTarget, strategy: str
+) -> None:
+    ran: list[int] = []
+    scheduler = Scheduler(fake_target.backend(strategy, connection=Slowed(adapt(fake_target.new_client()), 0.3)))
+    scheduler.add_job("sync", "0 0 1 1 *", lambda run: ran.append(run.slot))
+    await scheduler.start()
+    manual = asyncio.ensure_future(scheduler.run_now("sync"))
+    await asyncio.sleep(0.1)  # the claim is on its way
+    await scheduler.stop()
+    assert manual.done()  # stop() waited for it
+    record = manual.result()
+    assert (record.status, record.message, ran) == ("interrupted", "the scheduler stopped", [])
+
+
+async def test_a_stop_cancelled_midway_is_finished_by_the_next_stop(fake_target: StoreTarget) -> None:
+    started = asyncio.Event()
+
+    async def long_job(run: RunContext) -> None:
+        started.set()
+        await asyncio.sleep(60)
+
+    scheduler = Scheduler(fake_target.backend("lease"))
+    scheduler.add_job("sync", "0 0 1 1 *", long_job)
+    await scheduler.start()
+    manual = asyncio.ensure_future(scheduler.run_now("sync"))
+    await asyncio.wait_for(started.wait(), 5)
+    first = asyncio.ensure_future(scheduler.stop(timeout=1))
+    await asyncio.sleep(0.2)
+    first.cancel()
+    await asyncio.gather(first, return_exceptions=True)
+    await asyncio.wait_for(scheduler.stop(timeout=1), 5)  # waits for the stop under way, which goes on
+    assert manual.done()
+    assert manual.result().status == "interrupted"
+    assert scheduler.backend._store is None
+    assert not [t for t in threading.enumerate() if t.name == "anarchon-heartbeats"]
+
+
+async def test_a_job_that_raises_cancelled_error_itself_is_recorded_as_an_error(fake_target: StoreTarget) -> None:
+    async def job(run: RunContext) -> None:
+        cancelled = asyncio.get_running_loop().create_future()
+        cancelled.cancel()
+        await cancelled  # a future cancelled elsewhere: CancelledError raised inside the job
+
+    scheduler = Scheduler(fake_target.backend("lease"))
+    scheduler.add_job("sync", "0 0 1 1 *", job)
+    async with scheduler:
+        record = await scheduler.run_now("sync")
+        history = await scheduler.history("sync")
+    assert record.status == "error"
+    assert record.message is not None
+    assert record.message.startswith("CancelledError")
+    assert [r.status for r in history] == ["error"]
+
+
 RUN_FOREVER = """
 import fakeredis
 from anarchon import RedisBackend, Scheduler
