@@ -1,7 +1,8 @@
 """Checkers: each reads a run's history and ledger and returns valid / invalid / unknown with a witness.
 
-P1 no duplicate: a slot is executed at most once. Two executions of one slot count as a duplicate if both ran
-   to the end, or if they overlapped in true time (a retry after a crash is fine once the first had stopped).
+P1 no duplicate: a slot is executed at most once. Two executions of one slot count as a duplicate if they
+   overlapped in true time, or if the earlier one had run to the end before the later one began, however far the
+   later one got (a retry after a crash is fine once the first had stopped short of its end).
 P2 no missed slot: every slot due while at least one instance was healthy (up, not paused, not cut off, then
    and for a settling time after) has an execution that ran to the end, judged once every fault has healed.
 P3 no overlap: executions of a job whose overlap is forbidden never overlap in true time.
@@ -156,10 +157,11 @@ def _describe(e: Execution) -> str:
 def _no_duplicate(by_slot: dict[tuple[str, int], list[Execution]], epoch: float) -> Verdict:
     bad = []
     for (job, slot), executions in sorted(by_slot.items()):
-        completed = [e for e in executions if e.completed]
-        overlapping = [(a, b) for a, b in itertools.combinations(executions, 2) if a.overlaps(b)]
-        if len(completed) > 1 or overlapping:
-            pair = overlapping[0] if overlapping else (completed[0], completed[1])
+        # In start order, a later execution is a duplicate of an earlier one that it overlapped or that had run
+        # to the end before it began (its side effects happened, however far the later one got).
+        in_order = sorted(executions, key=lambda e: e.started)
+        pair = next(((a, b) for a, b in itertools.combinations(in_order, 2) if a.overlaps(b) or a.completed), None)
+        if pair is not None:
             bad.append(f"{job} slot at {true_s(slot, epoch):.0f} s: {_describe(pair[0])}; {_describe(pair[1])}")
     return Verdict("P1", "invalid" if bad else "valid", bad[0] if bad else "", len(bad))
 

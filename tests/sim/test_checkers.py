@@ -54,6 +54,22 @@ def _ack(e: Execution, t: float, op: str = "claim", value: str = "") -> Event:
     return Event(t, "ok", e.instance, op, e.job, e.run, e.token, value)
 
 
+# --- P1 no duplicate -------------------------------------------------------------------------------------------
+
+
+def test_a_slot_run_again_after_it_had_run_to_the_end_is_a_duplicate_even_if_the_rerun_stops_early() -> None:
+    # The rerun's side effects happened whether or not it reached its end (here it was killed half way).
+    first, rerun = _execution("a", 40, 40, 41), _execution("b", 40, 44, 45, completed=False)
+    verdict = _judge([*_every_slot(skip=40), first, rerun]).verdicts["P1"]
+    assert verdict.status == "invalid"
+    assert verdict.witness == (
+        "tick slot at 40 s: a attempt 1 [40.000 .. 41.000] ran to the end; b attempt 1 [44.000 .. 45.000] stopped early"
+    )
+    # The other way round it is a retry: the first execution had stopped before the second began.
+    stopped, retry = _execution("a", 40, 40, 41, completed=False), _execution("b", 40, 44, 45, attempt=2)
+    assert _judge([*_every_slot(skip=40), stopped, retry]).verdicts["P1"].status == "valid"
+
+
 # --- P4 lease safety -------------------------------------------------------------------------------------------
 
 
