@@ -11,8 +11,8 @@ P4 lease safety (lease only): no two attempts of one run (two lease holders: two
    margin is reported: its lease expiry as last acknowledged (the true time of the last won claim's or
    heartbeat's reply, plus the lease it granted) minus the end of its execution, its last side effect; below 0,
    it worked past its lease.
-P5 no lost acknowledged claim: a run won before a failover or store restart is not won again, as a first
-   attempt, by someone else after it.
+P5 no lost acknowledged claim: a run whose won claim the store lost (a restart loses every claim won before it,
+   a failover those its replica had not received) is not won again, as a first attempt, by someone else after.
 P6 fencing: the fences of a job's executions grow in the order their claims were acknowledged.
 Lateness: every run's first attempt starts (true time) within the job's allowance after its slot: jitter_ms +
    max_late_ms (or catch_up_ms under lease, if larger) plus a margin; p50 / p99 / max are reported.
@@ -293,8 +293,8 @@ def _lateness(
 
 
 def _no_lost_ack(strategy: str, history: History, fault_windows: list[FaultWindow]) -> Verdict:
-    store_faults = sorted(_data_lost_at(w) for w in fault_windows if w.kind in STORE_FAULTS)
-    if not store_faults:
+    losses = [w for w in fault_windows if w.kind in STORE_FAULTS]
+    if not losses:
         return Verdict("P5", "valid", "no failover or store restart happened")
     wins: dict[tuple[str, str], list[tuple[float, str, int]]] = defaultdict(list)
     for event in history.events:
@@ -305,7 +305,7 @@ def _no_lost_ack(strategy: str, history: History, fault_windows: list[FaultWindo
     for (job, run), acks in sorted(wins.items()):
         acks.sort()
         for (t1, token1, _), (t2, token2, attempt2) in itertools.combinations(acks, 2):
-            lost = token1 != token2 and any(t1 < f <= t2 for f in store_faults)
+            lost = token1 != token2 and any(_lost(w, t1) and t2 >= _data_lost_at(w) for w in losses)
             if lost and (strategy != "lease" or attempt2 == 1):
                 bad.append(f"{job} run {run}: won at {t1:.3f} s, won again by another instance at {t2:.3f} s "
                            "after the store lost it")  # fmt: skip
@@ -318,6 +318,14 @@ def _data_lost_at(window: FaultWindow) -> float:
     be won on the empty store before the restart is seen to be over); a failover forgets the writes the replica
     had not received when the old primary dies and the replica takes over, at the end of the window."""
     return window.start if window.kind == "store-restart" else window.end
+
+
+def _lost(window: FaultWindow, t: float) -> bool:
+    """Whether a claim acknowledged at ``t`` was lost by this store fault: a restart loses everything acknowledged
+    before it; a failover what was acknowledged within its window (the writes the replica had not received)."""
+    if window.kind == "store-restart":
+        return t < window.start
+    return window.start <= t < window.end
 
 
 def _fencing(history: History) -> Verdict:

@@ -37,7 +37,8 @@ log = logging.getLogger("sim")
 
 @dataclass(frozen=True)
 class FaultWindow:
-    """When a fault struck and healed (true time), and which instance it hit ("" for the store)."""
+    """When a fault struck and healed (true time), and which instance it hit ("" for the store). A failover's
+    window spans the writes the promoted replica had not received: from the earliest of them to the failover."""
 
     start: float
     end: float
@@ -153,7 +154,8 @@ class SimStore:
 
     def promote(self, lag_s: float) -> float:
         """The replica, ``lag_s`` behind, becomes the primary: what it had not received is gone, and so are the
-        scripts (they are not replicated). Returns when the earliest write it lacked was made (now if none)."""
+        scripts (they are not replicated). Returns when the earliest write it lacked was made (now if none): from
+        then to now, the store may have lost what it acknowledged."""
         assert self.replication is not None, "a failover needs a store with a replica"
         dataset, missing = self.replication.replica(lag_s)
         now_ms = int(time.time() * 1000)
@@ -302,7 +304,8 @@ class World:
             missing_since = self.store.promote(lag_s)
             self._redirect()
             self.record_fault(fault, f"promoted a replica {lag_s * 1000:.0f} ms behind")
-            self.fault_windows.append(FaultWindow(min(missing_since, start - lag_s), start, fault.kind))
+            # The window is what the replica lacked: a claim acknowledged before it had reached the replica.
+            self.fault_windows.append(FaultWindow(missing_since, start, fault.kind))
             return
         if fault.kind in ("replication-hold", "replication-drop"):
             await asyncio.sleep(start)

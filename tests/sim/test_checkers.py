@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 
 from sim import report
-from sim.checkers import Judgement, judge, percentile
+from sim.checkers import Judgement, Verdict, judge, percentile
 from sim.history import Event, Execution, History
 from sim.run import simulate
 from sim.scenario import load, parse
-from sim.world import EPOCH_S
+from sim.world import EPOCH_S, FaultWindow
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -128,6 +128,33 @@ def test_other_strategies_have_no_lease_margins() -> None:
     assert judgement.verdicts["P4"].status == "unknown"
     assert judgement.lease_margins_ms == []
     assert "P4" not in judgement.as_json()["figures"]
+
+
+# --- P5 no lost acknowledged claim -----------------------------------------------------------------------------
+
+
+def _won(instance: str, t: float, attempt: int = 1, slot_s: float = 40) -> Event:
+    run = str(int((EPOCH_S + slot_s) * 1000))
+    value = f"won attempt={attempt} lease_ms=3000 fence={attempt}"
+    return Event(t, "ok", instance, "claim", "tick", run, f"t-{instance}-{slot_s:.0f}-{attempt}", value, attempt)
+
+
+def _p5(events: list[Event], windows: list[FaultWindow], strategy: str = "lease") -> Verdict:
+    history = History(epoch_s=EPOCH_S, events=events, executions=_every_slot())
+    return judge(_scenario(), strategy, history, windows).verdicts["P5"]
+
+
+def test_a_failover_loses_only_the_claims_the_replica_had_not_received() -> None:
+    # The replica lacked what was written from 21.9 s on when it took over at 22 s.
+    failover = [FaultWindow(21.9, 22.0, "failover")]
+    lost = _p5([_won("a", 21.95), _won("b", 25.0)], failover, "script")
+    assert lost.status == "invalid"
+    assert lost.witness == (
+        "tick run 1800000040000: won at 21.950 s, won again by another instance at 25.000 s after the store lost it"
+    )
+    # A claim it had received long before was not lost by the failover: won again, it is a duplicate (P1) that
+    # the strategy made on its own (here: it had forgotten the run).
+    assert _p5([_won("a", 10.0), _won("b", 25.0)], failover, "script").status == "valid"
 
 
 # --- lateness --------------------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from sim.bench import without_the_store
 from sim.checkers import judge
 from sim.history import Event, Execution, History
 from sim.links import Link, NotSent
-from sim.run import simulate
+from sim.run import Outcome, simulate
 from sim.scenario import ScenarioError, parse
 from sim.vtime import SimulationDeadlock, run_virtual
 from sim.world import EPOCH_S, FaultWindow, SimClock
@@ -238,7 +238,33 @@ def test_a_failover_lag_loses_the_writes_of_its_last_moments() -> None:
     outcome = simulate(scenario, "lease", 1)
     assert (outcome.judgement.verdicts["P1"].status, outcome.judgement.verdicts["P5"].status) == ("invalid", "invalid")
     [window] = [w for w in outcome.fault_windows if w.kind == "failover"]
-    assert (window.start, window.end) == (39.0, 45.0)
+    assert (window.start, window.end) == (40.0, 45.0)  # 6 s behind, the replica lacked everything from the claim on
+
+
+def _rerun_by_a_late_instance_across_a_failover(lag_ms: int) -> Outcome:
+    """An instance 15 s behind claims every slot 15 s late, after the script strategy has forgotten it (window_ms
+    10 s): it runs every slot a second time. A failover at 22 s promotes a replica ``lag_ms`` behind."""
+    scenario = parse({
+        "name": "late-rerun", "duration_s": 40, "strategies": {"script": {"window_ms": 10_000}},
+        "instances": [{"name": "on-time"}, {"name": "late", "offset_ms": -15_000}],
+        "jobs": [{"name": "tick", "cron": "*/10 * * * * *", "work_s": 1.0, "max_late_ms": 5000}],
+        "faults": [{"at_s": 22, "kind": "failover", "lag_ms": lag_ms}],
+    })  # fmt: skip
+    return simulate(scenario, "script", 1)
+
+
+def test_a_failover_is_blamed_only_for_the_claims_its_replica_lacked() -> None:
+    # 100 ms behind, the replica had everything: nothing was written from 21 s (the finish of the slot at 20 s) on.
+    outcome = _rerun_by_a_late_instance_across_a_failover(lag_ms=100)
+    assert [(w.kind, w.start, w.end) for w in outcome.fault_windows] == [("failover", 22.0, 22.0)]
+    assert outcome.judgement.verdicts["P1"].status == "invalid"  # the strategy's own duplicates
+    assert outcome.judgement.verdicts["P5"].status == "valid"
+    # 2.5 s behind, it lacked the claim of the slot at 20 s (and its finish): that run was lost, not the others.
+    outcome = _rerun_by_a_late_instance_across_a_failover(lag_ms=2500)
+    assert [(w.kind, w.start, w.end) for w in outcome.fault_windows] == [("failover", 20.0, 22.0)]
+    verdict = outcome.judgement.verdicts["P5"]
+    assert (verdict.status, verdict.count) == ("invalid", 1)
+    assert verdict.witness.startswith("tick run 1800000020000: won at 20.000 s, won again by another instance at 35")
 
 
 def test_a_clock_jump_and_late_claims_move_when_an_instance_starts_its_runs() -> None:
