@@ -12,7 +12,8 @@ P4 lease safety (lease only): no two attempts of one run (two lease holders: two
    heartbeat's reply, plus the lease it granted) minus the end of its execution, its last side effect; below 0,
    it worked past its lease.
 P5 no lost acknowledged claim: a run whose won claim the store lost (a restart loses every claim won before it,
-   a failover those its replica had not received) is not won again, as a first attempt, by someone else after.
+   a failover those its replica had not received) is not won again by someone else after it (under lease: the
+   same attempt, or an earlier one, granted again; a later attempt is a takeover of a lease the store still knew).
 P6 fencing: the fences of a job's executions grow in the order their claims were acknowledged.
 Lateness: every run's first attempt starts (true time) within the job's allowance after its slot: jitter_ms +
    max_late_ms (or catch_up_ms under lease, if larger) plus a margin; p50 / p99 / max are reported.
@@ -304,9 +305,11 @@ def _no_lost_ack(strategy: str, history: History, fault_windows: list[FaultWindo
     bad = []
     for (job, run), acks in sorted(wins.items()):
         acks.sort()
-        for (t1, token1, _), (t2, token2, attempt2) in itertools.combinations(acks, 2):
+        for (t1, token1, attempt1), (t2, token2, attempt2) in itertools.combinations(acks, 2):
             lost = token1 != token2 and any(_lost(w, t1) and t2 >= _data_lost_at(w) for w in losses)
-            if lost and (strategy != "lease" or attempt2 == 1):
+            # Under lease a higher attempt is a takeover of a lease the store still knew; the same attempt (or an
+            # earlier one) granted again means it had forgotten the claim.
+            if lost and (strategy != "lease" or attempt2 <= attempt1):
                 bad.append(f"{job} run {run}: won at {t1:.3f} s, won again by another instance at {t2:.3f} s "
                            "after the store lost it")  # fmt: skip
                 break

@@ -157,6 +157,18 @@ def test_a_failover_loses_only_the_claims_the_replica_had_not_received() -> None
     assert _p5([_won("a", 10.0), _won("b", 25.0)], failover, "script").status == "valid"
 
 
+def test_under_lease_a_lost_takeover_granted_again_is_a_lost_claim_and_a_later_attempt_is_not() -> None:
+    # a's attempt 1 ran out; b took the run over as attempt 2, but the replica lacked that when it took over.
+    failover = [FaultWindow(41.5, 43.5, "failover")]
+    first, takeover = _won("a", 40.0), _won("b", 43.001, attempt=2)
+    granted_again = _p5([first, takeover, _won("c", 46.002, attempt=2)], failover)
+    assert granted_again.status == "invalid"
+    assert granted_again.witness.startswith("tick run 1800000040000: won at 43.001 s, won again by another instance "
+                                            "at 46.002 s")  # fmt: skip
+    # Attempt 3: the store still knew attempt 2, so c took over a lease that had run out; nothing was lost.
+    assert _p5([first, takeover, _won("c", 46.002, attempt=3)], failover).status == "valid"
+
+
 # --- lateness --------------------------------------------------------------------------------------------------
 
 
