@@ -37,7 +37,7 @@ class Execution:
     instance: str
     job: str
     slot: int
-    run: str
+    run: str  # the run's id in the store: its slot for a scheduled run; a manual run's own id
     attempt: int
     fence: int
     token: str
@@ -90,6 +90,7 @@ class RecordingStrategy:
         self.leases = inner.leases
         self.scripts = inner.scripts
         self._attempts: dict[str, int] = {}  # token -> the attempt its claim won
+        self.runs: dict[str, str] = {}  # token -> the run its claim named (a manual run's id is not its slot)
 
     def _record(self, kind: str, op: str, request: RunRequest, value: str = "") -> None:
         attempt = self._attempts.get(request.token, 0)
@@ -124,6 +125,7 @@ class RecordingStrategy:
 
     async def claim(self, store: Store, requests: Sequence[tuple[RunRequest, JobPolicy]]) -> list[Claim | StoreError]:
         for request, _ in requests:
+            self.runs[request.token] = request.run
             self._record("invoke", "claim", request)
         try:
             results = await self.inner.claim(store, requests)

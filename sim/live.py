@@ -383,6 +383,9 @@ class LiveRun:
             for execution in by_token.values():
                 if execution.ended is None:  # its process was killed: it stopped then
                     execution.ended = next((k for k in kills if k >= execution.started), self.scenario.duration_s)
+        runs = {e.token: e.run for e in history.events if e.op == "claim"}
+        for execution in history.executions:
+            execution.run = runs.get(execution.token, execution.run)  # a manual run's id is not its slot
         history.events.sort(key=lambda e: e.t)
         history.executions.sort(key=lambda e: e.started)
         return history

@@ -183,6 +183,7 @@ class SimInstance:
     clock: SimClock = field(init=False)
     link: Link | None = None
     scheduler: Scheduler[Any] | None = None
+    recorder: RecordingStrategy | None = None
     running_jobs: dict[str, Execution] = field(default_factory=dict)  # by token
 
     def __post_init__(self) -> None:
@@ -202,7 +203,7 @@ class SimInstance:
         backend: RedisBackend[Any] = RedisBackend(
             redis=self.link, strategy=world.scenario.strategy_option(world.strategy)
         )  # type: ignore[call-overload]
-        backend.strategy = RecordingStrategy(backend.strategy, world.history, self.name, world.now)
+        backend.strategy = self.recorder = RecordingStrategy(backend.strategy, world.history, self.name, world.now)
         scheduler: Scheduler[Any] = Scheduler(
             backend,
             clock=self.clock,
@@ -217,9 +218,10 @@ class SimInstance:
 
     def _work(self, job: JobSpec) -> Any:
         async def work(run: RunContext) -> None:
+            assert self.recorder is not None  # set before the scheduler starts
             execution = Execution(
-                self.name, run.job, run.slot, str(run.slot), run.attempt, run.fence, run.token, run.manual,
-                self.world.now(),
+                self.name, run.job, run.slot, self.recorder.runs[run.token], run.attempt, run.fence, run.token,
+                run.manual, self.world.now(),
             )  # fmt: skip
             self.world.history.executions.append(execution)
             self.running_jobs[run.token] = execution

@@ -70,6 +70,21 @@ def test_a_slot_run_again_after_it_had_run_to_the_end_is_a_duplicate_even_if_the
     assert _judge([*_every_slot(skip=40), stopped, retry]).verdicts["P1"].status == "valid"
 
 
+# --- P3 no overlap --------------------------------------------------------------------------------------------
+
+
+def test_a_manual_run_at_the_time_of_a_slot_is_another_run_and_overlapping_it_is_an_overlap() -> None:
+    scheduled = _execution("a", 30, 30, 40)
+    slot = int((EPOCH_S + 30) * 1000)  # run_now called at the slot's very moment: the same slot number
+    manual = Execution("b", "tick", slot, f"m{slot}-b1", 1, 9, "t-manual", True, 30, 40, True)
+    verdict = _judge([*_every_slot(skip=30), scheduled, manual]).verdicts["P3"]
+    assert verdict.status == "invalid"
+    assert verdict.witness == (
+        "tick: slot at 30 s (a attempt 1 [30.000 .. 40.000] ran to the end) and manual run at 30 s "
+        "(b attempt 1 [30.000 .. 40.000] ran to the end)"
+    )
+
+
 # --- P4 lease safety -------------------------------------------------------------------------------------------
 
 

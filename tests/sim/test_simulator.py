@@ -267,6 +267,27 @@ def test_a_failover_is_blamed_only_for_the_claims_its_replica_lacked() -> None:
     assert verdict.witness.startswith("tick run 1800000020000: won at 20.000 s, won again by another instance at 35")
 
 
+def test_a_manual_run_is_recorded_under_its_own_run_id_and_overlaps_the_slot_it_shares_a_moment_with() -> None:
+    """run_now at the very moment of a slot, while the slot's run starts elsewhere: two runs of one job at once,
+    though their slot numbers are equal."""
+    scenario = parse({
+        "name": "run-now-at-slot", "duration_s": 60, "instances": [{"name": "a"}, {"name": "b"}],
+        "jobs": [{"name": "report", "cron": "*/30 * * * * *", "work_s": 10.0}],
+        "faults": [{"at_s": 30, "kind": "manual", "instance": "b", "job": "report"}],
+    })  # fmt: skip
+    outcome = simulate(scenario, "script", 1)
+    [manual] = [e for e in outcome.history.executions if e.manual]
+    [scheduled] = [e for e in outcome.history.executions if not e.manual and e.slot == manual.slot]
+    claimed = {e.run for e in outcome.history.events if e.op == "claim" and e.token == manual.token}
+    assert claimed == {manual.run}
+    assert manual.run.startswith(f"m{manual.slot}-")
+    assert scheduled.run == str(scheduled.slot)
+    verdict = outcome.judgement.verdicts["P3"]
+    assert verdict.status == "invalid"
+    assert "slot at 30 s" in verdict.witness
+    assert "manual run at 30 s" in verdict.witness
+
+
 def test_a_clock_jump_and_late_claims_move_when_an_instance_starts_its_runs() -> None:
     def starts(fault: dict[str, object]) -> list[float]:
         scenario = parse({
