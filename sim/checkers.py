@@ -194,12 +194,17 @@ def _no_overlap(scenario: Scenario, executions: list[Execution], epoch: float) -
         if e.job in forbidden:
             by_job[e.job].append(e)
     for job, runs in sorted(by_job.items()):
-        runs.sort(key=lambda e: e.started)
-        for a, b in itertools.pairwise(runs):
-            # Two runs, not two executions of one run (P1's concern): a manual run is a run of its own even when
-            # its slot number is a scheduled slot's.
-            if a.run != b.run and a.overlaps(b):
-                bad.append(f"{job}: {_run(a, epoch)} ({_describe(a)}) and {_run(b, epoch)} ({_describe(b)})")
+        # A sweep in start order: each execution meets every earlier one still going when it starts, not only
+        # the one just before it (a long run would hide behind shorter ones that started after it).
+        going: list[Execution] = []
+        for b in sorted(runs, key=lambda e: e.started):
+            going = [a for a in going if a.ended is None or a.ended > b.started]
+            for a in going:
+                # Two runs, not two executions of one run (P1's concern): a manual run is a run of its own even
+                # when its slot number is a scheduled slot's.
+                if a.run != b.run and a.overlaps(b):
+                    bad.append(f"{job}: {_run(a, epoch)} ({_describe(a)}) and {_run(b, epoch)} ({_describe(b)})")
+            going.append(b)
     return Verdict("P3", "invalid" if bad else "valid", bad[0] if bad else "", len(bad))
 
 

@@ -85,6 +85,18 @@ def test_a_manual_run_at_the_time_of_a_slot_is_another_run_and_overlapping_it_is
     )
 
 
+def test_a_long_run_overlaps_a_later_slot_whatever_runs_between_them() -> None:
+    # b's short retry of the slot at 40 s starts between a's long run and the slot at 50 s.
+    long_run, retry = _execution("a", 40, 40, 55, completed=False), _execution("b", 40, 41, 42, attempt=2)
+    runs = [*_every_slot(skip=40), long_run, retry]
+    verdict = _judge(runs).verdicts["P3"]
+    assert (verdict.status, verdict.count) == ("invalid", 1)
+    assert verdict.witness == (
+        "tick: slot at 40 s (a attempt 1 [40.000 .. 55.000] stopped early) and slot at 50 s "
+        "(a attempt 1 [50.000 .. 51.000] ran to the end)"
+    )
+
+
 # --- P4 lease safety -------------------------------------------------------------------------------------------
 
 
