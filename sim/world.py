@@ -19,7 +19,7 @@ from typing import Any
 
 import fakeredis
 
-from anarchon import RedisBackend, RunContext, Scheduler
+from anarchon import RedisBackend, RunContext, Scheduler, StoreUnavailableError
 from anarchon._store import Connection
 from sim import fakestore
 from sim.history import Event, Execution, History, RecordingStrategy
@@ -32,6 +32,7 @@ EPOCH_S = 1_800_000_000  # 2027-01-15T08:00:00Z: simulations start at a fixed, r
 STORE_VERSION = (7, 0)
 IDMP_VERSION = (8, 6)  # the idmp strategy needs it; its IDMP is emulated (sim.idmp)
 REPLICA_FAULTS = ("failover", "replication-hold", "replication-drop")
+START_RETRY_S = 1.0  # a process that cannot reach the store as it starts exits; its supervisor starts it again
 log = logging.getLogger("sim")
 
 
@@ -185,6 +186,11 @@ class SimInstance:
     scheduler: Scheduler[Any] | None = None
     recorder: RecordingStrategy | None = None
     running_jobs: dict[str, Execution] = field(default_factory=dict)  # by token
+    # Pause and partition faults in force. They strike the instance, not one process of it: a process restarted
+    # within them comes back paused or cut off until they end.
+    pauses: int = 0
+    partitions: int = 0
+    kills: int = 0
 
     def __post_init__(self) -> None:
         self.clock = SimClock(self.spec.offset_ms, self.spec.drift)
@@ -198,8 +204,11 @@ class SimInstance:
         return self.scheduler is not None
 
     async def start(self) -> None:
+        """Start a process of this instance: raises StoreUnavailableError if it cannot reach the store."""
         world = self.world
         self.link = Link(world.store.connection(), self.name, gate=self.clock.gate)
+        if self.partitions:
+            self.link.cut()
         backend: RedisBackend[Any] = RedisBackend(
             redis=self.link, strategy=world.scenario.strategy_option(world.strategy)
         )  # type: ignore[call-overload]
@@ -214,7 +223,12 @@ class SimInstance:
         for job in world.scenario.jobs:
             scheduler.add_job(job.name, job.cron, self._work(job), **world.scenario.job_options(job, world.strategy))
         self.scheduler = scheduler  # up from now: a second restart racing this one must see it
-        await scheduler.start()
+        try:
+            await scheduler.start()
+        except StoreUnavailableError:
+            if self.scheduler is scheduler:
+                self.scheduler = None
+            raise
 
     def _work(self, job: JobSpec) -> Any:
         async def work(run: RunContext) -> None:
@@ -238,17 +252,46 @@ class SimInstance:
         """SIGKILL: the store hears nothing more from this process; its jobs stop where they are."""
         if self.scheduler is None or self.link is None:
             return
+        self.kills += 1
         self.link.cut()
-        self.clock.resume()  # a paused process can be killed too
+        self.clock.resume()  # a paused process can be killed too: its tasks must run to see the cut link
         scheduler, self.scheduler = self.scheduler, None
         await scheduler.stop(timeout=0)
+        if self.pauses:
+            self.clock.pause()  # the instance stays paused; its next process starts paused
 
     async def restart(self) -> bool:
-        if self.up:  # two overlapping crash faults end with two restarts: one process
-            return False
-        self.clock.resume()
-        await self.start()
-        return True
+        """Start a new process, again every START_RETRY_S while it cannot reach the store. False if there is
+        nothing to restart: a process is up already (two overlapping crash faults end with two restarts: one
+        process), or the one starting was killed."""
+        kills = self.kills
+        while not self.up and self.kills == kills:
+            try:
+                await self.start()
+            except StoreUnavailableError:
+                await asyncio.sleep(START_RETRY_S)
+            else:
+                return True
+        return False
+
+    def pause(self) -> None:
+        self.pauses += 1
+        self.clock.pause()
+
+    def resume(self) -> None:
+        self.pauses -= 1
+        if not self.pauses:
+            self.clock.resume()
+
+    def cut_off(self) -> None:
+        self.partitions += 1
+        if self.link is not None:
+            self.link.cut()
+
+    def reconnect(self) -> None:
+        self.partitions -= 1
+        if not self.partitions and self.up and self.link is not None:
+            self.link.heal()
 
 
 class World:
@@ -347,19 +390,17 @@ class World:
                     self.record_fault(fault, f"{detail} restarted")
         elif fault.kind == "pause":
             self.record_fault(fault, f"{detail} paused")
-            target.clock.pause()
+            target.pause()
             self.fault_windows.append(FaultWindow(start, start + fault.duration_s, fault.kind, target.name))
             await asyncio.sleep(fault.duration_s)
-            target.clock.resume()
+            target.resume()
             self.record_fault(fault, f"{detail} resumed")
         elif fault.kind == "partition":
             self.record_fault(fault, f"{detail} cut off from the store")
-            if target.link is not None:
-                target.link.cut()
+            target.cut_off()
             self.fault_windows.append(FaultWindow(start, start + fault.duration_s, fault.kind, target.name))
             await asyncio.sleep(fault.duration_s)
-            if target.link is not None:
-                target.link.heal()
+            target.reconnect()
             self.record_fault(fault, f"{detail} reconnected")
         elif fault.kind == "skew":
             target.clock.offset_ms += float(fault.settings["offset_ms"])

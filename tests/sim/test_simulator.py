@@ -309,6 +309,46 @@ def test_a_clock_jump_and_late_claims_move_when_an_instance_starts_its_runs() ->
     assert starts(late) == [0, 3, 3, 3, 0]
 
 
+def _restarted_within(fault: dict[str, object]) -> Outcome:
+    """One instance, struck by ``fault`` from 15 s to 55 s, and killed at 20 s and restarted 2 s later."""
+    scenario = parse({
+        "name": "restart-within", "duration_s": 80, "scheduler": {"lease_ms": 3000, "heartbeat_ms": 1000},
+        "instances": [{"name": "a"}], "jobs": [{"name": "tick", "cron": "*/10 * * * * *", "work_s": 1.0}],
+        "faults": [{"at_s": 15, "instance": "a", "duration_s": 40, **fault},
+                   {"at_s": 20, "kind": "crash", "instance": "a", "restart_after_s": 2}],
+    })  # fmt: skip
+    return simulate(scenario, "lease", 1)
+
+
+def test_an_instance_restarted_within_a_partition_comes_back_still_cut_off() -> None:
+    outcome = _restarted_within({"kind": "partition"})
+    faults = [(e.t, e.value) for e in outcome.history.events if e.kind == "fault"]
+    # It cannot reach the store to start before the partition ends; it starts as soon as it can.
+    assert faults == [
+        (15.0, "instance a cut off from the store"),
+        (20.0, "instance a killed"),
+        (55.0, "instance a reconnected"),
+        (55.0, "instance a restarted"),
+    ]
+    assert not [e for e in outcome.history.events if e.kind == "ok" and 15 <= e.t < 55]
+    assert [e.started for e in outcome.history.executions] == [10.0, 60.0, 70.0]
+
+
+def test_an_instance_restarted_within_a_pause_comes_back_still_paused() -> None:
+    outcome = _restarted_within({"kind": "pause"})
+    faults = [(e.t, e.value) for e in outcome.history.events if e.kind == "fault"]
+    assert faults == [
+        (15.0, "instance a paused"),
+        (20.0, "instance a killed"),
+        (55.0, "instance a resumed"),
+        (55.0, "instance a restarted"),
+    ]
+    assert not [e for e in outcome.history.events if e.kind == "ok" and 15 <= e.t < 55]
+    # Its clock stood still through the pause: it comes back 40 s behind and runs the slot at 20 s (its clock)
+    # at 60 s.
+    assert [e.started for e in outcome.history.executions][:2] == [10.0, 60.0]
+
+
 def test_a_command_the_cut_link_never_sent_failed_and_one_cut_in_flight_is_unknown() -> None:
     class Store:
         def __init__(self) -> None:
