@@ -4,7 +4,7 @@ P1 no duplicate: a slot is executed at most once. Two executions of one slot cou
    overlapped in true time, or if the earlier one had run to the end before the later one began, however far the
    later one got (a retry after a crash is fine once the first had stopped short of its end).
 P2 no missed slot: every slot due while at least one instance was healthy (up, not paused, not cut off, then
-   and for a settling time after) has an execution that ran to the end, judged once every fault has healed.
+   and throughout a settling time after) has an execution that ran to the end, judged once every fault has healed.
 P3 no overlap: executions of a job whose overlap is forbidden never overlap in true time.
 P4 lease safety (lease only): no two attempts of one run (two lease holders: two tokens) execute at the same true
    time, whatever their attempt numbers (after a failover the store can grant attempt 1 twice). Each attempt's
@@ -110,8 +110,14 @@ def judge(
     settle_s = lease_s * 3 + longest + slack_s  # long enough for backups to take a run over and finish it
     names = [instance.name for instance in scenario.instances]
 
+    healthy: dict[float, bool] = {}  # by slot time: every job with a slot then asks the same
+
     def someone_healthy(t: float) -> bool:
-        return any(not any(w.hits(name, t) or w.hits(name, t + settle_s) for w in fault_windows) for name in names)
+        """Whether an instance was healthy from ``t`` throughout its settling time: an outage anywhere in it, not
+        only at its ends, can leave the slot to nobody."""
+        if t not in healthy:
+            healthy[t] = any(not any(w.hits(name, t, t + settle_s) for w in fault_windows) for name in names)
+        return healthy[t]
 
     expected = [
         (job, slot)

@@ -46,9 +46,11 @@ class FaultWindow:
     kind: str
     instance: str = ""
 
-    def hits(self, instance: str, t: float) -> bool:
-        """Whether ``instance`` is unhealthy at ``t`` because of this fault (down, paused or cut off)."""
-        return self.instance == instance and self.kind in ("crash", "pause", "partition") and self.start <= t < self.end
+    def hits(self, instance: str, start: float, end: float) -> bool:
+        """Whether this fault makes ``instance`` unhealthy (down, paused or cut off) at some moment from ``start``
+        to ``end``."""
+        unhealthy = self.kind in ("crash", "pause", "partition")
+        return self.instance == instance and unhealthy and self.start <= end and start < self.end
 
 
 class SimClock:

@@ -70,6 +70,21 @@ def test_a_slot_run_again_after_it_had_run_to_the_end_is_a_duplicate_even_if_the
     assert _judge([*_every_slot(skip=40), stopped, retry]).verdicts["P1"].status == "valid"
 
 
+# --- P2 no missed slot -----------------------------------------------------------------------------------------
+
+
+def test_a_slot_is_not_expected_of_an_instance_that_was_down_within_its_settling_time() -> None:
+    # b is down throughout; a is up at the slot at 40 s and again when its settling time (15 s) ends, but it was
+    # killed 1 s into the run and back 3 s later: nobody was healthy throughout, so the slot is not owed.
+    history = History(epoch_s=EPOCH_S, executions=[*_every_slot(skip=40), _execution("a", 40, 40, 41, completed=False)])
+    windows = [FaultWindow(0, 100, "crash", "b"), FaultWindow(41, 44, "crash", "a")]
+    judgement = judge(_scenario(), "lease", history, windows)
+    assert judgement.verdicts["P2"].status == "valid"
+    # Slots at 10 .. 80 s can be judged (the last settling time ends by 100 s); those at 30 and 40 s settle over
+    # the outage.
+    assert judgement.slots_checked == 6
+
+
 # --- P3 no overlap --------------------------------------------------------------------------------------------
 
 
