@@ -19,7 +19,7 @@ from typing import Any
 
 import fakeredis
 
-from anarchon import RedisBackend, RunContext, Scheduler, StoreUnavailableError
+from anarchon import RedisBackend, RunContext, Scheduler, StoreError, StoreUnavailableError
 from anarchon._store import Connection
 from sim import fakestore
 from sim.history import Event, Execution, History, RecordingStrategy
@@ -413,10 +413,14 @@ class World:
             self.record_fault(fault, f"{detail} clock drifts {float(fault.settings['drift']):+g}")
             self.fault_windows.append(FaultWindow(start, start, fault.kind, target.name))
         elif fault.kind == "manual":
+            job = str(fault.settings["job"])
             if target.scheduler is not None:
-                self.record_fault(fault, f"{detail} runs {fault.settings['job']} now")
+                self.record_fault(fault, f"{detail} runs {job} now")
                 self.fault_windows.append(FaultWindow(start, start, fault.kind, target.name))
-                await target.scheduler.run_now(str(fault.settings["job"]))
+                try:
+                    await target.scheduler.run_now(job)
+                except StoreError as error:  # the claim's failure (or unknown outcome) is in the history already
+                    self.record_fault(fault, f"{detail}'s manual run of {job} failed: {error}")
         elif fault.kind == "late":
             delay = float(fault.settings["delay_ms"])
             target.clock.offset_ms -= delay

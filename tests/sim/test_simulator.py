@@ -197,6 +197,31 @@ def test_a_fault_with_no_instance_to_strike_is_recorded_and_a_failing_fault_is_n
         simulate(broken, "lease", 1)
 
 
+def _manual_run_on_b(fault: dict[str, object]) -> Outcome:
+    """``fault`` strikes b at 12 s; run_now is called on b at 15 s."""
+    scenario = parse({
+        "name": "manual", "duration_s": 40, "instances": [{"name": "a"}, {"name": "b"}],
+        "jobs": [{"name": "tick", "cron": "*/10 * * * * *", "work_s": 1.0}],
+        "faults": [{"at_s": 12, "instance": "b", **fault},
+                   {"at_s": 15, "kind": "manual", "instance": "b", "job": "tick"}],
+    })  # fmt: skip
+    return simulate(scenario, "lease", 1)
+
+
+def test_a_manual_run_on_a_partitioned_instance_fails_in_the_history_and_the_simulation_goes_on() -> None:
+    outcome = _manual_run_on_b({"kind": "partition", "duration_s": 10})
+    faults = [(e.t, e.value) for e in outcome.history.events if e.kind == "fault"]
+    assert faults == [
+        (12.0, "instance b cut off from the store"),
+        (15.0, "instance b runs tick now"),
+        (15.0, "instance b's manual run of tick failed: b: the link to the store is cut"),
+        (22.0, "instance b reconnected"),
+    ]
+    claim = [(e.kind, e.run[0]) for e in outcome.history.events if e.op == "claim" and e.t == 15.0]
+    assert claim == [("invoke", "m"), ("fail", "m")]  # never sent: a failure, not an unknown outcome
+    assert max(e.started for e in outcome.history.executions) == 40.0  # the simulation ran to its end
+
+
 def _promoted_after(*faults: dict[str, object]) -> tuple[str, str]:
     """Slot 40 is claimed at 40 s (and finished at 40.3 s); the replica is promoted at 45 s; an instance 6 s behind
     claims slot 40 at 46 s. P1 and P5 say whether the promoted replica had received the claim."""
