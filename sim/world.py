@@ -193,6 +193,7 @@ class SimInstance:
     pauses: int = 0
     partitions: int = 0
     kills: int = 0
+    serving: bool = False  # its process has started (a restart within a pause waits for the resume to start)
 
     def __post_init__(self) -> None:
         self.clock = SimClock(self.spec.offset_ms, self.spec.drift)
@@ -231,6 +232,7 @@ class SimInstance:
             if self.scheduler is scheduler:
                 self.scheduler = None
             raise
+        self.serving = self.scheduler is scheduler
 
     def _work(self, job: JobSpec) -> Any:
         async def work(run: RunContext) -> None:
@@ -255,6 +257,7 @@ class SimInstance:
         if self.scheduler is None or self.link is None:
             return
         self.kills += 1
+        self.serving = False
         self.link.cut()
         self.clock.resume()  # a paused process can be killed too: its tasks must run to see the cut link
         scheduler, self.scheduler = self.scheduler, None
@@ -414,13 +417,15 @@ class World:
             self.fault_windows.append(FaultWindow(start, start, fault.kind, target.name))
         elif fault.kind == "manual":
             job = str(fault.settings["job"])
-            if target.scheduler is not None:
-                self.record_fault(fault, f"{detail} runs {job} now")
-                self.fault_windows.append(FaultWindow(start, start, fault.kind, target.name))
-                try:
-                    await target.scheduler.run_now(job)
-                except StoreError as error:  # the claim's failure (or unknown outcome) is in the history already
-                    self.record_fault(fault, f"{detail}'s manual run of {job} failed: {error}")
+            if target.scheduler is None or not target.serving:  # no process, or one still starting, to call it on
+                self.record_fault(fault, f"{detail} is {'starting' if target.up else 'down'}: no manual run of {job}")
+                return
+            self.record_fault(fault, f"{detail} runs {job} now")
+            self.fault_windows.append(FaultWindow(start, start, fault.kind, target.name))
+            try:
+                await target.scheduler.run_now(job)
+            except StoreError as error:  # the claim's failure (or unknown outcome) is in the history already
+                self.record_fault(fault, f"{detail}'s manual run of {job} failed: {error}")
         elif fault.kind == "late":
             delay = float(fault.settings["delay_ms"])
             target.clock.offset_ms -= delay

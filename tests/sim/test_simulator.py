@@ -197,12 +197,12 @@ def test_a_fault_with_no_instance_to_strike_is_recorded_and_a_failing_fault_is_n
         simulate(broken, "lease", 1)
 
 
-def _manual_run_on_b(fault: dict[str, object]) -> Outcome:
-    """``fault`` strikes b at 12 s; run_now is called on b at 15 s."""
+def _manual_run_on_b(*faults: dict[str, object]) -> Outcome:
+    """``faults`` strike b (at 12 s unless they say); run_now is called on b at 15 s."""
     scenario = parse({
         "name": "manual", "duration_s": 40, "instances": [{"name": "a"}, {"name": "b"}],
         "jobs": [{"name": "tick", "cron": "*/10 * * * * *", "work_s": 1.0}],
-        "faults": [{"at_s": 12, "instance": "b", **fault},
+        "faults": [*({"at_s": 12, "instance": "b", **fault} for fault in faults),
                    {"at_s": 15, "kind": "manual", "instance": "b", "job": "tick"}],
     })  # fmt: skip
     return simulate(scenario, "lease", 1)
@@ -220,6 +220,24 @@ def test_a_manual_run_on_a_partitioned_instance_fails_in_the_history_and_the_sim
     claim = [(e.kind, e.run[0]) for e in outcome.history.events if e.op == "claim" and e.t == 15.0]
     assert claim == [("invoke", "m"), ("fail", "m")]  # never sent: a failure, not an unknown outcome
     assert max(e.started for e in outcome.history.executions) == 40.0  # the simulation ran to its end
+
+
+def test_a_manual_run_on_a_down_instance_is_an_entry_in_the_history() -> None:
+    outcome = _manual_run_on_b({"kind": "crash"})
+    faults = [(e.t, e.value) for e in outcome.history.events if e.kind == "fault"]
+    assert faults == [(12.0, "instance b killed"), (15.0, "instance b is down: no manual run of tick")]
+    assert not [e for e in outcome.history.executions if e.manual]
+    # Restarted within a pause, its process is still starting: it cannot take a manual run either.
+    outcome = _manual_run_on_b({"kind": "pause", "duration_s": 10}, {"at_s": 13, "kind": "crash", "restart_after_s": 1})
+    faults = [(e.t, e.value) for e in outcome.history.events if e.kind == "fault"]
+    assert faults == [
+        (12.0, "instance b paused"),
+        (13.0, "instance b killed"),
+        (15.0, "instance b is starting: no manual run of tick"),
+        (22.0, "instance b resumed"),
+        (22.0, "instance b restarted"),
+    ]
+    assert not [e for e in outcome.history.executions if e.manual]
 
 
 def _promoted_after(*faults: dict[str, object]) -> tuple[str, str]:
