@@ -15,6 +15,7 @@ P5 no lost acknowledged claim: a run whose won claim the store lost (a restart l
    a failover those its replica had not received) is not won again by someone else after it (under lease: the
    same attempt, or an earlier one, granted again; a later attempt is a takeover of a lease the store still knew).
 P6 fencing: the fences of a job's executions grow in the order their claims were acknowledged.
+At one true time, what happened first is what comes first in the history (P5, P6).
 Lateness: every run's first attempt starts (true time) within the job's allowance after its slot: jitter_ms +
    max_late_ms (or catch_up_ms under lease, if larger) plus a margin; p50 / p99 / max are reported.
 """
@@ -310,19 +311,23 @@ def _lateness(
 
 
 def _no_lost_ack(strategy: str, history: History, fault_windows: list[FaultWindow]) -> Verdict:
-    losses = [w for w in fault_windows if w.kind in STORE_FAULTS]
-    if not losses:
+    store_faults = [w for w in fault_windows if w.kind in STORE_FAULTS]
+    if not store_faults:
         return Verdict("P5", "valid", "no failover or store restart happened")
-    wins: dict[tuple[str, str], list[tuple[float, str, int]]] = defaultdict(list)
-    for event in history.events:
+    losses = [_Loss.of(w, history) for w in store_faults if w.lost_writes]
+    if not losses:
+        return Verdict("P5", "valid", "no failover or store restart lost a write")
+    # Each won claim with its place in the history, which orders what happened at one true time.
+    wins: dict[tuple[str, str], list[tuple[float, int, str, int]]] = defaultdict(list)
+    for position, event in enumerate(history.events):
         if event.kind == "ok" and event.op == "claim" and event.value.startswith("won"):
             attempt = int(event.value.split("attempt=")[1].split()[0])
-            wins[(event.job, event.run)].append((event.t, event.token, attempt))
+            wins[(event.job, event.run)].append((event.t, position, event.token, attempt))
     bad = []
     for (job, run), acks in sorted(wins.items()):
         acks.sort()
-        for (t1, token1, attempt1), (t2, token2, attempt2) in itertools.combinations(acks, 2):
-            lost = token1 != token2 and any(_lost(w, t1) and t2 >= _data_lost_at(w) for w in losses)
+        for (t1, at1, token1, attempt1), (t2, at2, token2, attempt2) in itertools.combinations(acks, 2):
+            lost = token1 != token2 and any(loss.lost(t1, at1) and loss.struck_before(t2, at2) for loss in losses)
             # Under lease a higher attempt is a takeover of a lease the store still knew; the same attempt (or an
             # earlier one) granted again means it had forgotten the claim.
             if lost and (strategy != "lease" or attempt2 <= attempt1):
@@ -332,19 +337,33 @@ def _no_lost_ack(strategy: str, history: History, fault_windows: list[FaultWindo
     return Verdict("P5", "invalid" if bad else "valid", bad[0] if bad else "", len(bad))
 
 
-def _data_lost_at(window: FaultWindow) -> float:
-    """When the store forgot what it had acknowledged: a restart forgets everything as it goes down (claims may
-    be won on the empty store before the restart is seen to be over); a failover forgets the writes the replica
-    had not received when the old primary dies and the replica takes over, at the end of the window."""
-    return window.start if window.kind == "store-restart" else window.end
+@dataclass(frozen=True)
+class _Loss:
+    """What a store fault lost: the claims acknowledged from ``since`` up to the moment ``at`` it struck, that
+    moment being a true time and a place in the history (claims answered at the same instant but before the
+    fault's entry were lost; -1 when the history has no entry for it: none at that instant counts as before)."""
 
+    since: float
+    at: float
+    place: int
 
-def _lost(window: FaultWindow, t: float) -> bool:
-    """Whether a claim acknowledged at ``t`` was lost by this store fault: a restart loses everything acknowledged
-    before it; a failover what was acknowledged within its window (the writes the replica had not received)."""
-    if window.kind == "store-restart":
-        return t < window.start
-    return window.start <= t < window.end
+    @classmethod
+    def of(cls, window: FaultWindow, history: History) -> _Loss:
+        # A restart forgets everything as the store goes down (claims may be won on the empty store before the
+        # restart is seen to be over); a failover forgets the writes the replica had not received, its window,
+        # when the replica takes over at the window's end.
+        since, at = (-math.inf, window.start) if window.kind == "store-restart" else (window.start, window.end)
+        place = next((i for i, e in enumerate(history.events) if e.kind == "fault" and e.op == window.kind
+                      and e.t == at), -1)  # fmt: skip
+        return cls(since, at, place)
+
+    def lost(self, t: float, place: int) -> bool:
+        """Whether a claim acknowledged at ``t`` (the history's entry ``place``) was lost."""
+        return self.since <= t and (t, place) < (self.at, self.place)
+
+    def struck_before(self, t: float, place: int) -> bool:
+        """Whether the fault had struck before the history's entry ``place``, at ``t``."""
+        return (t, place) > (self.at, self.place)
 
 
 def _fencing(history: History) -> Verdict:
@@ -355,7 +374,7 @@ def _fencing(history: History) -> Verdict:
             accepted[event.job].append((event.t, fence, event.token))
     bad = []
     for job, acks in sorted(accepted.items()):
-        acks.sort()
+        acks.sort(key=lambda ack: ack[0])  # stable: acceptances at one true time keep the history's order
         seen: set[str] = set()
         previous: tuple[float, int, str] | None = None
         for ack in acks:

@@ -39,12 +39,14 @@ log = logging.getLogger("sim")
 @dataclass(frozen=True)
 class FaultWindow:
     """When a fault struck and healed (true time), and which instance it hit ("" for the store). A failover's
-    window spans the writes the promoted replica had not received: from the earliest of them to the failover."""
+    window spans the writes the promoted replica had not received: from the earliest of them to the failover;
+    ``lost_writes`` is False when it had received them all (the window is then the failover's instant)."""
 
     start: float
     end: float
     kind: str
     instance: str = ""
+    lost_writes: bool = True
 
     def hits(self, instance: str, start: float, end: float) -> bool:
         """Whether this fault makes ``instance`` unhealthy (down, paused or cut off) at some moment from ``start``
@@ -155,10 +157,10 @@ class SimStore:
             connection = IdmpConnection(connection, self.idmp)
         return ReplicatedConnection(connection, self.replication) if self.replication else connection
 
-    def promote(self, lag_s: float) -> float:
+    def promote(self, lag_s: float) -> float | None:
         """The replica, ``lag_s`` behind, becomes the primary: what it had not received is gone, and so are the
-        scripts (they are not replicated). Returns when the earliest write it lacked was made (now if none): from
-        then to now, the store may have lost what it acknowledged."""
+        scripts (they are not replicated). Returns when the earliest write it lacked was made (None if it lacked
+        none): from then to now, the store may have lost what it acknowledged."""
         assert self.replication is not None, "a failover needs a store with a replica"
         dataset, missing = self.replication.replica(lag_s)
         now_ms = int(time.time() * 1000)
@@ -169,7 +171,7 @@ class SimStore:
                 self._probe.restore(key, ttl, state.dumped)
         self.idmp.streams = {key: copy.deepcopy(stream) for key, stream in dataset.idmp.items()}
         self.replication.restart(dataset)  # the new primary's replica starts in sync with it
-        return missing if missing is not None else self.replication.now()
+        return missing
 
     def lose_everything(self) -> None:
         """A restart without persistence: empty, no cached scripts (and a replica that resynchronises empty)."""
@@ -354,8 +356,9 @@ class World:
             missing_since = self.store.promote(lag_s)
             self._redirect()
             self.record_fault(fault, f"promoted a replica {lag_s * 1000:.0f} ms behind")
-            # The window is what the replica lacked: a claim acknowledged before it had reached the replica.
-            self.fault_windows.append(FaultWindow(missing_since, start, fault.kind))
+            # The window is what the replica lacked: claims acknowledged before they had reached it.
+            since = start if missing_since is None else missing_since
+            self.fault_windows.append(FaultWindow(since, start, fault.kind, lost_writes=missing_since is not None))
             return
         if fault.kind in ("replication-hold", "replication-drop"):
             await asyncio.sleep(start)

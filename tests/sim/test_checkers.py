@@ -211,6 +211,40 @@ def test_under_lease_a_lost_takeover_granted_again_is_a_lost_claim_and_a_later_a
     assert _p5([first, takeover, _won("c", 46.002, attempt=3)], failover).status == "valid"
 
 
+def test_a_claim_won_at_the_instant_of_a_store_restart_but_before_it_was_lost() -> None:
+    restart = Event(40.0, "fault", "nemesis", "store-restart", value="store restarted empty")
+    windows = [FaultWindow(40.0, 40.0, "store-restart")]
+    before = _p5([_won("a", 40.0), restart, _won("b", 41.0)], windows)
+    assert before.status == "invalid"
+    assert before.witness.startswith("tick run 1800000040000: won at 40.000 s, won again by another instance at 41")
+    # Won on the empty store just after the restart, at the same instant: nothing lost.
+    assert _p5([restart, _won("a", 40.0), _won("b", 41.0)], windows).status == "valid"
+
+
+def test_a_claim_won_at_the_instant_of_a_failover_was_lost_only_if_the_replica_lacked_it() -> None:
+    failover = Event(22.0, "fault", "nemesis", "failover", value="promoted a replica 0 ms behind")
+    events = [_won("a", 22.0), failover, _won("b", 25.0)]
+    # A replica behind lacks what was written at that instant; one with no lag had received it.
+    assert _p5(events, [FaultWindow(22.0, 22.0, "failover")]).status == "invalid"
+    nothing_lost = _p5(events, [FaultWindow(22.0, 22.0, "failover", lost_writes=False)])
+    assert (nothing_lost.status, nothing_lost.witness) == ("valid", "no failover or store restart lost a write")
+
+
+# --- P6 fencing ------------------------------------------------------------------------------------------------
+
+
+def test_fences_accepted_at_the_same_instant_keep_the_order_of_the_history() -> None:
+    def p6(*fences: int) -> Verdict:
+        events = [_ack(_execution("a", 10 * (i + 1), 40, 41), 40.0, value=f"won attempt=1 fence={fence}")
+                  for i, fence in enumerate(fences)]  # fmt: skip
+        return _judge(_every_slot(), events).verdicts["P6"]
+
+    inverted = p6(7, 3)
+    assert inverted.status == "invalid"
+    assert inverted.witness == "tick: fence 3 accepted at 40.000 s after fence 7 at 40.000 s"
+    assert p6(3, 7).status == "valid"
+
+
 # --- lateness --------------------------------------------------------------------------------------------------
 
 

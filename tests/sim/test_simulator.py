@@ -299,12 +299,12 @@ def _rerun_by_a_late_instance_across_a_failover(lag_ms: int) -> Outcome:
 def test_a_failover_is_blamed_only_for_the_claims_its_replica_lacked() -> None:
     # 100 ms behind, the replica had everything: nothing was written from 21 s (the finish of the slot at 20 s) on.
     outcome = _rerun_by_a_late_instance_across_a_failover(lag_ms=100)
-    assert [(w.kind, w.start, w.end) for w in outcome.fault_windows] == [("failover", 22.0, 22.0)]
+    assert [(w.kind, w.start, w.end, w.lost_writes) for w in outcome.fault_windows] == [("failover", 22.0, 22.0, False)]
     assert outcome.judgement.verdicts["P1"].status == "invalid"  # the strategy's own duplicates
     assert outcome.judgement.verdicts["P5"].status == "valid"
     # 2.5 s behind, it lacked the claim of the slot at 20 s (and its finish): that run was lost, not the others.
     outcome = _rerun_by_a_late_instance_across_a_failover(lag_ms=2500)
-    assert [(w.kind, w.start, w.end) for w in outcome.fault_windows] == [("failover", 20.0, 22.0)]
+    assert [(w.kind, w.start, w.end, w.lost_writes) for w in outcome.fault_windows] == [("failover", 20.0, 22.0, True)]
     verdict = outcome.judgement.verdicts["P5"]
     assert (verdict.status, verdict.count) == ("invalid", 1)
     assert verdict.witness.startswith("tick run 1800000020000: won at 20.000 s, won again by another instance at 35")
