@@ -166,9 +166,11 @@ class SimStore:
         now_ms = int(time.time() * 1000)
         self._new_server()
         for key, state in dataset.keys.items():
-            ttl = 0 if state.expires_ms is None else state.expires_ms - now_ms
-            if ttl >= 0:
-                self._probe.restore(key, ttl, state.dumped)
+            if state.expires_ms is None:
+                self._probe.restore(key, 0, state.dumped)  # RESTORE's TTL 0: no expiry
+            elif state.expires_ms > now_ms:
+                self._probe.restore(key, state.expires_ms - now_ms, state.dumped)
+            # else it has expired by now: the replica would have let it go
         self.idmp.streams = {key: copy.deepcopy(stream) for key, stream in dataset.idmp.items()}
         self.replication.restart(dataset)  # the new primary's replica starts in sync with it
         return missing

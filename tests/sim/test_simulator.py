@@ -24,7 +24,7 @@ from sim.links import Link, NotSent
 from sim.run import Outcome, simulate
 from sim.scenario import ScenarioError, parse
 from sim.vtime import SimulationDeadlock, run_virtual
-from sim.world import EPOCH_S, FaultWindow, SimClock
+from sim.world import EPOCH_S, FaultWindow, SimClock, SimStore
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -269,6 +269,26 @@ def test_the_replica_receives_the_replication_log_after_its_lag_or_a_hold_and_ne
 def test_the_promoted_replica_gets_a_replica_of_its_own() -> None:
     # A first failover at 25 s; the claim at 40 s reaches the new primary's replica before the second one.
     assert _promoted_after({"at_s": 25, "kind": "failover", "lag_ms": 0}) == ("valid", "valid")
+
+
+def test_a_promoted_replica_keeps_each_keys_expiry_and_drops_the_keys_expired_by_then() -> None:
+    async def main() -> dict[str, tuple[object, object]]:
+        store = SimStore(replicated=True)
+        primary = store.connection()
+        for key, ttl_ms in (("ends-now", 2000), ("ends-later", 2500)):
+            await primary.execute(["SET", key, "v", "PX", ttl_ms])
+        await primary.execute(["SET", "stays", "v"])
+        await asyncio.sleep(2.0)  # "ends-now" expires at this very instant
+        store.promote(0.0)
+        promoted = store.connection()
+        return {key: (await promoted.execute(["GET", key]), await promoted.execute(["PTTL", key]))
+                for key in ("ends-now", "ends-later", "stays")}  # fmt: skip
+
+    assert run_virtual(main(), epoch_s=EPOCH_S, seed=1) == {
+        "ends-now": (None, -2),  # gone, not made persistent
+        "ends-later": ("v", 500),
+        "stays": ("v", -1),
+    }
 
 
 def test_a_failover_lag_loses_the_writes_of_its_last_moments() -> None:
