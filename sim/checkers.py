@@ -5,7 +5,8 @@ P1 no duplicate: a slot is executed at most once. Two executions of one slot cou
    later one got (a retry after a crash is fine once the first had stopped short of its end).
 P2 no missed slot: every slot due while at least one instance was healthy (up, not paused, not cut off, then
    and throughout a settling time after) has an execution that ran to the end, judged once every fault has healed.
-P3 no overlap: executions of a job whose overlap is forbidden never overlap in true time.
+P3 no overlap: two runs of a job whose overlap is forbidden never execute at once in true time (a manual run is a
+   run of its own, whatever its slot number; two executions of one run are P1's concern).
 P4 lease safety (lease only): no two attempts of one run (two lease holders: two tokens) execute at the same true
    time, whatever their attempt numbers (after a failover the store can grant attempt 1 twice). Each attempt's
    margin is reported: its lease expiry as last acknowledged (the true time of the last won claim's or
