@@ -190,13 +190,12 @@ class SimInstance:
     clock: SimClock = field(init=False)
     link: Link | None = None
     scheduler: Scheduler[Any] | None = None
-    recorder: RecordingStrategy | None = None
     running_jobs: dict[str, Execution] = field(default_factory=dict)  # by token
     # Pause and partition faults in force. They strike the instance, not one process of it: a process restarted
     # within them comes back paused or cut off until they end.
     pauses: int = 0
     partitions: int = 0
-    kills: int = 0
+    kills: int = 0  # processes killed so far: a restart gives up once the process it is starting is killed
     serving: bool = False  # its process has started (a restart within a pause waits for the resume to start)
 
     def __post_init__(self) -> None:
@@ -219,7 +218,8 @@ class SimInstance:
         backend: RedisBackend[Any] = RedisBackend(
             redis=self.link, strategy=world.scenario.strategy_option(world.strategy)
         )  # type: ignore[call-overload]
-        backend.strategy = self.recorder = RecordingStrategy(backend.strategy, world.history, self.name, world.now)
+        recorder = RecordingStrategy(backend.strategy, world.history, self.name, world.now)
+        backend.strategy = recorder
         scheduler: Scheduler[Any] = Scheduler(
             backend,
             clock=self.clock,
@@ -228,7 +228,8 @@ class SimInstance:
             **world.scenario.scheduler_options(world.strategy),
         )
         for job in world.scenario.jobs:
-            scheduler.add_job(job.name, job.cron, self._work(job), **world.scenario.job_options(job, world.strategy))
+            work = self._work(job, recorder)
+            scheduler.add_job(job.name, job.cron, work, **world.scenario.job_options(job, world.strategy))
         self.scheduler = scheduler  # up from now: a second restart racing this one must see it
         try:
             await scheduler.start()
@@ -238,11 +239,10 @@ class SimInstance:
             raise
         self.serving = self.scheduler is scheduler
 
-    def _work(self, job: JobSpec) -> Any:
+    def _work(self, job: JobSpec, recorder: RecordingStrategy) -> Any:
         async def work(run: RunContext) -> None:
-            assert self.recorder is not None  # set before the scheduler starts
             execution = Execution(
-                self.name, run.job, run.slot, self.recorder.runs[run.token], run.attempt, run.fence, run.token,
+                self.name, run.job, run.slot, recorder.runs[run.token], run.attempt, run.fence, run.token,
                 run.manual, self.world.now(),
             )  # fmt: skip
             self.world.history.executions.append(execution)
