@@ -83,7 +83,7 @@ class RecordingStrategy:
 
     def __init__(self, inner: Strategy, history: History, process: str, now: Any) -> None:
         self.inner = inner
-        self.history = history
+        self.log = history  # not `history`: that is the strategy's method, which schedulers call
         self.process = process
         self.now = now  # () -> true time
         self.name = inner.name
@@ -95,7 +95,7 @@ class RecordingStrategy:
     def _record(self, kind: str, op: str, request: RunRequest, value: str = "") -> None:
         attempt = self._attempts.get(request.token, 0)
         event = Event(self.now(), kind, self.process, op, request.job, request.run, request.token, value, attempt)
-        self.history.add(event)
+        self.log.add(event)
 
     def _completion(self, op: str, request: RunRequest, result: object) -> None:
         if isinstance(result, NotSent):  # the store never saw it: a failure, not an unknown outcome

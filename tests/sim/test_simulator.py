@@ -14,12 +14,12 @@ import fakeredis
 import pytest
 import redis.exceptions
 
-from anarchon import StoreUnavailableError
+from anarchon import RedisBackend, Scheduler, StoreUnavailableError
 from sim import fakestore
 from sim import scenario as scenarios
 from sim.bench import without_the_store
 from sim.checkers import judge
-from sim.history import Event, Execution, History
+from sim.history import Event, Execution, History, RecordingStrategy
 from sim.links import Link, NotSent
 from sim.run import Outcome, simulate
 from sim.scenario import ScenarioError, parse
@@ -597,3 +597,17 @@ def test_bad_scenarios_are_refused_with_the_reason() -> None:
         parse({**base, "expect": {"lease": {"P1": 0.5}}})
     with pytest.raises(ScenarioError, match="needs 'work_s'"):
         parse({**base, "jobs": [{"name": "j", "cron": "* * * * *"}]})
+
+
+async def test_a_recorded_instance_reads_its_history_through_the_strategy_it_wraps() -> None:
+    """The recorder passes history() on (its own log of events is another attribute), so a job or a test in
+    the simulator may call scheduler.history()."""
+    server = fakeredis.FakeServer()
+    backend = RedisBackend(redis=fakeredis.FakeAsyncRedis(server=server))
+    backend.strategy = RecordingStrategy(backend.strategy, History(), "a", lambda: 0.0)
+    scheduler = Scheduler(backend)
+    scheduler.add_job("tick", "0 0 1 1 *", lambda: None)
+    async with scheduler:
+        await scheduler.run_now("tick")
+        history = await scheduler.history("tick")
+    assert [record.status for record in history] == ["ok"]
