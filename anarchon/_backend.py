@@ -148,6 +148,11 @@ class RedisBackend(Generic[M]):
         return self.config.leases
 
     @property
+    def started(self) -> bool:
+        """Whether the backend's connection is open (between start() and stop())."""
+        return self._store is not None
+
+    @property
     def store(self) -> Store:
         if self._store is None:
             raise SchedulerStateError("the backend is not started: call start() (or use the scheduler)")

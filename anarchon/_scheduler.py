@@ -429,10 +429,6 @@ class Scheduler(Generic[M]):
         now = self.clock.wall_ms()
         token = self._token()
         request = RunRequest(job.name, run_id(now, token[:8]), now, token, self.instance_id, manual=True)
-        return await self._track(self._run_manually(job, request))
-
-    async def _run_manually(self, job: Job, request: RunRequest) -> RunRecord:
-        """A task of the scheduler's from the claim on, so that stop() waits for it."""
         sent = self.clock.monotonic()
         [claim] = await self.backend.strategy.claim(self.backend.store, [(request, self._policies[job.name])])
         if isinstance(claim, StoreError):
@@ -443,9 +439,10 @@ class Scheduler(Generic[M]):
             record = self._local_record(
                 request, "interrupted", "the scheduler stopped", attempt=claim.attempt, fence=claim.fence
             )
-            await self._finish(request, claim, record, {"job": job.name, "slot": request.slot})
+            if self.backend.started:  # stop() closes the connection last; by then the record cannot be sent
+                await self._finish(request, claim, record, {"job": job.name, "slot": request.slot})
             return record
-        return await self._execute(job, request, claim, sent)
+        return await self._track(self._execute(job, request, claim, sent))
 
     async def history(self, name: str, limit: int = 50) -> list[RunRecord]:
         """The job's recorded attempts, newest first."""

@@ -381,7 +381,7 @@ valid_options = st.fixed_dictionaries(
     cron=valid_crons(),
     timezone=st.sampled_from(ZONES),
     jitter_ms=st.integers(0, 99_999),
-    max_late_ms=st.integers(0, 200_000),  # with jitter_ms, within the script strategy's default window
+    max_late_ms=st.integers(1_000, 200_000),  # with jitter_ms, within the script strategy's default window
     lease_job_options=st.fixed_dictionaries(
         {},
         optional={
