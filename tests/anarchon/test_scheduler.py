@@ -912,25 +912,24 @@ async def test_stop_ends_a_catch_up_that_waits_for_an_unreachable_store(fake_tar
     assert time.monotonic() - began < 1.5  # the catch-up's next look, at most RETRY_MIN_S away
 
 
-class Garbled:
-    """A store connection that, while ``garbled`` is set, fails every command with an exception no adapter
-    translates (as a client's protocol error would be)."""
+class Meddled:
+    """A store connection that answers every command ``delay_s`` late and, while ``garbled`` is set, fails it with
+    an exception no adapter translates (as a client's protocol error would be)."""
 
-    def __init__(self, inner: Any) -> None:
+    def __init__(self, inner: Any, delay_s: float = 0.0) -> None:
         self.inner = inner
+        self.delay_s = delay_s
         self.garbled = False
 
-    def _check(self) -> None:
+    async def execute(self, command: Any) -> Any:
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)
         if self.garbled:
             raise redis.exceptions.InvalidResponse("Protocol Error: b'?'")
-
-    async def execute(self, command: Any) -> Any:
-        self._check()
         return await self.inner.execute(command)
 
     async def execute_many(self, commands: Any) -> Any:
-        self._check()
-        return await self.inner.execute_many(commands)
+        return [await self.execute(command) for command in commands]
 
     async def server_info(self) -> Any:
         return await self.inner.server_info()
@@ -943,7 +942,7 @@ class Garbled:
 async def test_claims_failing_with_an_untranslated_client_error_are_retried_and_scheduling_goes_on(
     fake_target: StoreTarget, strategy: str
 ) -> None:
-    connection = Garbled(adapt(fake_target.new_client()))
+    connection = Meddled(adapt(fake_target.new_client()))
     ledger = Ledger()
     scheduler = Scheduler(fake_target.backend(strategy, connection=connection))
     scheduler.add_job("tick", "* * * * * *", ledger.job("a"))
@@ -981,33 +980,12 @@ async def test_stop_ends_a_catch_up_that_waits_for_another_instances_lease(fake_
         await holder.stop(timeout=0.5)
 
 
-class Slowed:
-    """A store connection that answers every command ``delay_s`` late."""
-
-    def __init__(self, inner: Any, delay_s: float) -> None:
-        self.inner = inner
-        self.delay_s = delay_s
-
-    async def execute(self, command: Any) -> Any:
-        await asyncio.sleep(self.delay_s)
-        return await self.inner.execute(command)
-
-    async def execute_many(self, commands: Any) -> Any:
-        return [await self.execute(command) for command in commands]
-
-    async def server_info(self) -> Any:
-        return await self.inner.server_info()
-
-    async def close(self) -> None:
-        await self.inner.close()
-
-
 @pytest.mark.parametrize("strategy", ["lease", "stream-id"])
 async def test_a_manual_run_whose_claim_is_answered_during_stop_does_not_start(
     fake_target: StoreTarget, strategy: str
 ) -> None:
     ran: list[int] = []
-    scheduler = Scheduler(fake_target.backend(strategy, connection=Slowed(adapt(fake_target.new_client()), 0.3)))
+    scheduler = Scheduler(fake_target.backend(strategy, connection=Meddled(adapt(fake_target.new_client()), 0.3)))
     scheduler.add_job("sync", "0 0 1 1 *", lambda run: ran.append(run.slot))
     await scheduler.start()
     manual = asyncio.ensure_future(scheduler.run_now("sync"))
