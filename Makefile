@@ -21,7 +21,7 @@ lint: $(STAMP)
 	$(PY) -m ruff format --check .
 
 typecheck: $(STAMP)
-	$(PY) -m mypy anarchon
+	$(PY) -m mypy anarchon sim
 
 pytest: $(STAMP)
 	$(PY) -m pytest -n 2

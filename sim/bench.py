@@ -341,7 +341,7 @@ async def store_memory(target: str, history_size: int = 1000, strategies: Sequen
             keys = await client.keys(f"*mem-{strategy}:job*")
             total = 0
             for key in keys:
-                total += int(await client.execute_command("MEMORY", "USAGE", key, "SAMPLES", 0) or 0)
+                total += await client.memory_usage(key, samples=0) or 0
             kept = len(await backend.strategy.history(backend.store, "job", 1_000_000))  # about history_size
             result[strategy] = {"bytes": total, "runs_kept": kept, "bytes_per_run": round(total / kept)}
             await backend.stop()

@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from anarchon import RunRecord, StoreError, StoreUnavailableError
 from anarchon._store import ServerInfo, Store
 from anarchon._strategies import Claim, JobPolicy, Outcome, RunRequest, Strategy
 from sim.links import NotSent
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,7 +153,7 @@ class RecordingStrategy:
     async def history(self, store: Store, job: str, limit: int) -> list[RunRecord]:
         return await self.inner.history(store, job, limit)
 
-    async def _call(self, op: str, request: RunRequest, call: Any) -> Any:
+    async def _call(self, op: str, request: RunRequest, call: Awaitable[T]) -> T:
         self._record("invoke", op, request)
         try:
             result = await call

@@ -113,7 +113,8 @@ class IdmpConnection:
         stream = self.state.streams.get(key)
         if stream is not None:
             stream.expire(self._now_ms())
-            original = stream.producers.get(pid, {}).get(iid)
+            known = stream.producers.get(pid)
+            original = known.get(iid) if known is not None else None
             if original is not None:
                 stream.duplicates += 1
                 return original

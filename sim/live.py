@@ -291,7 +291,7 @@ class LiveRun:
             assert replica is not None, "a failover scenario needs a server with a replica"
             detached = self.now()
             with contextlib.closing(replica.client()) as client:
-                client.execute_command("REPLICAOF", "NO", "ONE")  # from now on it misses the primary's writes
+                client.replicaof("NO", "ONE")  # from now on it misses the primary's writes
             await asyncio.sleep(max(0.0, fault.at_s - self.now()))
             self.server.kill()
             for group in self.groups.values():

@@ -244,7 +244,7 @@ def read_ledgers(soak: Soak) -> tuple[list[dict[str, Any]], dict[str, float]]:
 def judge(soak: Soak, admin: Any, began: float, warmup_s: float, stopped: float) -> int:
     args = soak.args
     executions, ready = read_ledgers(soak)
-    first_pids = {}
+    first_pids: dict[str, int] = {}
     for incarnation in soak.incarnations:
         first_pids.setdefault(incarnation.instance, incarnation.process.pid)
     first_ready = max(ready[f"{name}:{pid}"] for name, pid in first_pids.items())
@@ -257,7 +257,8 @@ def judge(soak: Soak, admin: Any, began: float, warmup_s: float, stopped: float)
     # lease's answer to a crash (its retry is allowed once the earlier execution has stopped), provided the
     # earlier runner was killed after its execution ended and before the later one ended.
     killed_at = {pid: when * 1000 for when, _, pid in soak.kills}
-    crash_reruns, violations = [], []
+    crash_reruns: list[tuple[str, int, list[dict[str, Any]]]] = []
+    violations: list[tuple[str, int, list[dict[str, Any]]]] = []
     for (job, slot), entries in runs.items():
         if len(entries) < 2:
             continue
