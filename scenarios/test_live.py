@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from sim.live import run_live
-from sim.scenario import Scenario, load_all
+from sim.live import SCALE, run_live
+from sim.scenario import Scenario, load_all, parse
 
 pytestmark = [pytest.mark.scenarios, pytest.mark.slow, pytest.mark.timeout(300)]
 SCENARIOS = load_all()
@@ -31,3 +31,34 @@ async def test_declared_verdicts_hold_live(scenario: Scenario, real_target: str,
             if got.status != verdict:
                 failures.append(f"{strategy} {checker} is {got.status}, expected {verdict}: {got.witness}")
     assert not failures, "\n".join(failures)
+
+
+async def test_an_instance_restarted_within_a_pause_or_partition_comes_back_when_it_ends(real_target: str) -> None:
+    """a is cut off and b paused from 15 s to 55 s; both are killed at 20 s and restarted 2 s later. As in the
+    virtual mode, neither claims anything until 55 s: a's new process cannot reach the store to start (it is
+    started again until it can), and b's starts paused."""
+    scenario = parse({
+        "name": "restart-within", "duration_s": 80, "scheduler": {"lease_ms": 3000, "heartbeat_ms": 1000},
+        "instances": [{"name": "a"}, {"name": "b"}],
+        "jobs": [{"name": "tick", "cron": "*/10 * * * * *", "work_s": 1.0}],
+        "faults": [{"at_s": 15, "kind": "partition", "instance": "a", "duration_s": 40},
+                   {"at_s": 15, "kind": "pause", "instance": "b", "duration_s": 40},
+                   {"at_s": 20, "kind": "crash", "instance": "a", "restart_after_s": 2},
+                   {"at_s": 20, "kind": "crash", "instance": "b", "restart_after_s": 2}],
+    })  # fmt: skip
+    strategies = ["lease", "script"]
+    outcomes = await run_live(scenario, real_target, strategies)
+    heal_s = 55 * SCALE
+    for strategy, outcome in outcomes.items():
+        faults = [(e.t, e.value) for e in outcome.history.events if e.kind == "fault"]
+        for instance, struck, healed in (("a", "cut off from the store", "reconnected"), ("b", "paused", "resumed")):
+            mine = [(t, value.removeprefix(f"{strategy} instance {instance} ")) for t, value in faults
+                    if value.startswith(f"{strategy} instance {instance} ")]  # fmt: skip
+            assert [value for _, value in mine] == [struck, "killed", healed, "restarted"], mine
+            assert mine[3][0] >= mine[2][0] >= heal_s
+            busy = [e for e in outcome.history.events if e.process == instance and e.kind in ("invoke", "ok")]
+            # Its killed process claimed nothing after the fault struck (give it 50 ms), its new one nothing
+            # before the fault healed; the new one claims again after.
+            assert not [e for e in busy if 15 * SCALE + 0.05 <= e.t < heal_s], (strategy, instance)
+            assert [e for e in busy if e.t >= heal_s], (strategy, instance)
+        assert outcome.judgement.verdict("P1").status == "valid", outcome.judgement.verdict("P1").witness

@@ -39,7 +39,7 @@ from sim.history import Event, Execution, History
 from sim.run import Outcome
 from sim.scenario import FaultSpec, JobSpec, Scenario, ScenarioError
 from sim.servers import RunningServer, start_server
-from sim.world import FaultWindow
+from sim.world import START_RETRY_S, FaultWindow
 
 SCALE = 0.2  # live seconds per scenario second
 SETTLE_AFTER_FAULTS_S = 60  # scenario seconds judged after the last fault heals; the rest is cut
@@ -98,7 +98,8 @@ class Proxy:
 
     def __init__(self, host: str, port: int) -> None:
         self.upstream = (host, port)
-        self.cut_off = False
+        self.cuts = 0  # partitions in force: overlapping ones end when the last does
+        self.refused = 0  # connections refused while cut off
         self._pairs: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = set()
         self._server: asyncio.Server | None = None
 
@@ -106,8 +107,13 @@ class Proxy:
         self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
         return int(self._server.sockets[0].getsockname()[1])
 
+    @property
+    def cut_off(self) -> bool:
+        return self.cuts > 0
+
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if self.cut_off:
+            self.refused += 1
             writer.transport.abort()
             return
         try:
@@ -130,11 +136,11 @@ class Proxy:
                 side.transport.abort()
 
     def cut(self) -> None:
-        self.cut_off = True
+        self.cuts += 1
         self.drop()
 
     def heal(self) -> None:
-        self.cut_off = False
+        self.cuts -= 1
 
     def redirect(self, host: str, port: int) -> None:
         self.upstream = (host, port)
@@ -168,6 +174,9 @@ class Instance:
     drift: float = 0.0
     process: asyncio.subprocess.Process | None = None
     killed_at: list[tuple[int, float]] = field(default_factory=list)  # (pid, monotonic time)
+    # Pauses in force. They strike the instance, not one process of it: a process restarted within one starts
+    # paused. (Partitions live in the proxy, which a restarted process connects through.)
+    pauses: int = 0
 
     async def spawn(self) -> None:
         self.config["offset_ms"] = self.offset_ms
@@ -180,12 +189,55 @@ class Instance:
                 env={**os.environ, "PYTHONHASHSEED": "0"},
             )  # fmt: skip
 
-    async def ready(self) -> None:
+    async def ready(self) -> bool:
+        """Wait until the process says it has started; False if it exited first (killed, or it could not reach
+        the store). Time it spends paused does not count towards READY_TIMEOUT_S."""
         assert self.process is not None
         assert self.process.stdout is not None
-        line = await asyncio.wait_for(self.process.stdout.readline(), READY_TIMEOUT_S)
-        if line.strip() != b"ready":
+        said = asyncio.ensure_future(self.process.stdout.readline())
+        waited = 0.0
+        try:
+            while not (await asyncio.wait([said], timeout=1.0))[0]:
+                waited += 0.0 if self.pauses else 1.0
+                if waited >= READY_TIMEOUT_S:
+                    raise RuntimeError(f"instance {self.strategy}/{self.name} did not start in {READY_TIMEOUT_S} s")
+        finally:
+            said.cancel()
+        line = said.result()
+        if line and line.strip() != b"ready":
             raise RuntimeError(f"instance {self.strategy}/{self.name} did not start: {line!r}")
+        return bool(line)
+
+    async def restart(self) -> bool:
+        """Start a new process: paused if a pause is in force; again every START_RETRY_S (scaled) while it exits
+        because its proxy refused it the store. False if there is nothing to restart: a process is up already
+        (two overlapping crashes end with one process), or the one starting was killed."""
+        kills = len(self.killed_at)
+        while self.process is None and len(self.killed_at) == kills:
+            refused = self.proxy.refused
+            await self.spawn()
+            if self.pauses:
+                self.signal(signal.SIGSTOP)
+            if await self.ready():
+                return True
+            if len(self.killed_at) != kills:
+                return False
+            process, self.process = self.process, None
+            assert process is not None
+            await process.wait()
+            if self.proxy.refused == refused:
+                raise RuntimeError(f"instance {self.strategy}/{self.name} exited as it started; see {self.log}")
+            await asyncio.sleep(START_RETRY_S * SCALE)
+        return False
+
+    def pause(self) -> None:
+        self.pauses += 1
+        self.signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self.pauses -= 1
+        if not self.pauses:
+            self.signal(signal.SIGCONT)
 
     def signal(self, number: signal.Signals) -> None:
         if self.process is not None and self.process.returncode is None:
@@ -239,7 +291,9 @@ class LiveRun:
         everyone = [i for group in self.groups.values() for i in group]
         for instance in everyone:
             await instance.spawn()
-        await asyncio.gather(*(i.ready() for i in everyone))
+        for instance, ready in zip(everyone, await asyncio.gather(*(i.ready() for i in everyone)), strict=True):
+            if not ready:
+                raise RuntimeError(f"instance {instance.strategy}/{instance.name} exited as it started")
 
     async def run(self) -> float:
         """Run the scenario from the next wall-clock moment aligned like the simulator's start (slots of every
@@ -320,15 +374,14 @@ class LiveRun:
             self._window(fault, start, end, target)
             if restart is not None:
                 await asyncio.sleep(float(restart))
-                await target.spawn()
-                await target.ready()
-                self._record(fault, f"{detail} restarted")
+                if await target.restart():
+                    self._record(fault, f"{detail} restarted")
         elif fault.kind == "pause":
             self._record(fault, f"{detail} paused")
-            target.signal(signal.SIGSTOP)
+            target.pause()
             self._window(fault, start, start + fault.duration_s, target)
             await asyncio.sleep(fault.duration_s)
-            target.signal(signal.SIGCONT)
+            target.resume()
             self._record(fault, f"{detail} resumed")
         elif fault.kind == "partition":
             self._record(fault, f"{detail} cut off from the store")
