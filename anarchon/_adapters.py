@@ -101,8 +101,8 @@ def decode(reply: Any) -> Reply:
         return reply
     if isinstance(reply, float):  # RESP2 has no doubles; only some clients turn replies into floats
         return repr(reply)
-    if isinstance(reply, dict):  # GLIDE returns multi-node replies as {node: reply}
-        return [decode(value) for value in reply.values()]
+    if isinstance(reply, dict):  # a RESP3 map: flat, as RESP2 sends it
+        return [decode(item) for pair in reply.items() for item in pair]
     return str(reply)
 
 
@@ -142,6 +142,8 @@ def _command_key(command: Command) -> Arg | None:
     name = _command_name(command)
     if name in ("EVAL", "EVALSHA"):
         return command[3] if int(command[2]) > 0 else None
+    if name == "XINFO":  # XINFO STREAM key: a subcommand first
+        return command[2] if len(command) > 2 else None
     return command[1] if len(command) > 1 and name not in ("INFO", "PING", "SCRIPT", "TIME") else None
 
 
@@ -473,7 +475,7 @@ class Glide:
 
     async def execute(self, command: Command) -> Reply:
         sent = self.client.custom_command([_encode(arg) for arg in command])
-        return decode(await _guard(sent, _translate_glide))
+        return decode(self._resp2_shape(command, await _guard(sent, _translate_glide)))
 
     async def execute_many(self, commands: Sequence[Command]) -> list[Reply | StoreError]:
         import glide
@@ -482,9 +484,23 @@ class Glide:
         batch = glide.ClusterBatch(is_atomic=False) if self.cluster else glide.Batch(is_atomic=False)
         for command in commands:
             batch.custom_command([_encode(arg) for arg in command])
-        replies = await _guard(self.client.exec(batch, raise_on_error=False))
-        decoded = [decode_in_place(reply) for reply in replies or []]
+        replies = await _guard(self.client.exec(batch, raise_on_error=False)) or []  # typed as possibly None
+        decoded = [
+            decode_in_place(self._resp2_shape(command, reply)) for command, reply in zip(commands, replies, strict=True)
+        ]
         return [_unfollowed(reply) if isinstance(reply, StoreError) else reply for reply in decoded]
+
+    def _resp2_shape(self, command: Command, reply: Any) -> Any:
+        """GLIDE reshapes some replies whichever protocol it speaks: stream entries come as {id: [[field, value],
+        …]}, and a cluster client answers a command it sent to every node with {node address: reply}. Back to
+        what the server sends under RESP2 (other maps, such as XINFO's, decode() flattens)."""
+        if not isinstance(reply, dict):
+            return reply
+        if _command_name(command) in ("XRANGE", "XREVRANGE"):
+            return [[entry_id, [item for pair in fields for item in pair]] for entry_id, fields in reply.items()]
+        if self.cluster and _command_key(command) is None:
+            return list(reply.values())
+        return reply
 
     async def server_info(self) -> ServerInfo:
         return parse_info(as_text(await self.execute(["INFO", "server"])))

@@ -134,6 +134,16 @@ async def glide_cluster(server: RunningServer) -> Any:
     return await GlideClusterClient.create(config)
 
 
+async def glide_standalone_resp3(server: RunningServer) -> Any:
+    config = GlideClientConfiguration([NodeAddress(server.host, server.port)], protocol=ProtocolVersion.RESP3)
+    return await GlideClient.create(config)
+
+
+async def glide_cluster_resp3(server: RunningServer) -> Any:
+    config = GlideClusterClientConfiguration([NodeAddress(server.host, server.port)], protocol=ProtocolVersion.RESP3)
+    return await GlideClusterClient.create(config)
+
+
 ClientOnServer = tuple[str, Any, RunningServer]  # the client's name in CLIENTS, the client, its server
 CLIENTS: dict[str, tuple[bool, Callable[[RunningServer], Any]]] = {  # name: (cluster server?, factory)
     "redis-py-asyncio": (False, lambda s: redis.asyncio.Redis(host=s.host, port=s.port, protocol=2)),
@@ -156,7 +166,21 @@ CLIENTS: dict[str, tuple[bool, Callable[[RunningServer], Any]]] = {  # name: (cl
     ),
     "valkey-py-sync-cluster": (True, lambda s: valkey.cluster.ValkeyCluster(host=s.host, port=s.port, protocol=2)),
     "glide-cluster": (True, glide_cluster),
+    # RESP3, the default of redis-py 8 and GLIDE: maps where RESP2 sends flat arrays (Redis 6 and later).
+    "redis-py-asyncio-resp3": (False, lambda s: redis.asyncio.Redis(host=s.host, port=s.port, protocol=3)),
+    "redis-py-sync-resp3": (False, lambda s: redis.Redis(host=s.host, port=s.port, protocol=3)),
+    "glide-resp3": (False, glide_standalone_resp3),
+    "redis-py-asyncio-cluster-resp3": (
+        True,
+        lambda s: redis.asyncio.cluster.RedisCluster(host=s.host, port=s.port, protocol=3),
+    ),
+    "glide-cluster-resp3": (True, glide_cluster_resp3),
 }
+
+
+# The resharding and failover tests start servers of their own: they run with the RESP2 cluster clients only (the
+# RESP3 ones, whose replies differ only in shape, run the strategy and cluster batch tests).
+RESP2_CLUSTER_CLIENTS = [name for name, (cluster, _) in CLIENTS.items() if cluster and not name.endswith("-resp3")]
 
 
 async def _close(client: Any) -> None:
@@ -171,6 +195,8 @@ async def _close(client: Any) -> None:
 
 async def _client(name: str, running: RunningServer) -> Any:
     """A new client of CLIENTS[name] on the server (an asyncio cluster client awaited: it reads the map of slots)."""
+    if name.endswith("-resp3") and running.target == "redis-5":
+        pytest.skip("RESP3 needs Redis 6 or later (HELLO 3); redis-5 speaks RESP2 only")
     made = CLIENTS[name][1](running)
     return await made if inspect.isawaitable(made) else made
 
@@ -246,6 +272,33 @@ async def test_every_client_drives_the_lease_strategy(client_on_server: ClientOn
 
     await backend.stop()  # the client was passed in: it stays open
     assert await RedisBackend(redis=client, prefix=f"{name}:").strategy.history(store, "sync", 1)
+
+
+@pytest.mark.parametrize("strategy", ["stream-id", "script", "idmp"])
+async def test_every_client_drives_the_claim_only_strategies(client_on_server: ClientOnServer, strategy: str) -> None:
+    name, client, running = client_on_server
+    if strategy == "idmp" and (running.is_valkey or running.version_info[:2] < (8, 6)):
+        pytest.skip(f"idmp needs XADD IDMP (Redis 8.6 or later); {running.target} has none")
+    policy = JobPolicy(history_size=100)
+    claims = []
+    # Two instances, one after the other: the second starts on a job stream that holds entries (idmp reads its
+    # settings back with XINFO STREAM, a map under RESP3), and reads the first one's entry back to lose.
+    for token in ("a", "b"):
+        backend = RedisBackend(redis=client, prefix=f"{name}:", strategy=strategy)
+        await backend.start(["sync"])
+        [claim] = await backend.strategy.claim(backend.store, [(req(SLOT, token), policy)])
+        assert isinstance(claim, Claim), claim
+        claims.append(claim)
+        if claim.outcome is Outcome.WON:
+            record = RunRecord(
+                job="sync", run=str(SLOT), slot=SLOT, attempt=1, status="ok", runner=f"runner-{token}", token=token,
+                fence=claim.fence, manual=False, started=SLOT, ended=SLOT + 5,
+            )  # fmt: skip
+            assert await backend.strategy.finish(backend.store, req(SLOT, token), claim, policy, record)
+        history = await backend.strategy.history(backend.store, "sync", 5)
+        await backend.stop()
+    assert [c.outcome for c in claims] == [Outcome.WON, Outcome.LOST]
+    assert [(h.slot, h.status, h.token) for h in history] == [(SLOT, "ok", "a")]
 
 
 async def test_start_caches_the_scripts_on_every_primary(cluster_client: ClientOnServer) -> None:
@@ -327,7 +380,7 @@ async def _claim(backend: RedisBackend[Any], job: str, token: str) -> Claim | St
     return answer
 
 
-@pytest.mark.parametrize("name", [name for name, (cluster, _) in CLIENTS.items() if cluster])
+@pytest.mark.parametrize("name", RESP2_CLUSTER_CLIENTS)
 async def test_a_claim_answered_moved_is_sent_to_the_slots_new_owner(real_target: str, name: str) -> None:
     """A job's slot changes hands (as in a resharding) after the client read the cluster's map: the claim sent by
     the old map is answered MOVED, the map is read again and the claim is won on the new owner."""
@@ -345,7 +398,7 @@ async def test_a_claim_answered_moved_is_sent_to_the_slots_new_owner(real_target
                 on_target.close()
 
 
-@pytest.mark.parametrize("name", [name for name, (cluster, _) in CLIENTS.items() if cluster])
+@pytest.mark.parametrize("name", RESP2_CLUSTER_CLIENTS)
 async def test_claims_and_results_answered_ask_take_effect_where_the_keys_moved(real_target: str, name: str) -> None:
     """Mid-resharding: a stream-id job's slot is being moved and its runs stream already was, so the old owner
     answers ASK. Its claims go to the new owner (after ASKING) and act on the moved stream, in the batch's order: a
@@ -417,7 +470,7 @@ def _move_empty_slot(running: RunningServer, slot: int, source: tuple[str, int],
             client.close()
 
 
-@pytest.mark.parametrize("name", [name for name, (cluster, _) in CLIENTS.items() if cluster])
+@pytest.mark.parametrize("name", RESP2_CLUSTER_CLIENTS)
 async def test_claims_reach_the_promoted_replica_after_a_cluster_failover(real_target: str, name: str) -> None:
     """The primary that holds a job dies; its replica is voted primary. The cluster's map is read again and the
     claims find the new primary, where the run it had replicated is still held: another instance's claim of it
@@ -454,7 +507,7 @@ async def test_claims_reach_the_promoted_replica_after_a_cluster_failover(real_t
             assert answer.outcome is Outcome.RUNNING
 
 
-@pytest.mark.parametrize("name", [name for name, (cluster, _) in CLIENTS.items() if cluster])
+@pytest.mark.parametrize("name", RESP2_CLUSTER_CLIENTS)
 async def test_while_a_primary_is_down_the_others_answer_their_part_of_a_batch(real_target: str, name: str) -> None:
     """A cluster that serves the slots it still covers (``cluster-require-full-coverage no``) loses a primary: a
     batch of claims is won on the primaries that are up, and only the claims of the lost primary's jobs come back
