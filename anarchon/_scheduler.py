@@ -553,7 +553,9 @@ class Scheduler(Generic[M]):
 
     def _request(self, entry: _Due) -> RunRequest:
         _, _, job, slot, _, _, token = entry
-        return RunRequest(job, run_id(slot), slot, token or self._token(), self.instance_id)
+        if token is None:
+            return RunRequest(job, run_id(slot), slot, self._token(), self.instance_id)
+        return RunRequest(job, run_id(slot), slot, token, self.instance_id, retry=True)
 
     def _settle(self, entry: _Due, request: RunRequest, claim: Claim | StoreError, now: int, sent: float) -> None:
         _, _, name, slot, kind, failures, _ = entry

@@ -2,7 +2,9 @@
 
 The first claim of a slot wins and every later one loses, forever (trimming never lowers the last id). The
 catch: once a later slot was claimed, an earlier one is refused too, so a late claim or a skewed clock misses
-it. Tokens play no part: a retried claim loses against its own earlier entry.
+it. Tokens play no part in the XADD: a claim sent again loses against its own earlier entry. (The strategy then
+reads the entry back when the claim is a retry after a lost answer, to recognise its own win; that read-back is
+tested against real servers, in tests/reliability/test_lost_replies.py, not modelled here.)
 """
 
 from __future__ import annotations

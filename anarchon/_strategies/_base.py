@@ -36,7 +36,8 @@ class Claim(NamedTuple):
 @dataclass(frozen=True, slots=True)
 class RunRequest:
     """One instance asking for one run. ``run`` is the store's id of the run: the slot for a scheduled run,
-    ``m<slot>-<tag>`` for a manual one (see :func:`run_id`)."""
+    ``m<slot>-<tag>`` for a manual one (see :func:`run_id`). ``retry``: the claim is sent again, with the same
+    token, after a try that may have reached the store (its answer never came)."""
 
     job: str
     run: str
@@ -44,6 +45,7 @@ class RunRequest:
     token: str
     runner: str
     manual: bool = False
+    retry: bool = False
 
 
 def run_id(slot: int, manual_tag: str | None = None) -> str:

@@ -1,7 +1,8 @@
 """stream-id: XADD with the run's slot as the explicit entry ID; the server's refusal is the lost claim.
 
 The server refuses an ID that is not greater than the stream's last one, so only the first XADD of a slot
-succeeds, and runs are remembered forever (IDs only grow, also after trimming). The catch: once a later slot
+succeeds, and runs are remembered forever (IDs only grow, also after trimming). A retried claim that is refused
+reads the slot's entry back, to tell its own lost win from another instance's. The catch: once a later slot
 was claimed, an earlier one can no longer be (a late claim, or a skewed clock, misses it).
 """
 
@@ -10,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .._errors import StoreError, StoreReplyError
-from .._store import Store
+from .._store import Reply, Store, as_list, as_text
 from ._base import Claim, JobPolicy, Outcome, RunRequest, fence_of
 from ._claim_only import ClaimOnlyStrategy
 
@@ -30,11 +31,42 @@ class StreamIdStrategy(ClaimOnlyStrategy):
             )
             for r, policy in requests
         ]  # fmt: skip
+        replies = await store.execute_many(commands)
+        refused = [_refused(reply) for reply in replies]
+        # A retried claim may be refused because its own first try wrote the entry (that answer was lost): it
+        # reads the entry back, and its token there is a win. First tries cost no read.
+        rereads = [i for i, (r, _) in enumerate(requests) if r.retry and refused[i]]
+        owners = dict(zip(rereads, await self._tokens_at(store, [requests[i][0] for i in rereads]), strict=True))
         claims: list[Claim | StoreError] = []
-        for (request, _), reply in zip(requests, await store.execute_many(commands), strict=True):
-            if isinstance(reply, StoreError):
-                lost = isinstance(reply, StoreReplyError) and ID_NOT_GREATER in reply.reply
-                claims.append(Claim(Outcome.LOST) if lost else reply)
+        for i, ((request, _), reply) in enumerate(zip(requests, replies, strict=True)):
+            owner = owners.get(i)
+            if isinstance(owner, StoreError):
+                claims.append(owner)  # tried again later
+            elif refused[i] and owner != request.token:
+                claims.append(Claim(Outcome.LOST))
+            elif isinstance(reply, StoreError) and not refused[i]:
+                claims.append(reply)
             else:
                 claims.append(Claim(Outcome.WON, 1, fence_of(f"{request.slot}-0")))  # the ID it was written at
         return claims
+
+    async def _tokens_at(self, store: Store, requests: Sequence[RunRequest]) -> list[str | StoreError | None]:
+        """The token of each request's slot entry: None when there is none, the error when it cannot be read."""
+        if not requests:
+            return []
+        reads = [("XRANGE", self.keys.claim(r.job).runs, f"{r.slot}-0", f"{r.slot}-0") for r in requests]
+        tokens: list[str | StoreError | None] = []
+        for entry in await store.execute_many(reads):
+            if isinstance(entry, StoreError):
+                tokens.append(entry)
+                continue
+            found = as_list(entry)  # [[id, [field, value, …]]], or [] when the slot has no entry
+            fields = as_list(as_list(found[0], 2)[1]) if found else []
+            token = dict(zip(fields[::2], fields[1::2], strict=True)).get("token")
+            tokens.append(None if token is None else as_text(token))
+        return tokens
+
+
+def _refused(reply: Reply | StoreError) -> bool:
+    """Whether the server refused the XADD because the stream already holds this slot's ID or a later one."""
+    return isinstance(reply, StoreReplyError) and ID_NOT_GREATER in reply.reply
