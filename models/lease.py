@@ -64,8 +64,12 @@ def claim(store: LeaseStore, slot: int, token: str, now: int, policy: JobPolicy)
         return _start(store, slot, token, now, policy, 1)
     if not r.running:
         return store, Claim(Outcome.DONE, r.attempt, r.fence)
-    if r.token == token:  # a retried claim: the caller already holds the run
-        return store, Claim(Outcome.WON, r.attempt, r.fence, max(0, r.lease_end - now))
+    if r.token == token:  # a retried claim: the caller already holds the run; an expired lease is renewed
+        if r.lease_end <= now:
+            return store.put(slot, replace(r, lease_end=now + policy.lease_ms)), Claim(
+                Outcome.WON, r.attempt, r.fence, policy.lease_ms
+            )
+        return store, Claim(Outcome.WON, r.attempt, r.fence, r.lease_end - now)
     if r.lease_end > now:
         return store, Claim(Outcome.RUNNING, r.attempt, r.fence, r.lease_end - now)
     if r.attempt >= policy.max_attempts:

@@ -5,7 +5,8 @@
 -- ARGV[4]  lease_ms                  ARGV[5] max_attempts          ARGV[6] overlap allowed: "1" or "0"
 -- returns "<answer> <attempt> <fence> <lease_ms_left>" (one string: a client reads it faster than an array)
 --   "won"      the caller runs it: a new attempt was stored (or the caller's own token already holds it,
---              when a claim whose reply was lost is retried); lease_ms_left is its lease
+--              when a claim whose reply was lost is retried: its lease renewed if it ran out); lease_ms_left is
+--              its lease
 --   "running"  another attempt holds a live lease, or (overlap forbidden) the run's lease expired but another
 --              run of the job holds a live one; lease_ms_left says when to try again (the caller is a backup)
 --   "overlap"  another run of the job holds a live lease and overlap is forbidden: recorded as skipped-overlap
@@ -66,6 +67,12 @@ if r.status ~= 'running' then
 end
 now = server_now()
 if r.token == token then
+  -- This attempt's own claim again (the answer to the first was lost). Nobody took the run over: a lease that ran
+  -- out meanwhile is renewed, as a late heartbeat would renew it, so that the caller can run the job.
+  if r.lease_end <= now then
+    r.lease_end = now + lease_ms
+    save_run(run, r)
+  end
   return reply('won', r.attempt, r.fence, r.lease_end - now)
 end
 if r.lease_end > now then

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -156,14 +157,29 @@ async def test_done_after_finish_whatever_the_status(target: StoreTarget) -> Non
 
 
 async def test_a_retried_claim_recognises_its_own_token(target: StoreTarget, strategy: str) -> None:
-    if strategy == "stream-id":
-        pytest.skip("stream-id cannot tell its own earlier XADD from another instance's")
     backend = await target.started_backend(strategy)
     req = request(SLOT, "mine")
     first = await claim_one(backend, req, JobPolicy())
-    retry = await claim_one(backend, req, JobPolicy())
+    retry = await claim_one(backend, replace(req, retry=True), JobPolicy())
     assert first.outcome is retry.outcome is Outcome.WON
     assert first.fence == retry.fence
+    # Another instance's retry is not fooled.
+    rival = await claim_one(backend, replace(request(SLOT, "rival"), retry=True), JobPolicy())
+    assert rival.outcome is (Outcome.RUNNING if strategy == "lease" else Outcome.LOST)
+
+
+async def test_a_retried_claim_renews_its_own_lease_that_ran_out_meanwhile(target: StoreTarget) -> None:
+    """The first claim's answer was lost and the store stayed out of reach past the lease; nobody took over."""
+    backend = await target.started_backend("lease")
+    policy = JobPolicy(lease_ms=150)
+    req = request(SLOT, "mine")
+    first = await claim_one(backend, req, policy)
+    await asyncio.sleep(0.2)
+    retry = await claim_one(backend, replace(req, retry=True), policy)
+    assert (retry.outcome, retry.attempt, retry.fence, retry.lease_ms_left) == (Outcome.WON, 1, first.fence, 150)
+    backup = await claim_one(backend, request(SLOT, "backup"), policy)
+    assert backup.outcome is Outcome.RUNNING  # the lease is live again: no takeover
+    assert await backend.strategy.finish(backend.store, req, retry, policy, record(req, retry))
 
 
 async def test_overlap_is_refused_while_another_run_holds_a_live_lease(target: StoreTarget) -> None:
