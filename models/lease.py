@@ -117,9 +117,9 @@ def finish(
 
 
 def skip(store: LeaseStore, slot: int, token: str, now: int, policy: JobPolicy) -> tuple[LeaseStore, bool]:
-    """Record a run claimed too late as skipped-late, unless it already has a state or the store's clock says it
-    is not late yet."""
-    if store.run(slot) is not None or now <= slot + policy.late_after_ms:
+    """Record a run claimed too late as skipped-late, unless it already has a state, or the store's clock says it
+    is not late yet or more than ``keep_ms`` past its slot (its state may have been trimmed)."""
+    if store.run(slot) is not None or not slot + policy.late_after_ms < now <= slot + policy.keep_ms:
         return store, False
     return trim(store.put(slot, Run("skipped-late", 1, token, 0, 0)), now, policy), True
 

@@ -3,16 +3,17 @@
 -- ARGV[1] run id    ARGV[2] token    ARGV[3] runner    ARGV[4] status ("skipped-late")
 -- ARGV[5] message as a JSON literal    ARGV[6] history_size    ARGV[7] keep_ms    ARGV[8] history_ttl_ms
 -- ARGV[9] late_after_ms: the job's jitter_ms + max_late_ms
--- returns 1 if the skip was recorded, 0 if the run already had a state (claimed, finished or skipped) or if
+-- returns 1 if the skip was recorded, 0 if the run already had a state (claimed, finished or skipped), if
 --   the server's clock is not yet late_after_ms past the slot (the caller's clock is ahead: the run is left to
---   the instances whose clocks say it is due)
+--   the instances whose clocks say it is due), or if it is more than keep_ms past it (the run's state may have
+--   been trimmed: no record beats a skip recorded beside a run that did run)
 local run = ARGV[1]
 if redis.call('HEXISTS', STATE, run) == 1 then
   return 0
 end
 local now = server_now()
 local slot, manual = run_slot(run)
-if now <= tonumber(slot) + tonumber(ARGV[9]) then
+if now <= tonumber(slot) + tonumber(ARGV[9]) or now > tonumber(slot) + tonumber(ARGV[7]) then
   return 0
 end
 local skipped = { status = ARGV[4], attempt = 1, token = ARGV[2], runner = ARGV[3], lease_end = 0, fence = 0,

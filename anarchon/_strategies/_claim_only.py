@@ -20,6 +20,7 @@ class ClaimOnlyStrategy:
     name: str
     leases = False
     scripts: tuple[Script, ...] = ()
+    remembers_ms: int | None = None  # how long after its slot the store still knows a run was claimed (None: ever)
 
     def __init__(self, keys: KeySpace) -> None:
         self.keys = keys
@@ -76,9 +77,13 @@ class ClaimOnlyStrategy:
     async def skip(self, store: Store, request: RunRequest, policy: JobPolicy, status: Status, message: str) -> bool:
         """Record the skip of a run that the store's clock also sees as late and that no instance claimed: the run
         is claimed for the skip first. An instance whose clock ran ahead then skips no run the others are about
-        to run, and a late instance records no skip beside the run that another one ran."""
+        to run, and a late instance records no skip beside the run that another one ran. Past what the store
+        remembers (``remembers_ms``) the claim could win again although the run ran: no skip is recorded."""
         seconds, micros = (int(as_text(part)) for part in as_list(await store.execute("TIME"), 2))
-        if seconds * 1000 + micros // 1000 <= request.slot + policy.late_after_ms:
+        now = seconds * 1000 + micros // 1000
+        if now <= request.slot + policy.late_after_ms:
+            return False
+        if self.remembers_ms is not None and now > request.slot + self.remembers_ms:
             return False
         [claim] = await self.claim_scheduled(store, [(request, policy)])
         if isinstance(claim, StoreError):

@@ -25,6 +25,7 @@ class IdmpStrategy(ClaimOnlyStrategy):
     def __init__(self, keys: KeySpace, duration_sec: int, max_size: int) -> None:
         super().__init__(keys)
         self.duration_sec = duration_sec
+        self.remembers_ms = duration_sec * 1000
         self.max_size = max_size
         # Each job's stream is configured once per process, before the job's first claim, whether the job was
         # registered before start or after it. Concurrent first claims share one configuration: a second

@@ -23,7 +23,7 @@ class ScriptStrategy(ClaimOnlyStrategy):
 
     def __init__(self, keys: KeySpace, window_ms: int) -> None:
         super().__init__(keys)
-        self.window_ms = window_ms
+        self.window_ms = self.remembers_ms = window_ms
 
     async def claim_scheduled(
         self, store: Store, requests: Sequence[tuple[RunRequest, JobPolicy]]

@@ -182,6 +182,37 @@ async def test_a_retried_claim_renews_its_own_lease_that_ran_out_meanwhile(targe
     assert await backend.strategy.finish(backend.store, req, retry, policy, record(req, retry))
 
 
+MEMORY = {"lease": "lease", "stream-id": "stream-id", "script": {"name": "script", "window_ms": 1_000},
+          "idmp": {"name": "idmp", "duration_sec": 1}}  # fmt: skip
+
+
+async def test_a_late_skip_is_recorded_only_while_the_store_remembers_the_run(
+    target: StoreTarget, strategy: str
+) -> None:
+    """Past what the store remembers of a run (lease: keep_ms; script: window_ms; idmp: duration_sec; stream-id:
+    forever) its claim could win again although the run ran: no skip is recorded then."""
+    backend = await target.started_backend(MEMORY[strategy])
+    policy = JobPolicy(late_after_ms=100, keep_ms=1_000)
+    now = await target.server_ms()
+    remembered, forgotten = now - 500, now - 2_000
+    for slot in (forgotten, remembered):  # in slot order: stream-id refuses an earlier slot after a later one
+        request = RunRequest("sync", run_id(slot), slot, f"t{slot}", "b")
+        recorded = await backend.strategy.skip(backend.store, request, policy, "skipped-late", "too late")
+        assert recorded is (slot == remembered or strategy == "stream-id"), slot - now
+    if strategy in ("script", "idmp"):  # a run that ran, then forgotten: no skip beside it
+        slot = now + 200
+        ran = RunRequest("sync", run_id(slot), slot, "ran", "a")
+        [claim] = await backend.strategy.claim(backend.store, [(ran, policy)])
+        assert isinstance(claim, Claim)
+        assert claim.outcome is Outcome.WON
+        assert await backend.strategy.finish(backend.store, ran, claim, policy, record(ran, claim))
+        await asyncio.sleep(1.5)  # the store forgets the claim
+        late = RunRequest("sync", run_id(slot), slot, "late", "b")
+        assert not await backend.strategy.skip(backend.store, late, policy, "skipped-late", "too late")
+        history = await backend.strategy.history(backend.store, "sync", 10)
+        assert [r.status for r in history if r.slot == slot] == ["ok"]
+
+
 async def test_overlap_is_refused_while_another_run_holds_a_live_lease(target: StoreTarget) -> None:
     backend = await target.started_backend("lease")
     forbid, allow = JobPolicy(lease_ms=5_000), JobPolicy(lease_ms=5_000, overlap=True)
