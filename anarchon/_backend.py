@@ -6,6 +6,7 @@ The type parameter records whether the strategy gives leases (:class:`Leased`) o
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Generic, Protocol, TypedDict, TypeVar, overload
@@ -141,6 +142,7 @@ class RedisBackend(Generic[M]):
         self.strategy: Strategy = make_strategy(self.config, self.keys)
         self._spec = _connection_spec(self._connection_option, connection)
         self._store: Store | None = None
+        self._starting = asyncio.Lock()  # two start() at once open one connection
         self.server: ServerInfo | None = None
 
     @property
@@ -160,19 +162,20 @@ class RedisBackend(Generic[M]):
 
     async def start(self, jobs: Sequence[str] = ()) -> None:
         """Connect, detect the server, check the store format and prepare the strategy for ``jobs``."""
-        if self._store is not None:
-            return
-        store = _open(self._spec)
-        try:
-            self.server = await store.server_info()
-            self.strategy.check_server(self.server)
-            await _check_format(store, self.keys.format)
-            await self.strategy.prepare(store, jobs)
-            await store.load(self.strategy.scripts)
-        except BaseException:
-            await store.close()
-            raise
-        self._store = store
+        async with self._starting:
+            if self._store is not None:
+                return
+            store = _open(self._spec)
+            try:
+                self.server = await store.server_info()
+                self.strategy.check_server(self.server)
+                await _check_format(store, self.keys.format)
+                await self.strategy.prepare(store, jobs)
+                await store.load(self.strategy.scripts)
+            except BaseException:
+                await store.close()
+                raise
+            self._store = store
 
     async def stop(self) -> None:
         """Close the connection if anarchon opened it; a client passed in is left open."""

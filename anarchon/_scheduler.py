@@ -198,6 +198,7 @@ class Scheduler(Generic[M]):
         self._sleeper: asyncio.Task[None] | None = None
         self._naps: set[asyncio.Future[None]] = set()  # catch-ups' sleeps, which stop() ends
         self._stopping: asyncio.Future[None] | None = None
+        self._starting = False  # while start() runs: a second start() is refused meanwhile
         self._keeper: LeaseKeeper | None = None
         self._heartbeats: HeartbeatThread | None = None
         self._started = False
@@ -328,16 +329,20 @@ class Scheduler(Generic[M]):
 
     async def start(self) -> None:
         """Connect, check the store and the strategy, catch up missed runs (lease), and start scheduling."""
-        if self._started:
+        if self._started or self._starting:
             raise SchedulerStateError("the scheduler is already started")
-        await self.backend.start(list(self._jobs))
+        self._starting = True
         try:
-            self._start_keeper()
-            now = self.clock.wall_ms()
-        except BaseException:
-            await self._stop_keeper()
-            await self.backend.stop()
-            raise
+            await self.backend.start(list(self._jobs))
+            try:
+                self._start_keeper()
+                now = self.clock.wall_ms()
+            except BaseException:
+                await self._stop_keeper()
+                await self.backend.stop()
+                raise
+        finally:
+            self._starting = False
         self._started = True
         for job in self._jobs.values():
             self._schedule_next(job, now)

@@ -31,7 +31,15 @@ from glide import (
 )
 from redis.crc import key_slot
 
-from anarchon import RedisBackend, RunRecord, StoreError, StoreReplyError, StoreUnavailableError
+from anarchon import (
+    RedisBackend,
+    RunRecord,
+    Scheduler,
+    SchedulerStateError,
+    StoreError,
+    StoreReplyError,
+    StoreUnavailableError,
+)
 from anarchon._adapters import RedisPyAsync, RedisPyCluster, adapt, translate
 from anarchon._keys import KeySpace
 from anarchon._store import Command, Reply, ServerInfo, Store
@@ -566,6 +574,28 @@ async def test_anarchon_opens_and_closes_its_own_connection(real_server: ServerU
     await options.start(["sync"])
     assert real_server.client(db=2).exists("cron:format") == 1
     await options.stop()
+
+
+async def test_starts_at_once_open_one_connection_and_a_second_scheduler_start_is_refused(
+    real_server: ServerUnderTest,
+) -> None:
+    admin = real_server.client()
+    alone = len(admin.client_list())
+    backend = RedisBackend(redis=real_server.url())
+    await asyncio.gather(backend.start(["sync"]), backend.start(["sync"]))
+    assert len(admin.client_list()) == alone + 1
+    await backend.stop()
+    await eventually(lambda: len(admin.client_list()) == alone, 2)
+    assert len(admin.client_list()) == alone  # stop() closed the one connection: none leaked
+
+    scheduler = Scheduler(RedisBackend(redis=real_server.url()))
+    scheduler.add_job("sync", "0 0 1 1 *", lambda: None)
+    outcomes = await asyncio.gather(scheduler.start(), scheduler.start(), return_exceptions=True)
+    try:
+        assert outcomes[0] is None
+        assert isinstance(outcomes[1], SchedulerStateError)
+    finally:
+        await scheduler.stop()
 
 
 def test_unrecognised_objects_are_refused() -> None:
