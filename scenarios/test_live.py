@@ -7,10 +7,14 @@ by side on one server; idmp runs on its own where the server has IDMP (Redis 8.6
 
 from __future__ import annotations
 
+import asyncio
+from pathlib import Path
+
 import pytest
 
-from sim.live import SCALE, run_live
+from sim.live import SCALE, LiveRun, _toml, run_live, scaled
 from sim.scenario import Scenario, load_all, parse
+from sim.servers import start_server
 
 pytestmark = [pytest.mark.scenarios, pytest.mark.slow, pytest.mark.timeout(300)]
 SCENARIOS = load_all()
@@ -62,3 +66,27 @@ async def test_an_instance_restarted_within_a_pause_or_partition_comes_back_when
             assert not [e for e in busy if 15 * SCALE + 0.05 <= e.t < heal_s], (strategy, instance)
             assert [e for e in busy if e.t >= heal_s], (strategy, instance)
         assert outcome.judgement.verdict("P1").status == "valid", outcome.judgement.verdict("P1").witness
+
+
+async def test_an_instance_process_exits_once_the_run_that_started_it_is_gone(real_target: str, tmp_path: Path) -> None:
+    """Its stdin closes when the run's process dies without killing it (say, interrupted): it must not claim on
+    through whatever later listens on its proxy's old port."""
+    scenario = scaled(parse({
+        "name": "orphan", "duration_s": 60, "instances": [{"name": "a"}],
+        "jobs": [{"name": "tick", "cron": "*/10 * * * * *", "work_s": 1.0}],
+    }))  # fmt: skip
+    path = tmp_path / "scenario.toml"
+    path.write_text(_toml(scenario))
+    with start_server(real_target) as server:
+        run = LiveRun(scenario, server, ["lease"], tmp_path)
+        await run.setup(path)
+        [instance] = run.groups["lease"]
+        process = instance.process
+        assert process is not None
+        assert process.stdin is not None
+        try:
+            process.stdin.close()
+            assert await asyncio.wait_for(process.wait(), 10) == 0
+        finally:
+            await instance.kill()
+            await instance.proxy.close()

@@ -122,6 +122,9 @@ async def serve(config: dict[str, Any]) -> None:
     def read_commands() -> None:
         for line in sys.stdin:
             loop.call_soon_threadsafe(command, line)
+        # Its stdin closed: the run that started this process is gone without killing it (the run's own process
+        # was killed). Ended here, it cannot claim on through whatever later listens on its proxy's old port.
+        os._exit(0)
 
     threading.Thread(target=read_commands, daemon=True).start()
     print("ready", flush=True)
