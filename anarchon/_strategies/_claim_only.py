@@ -12,14 +12,16 @@ from collections.abc import Sequence
 from .._errors import StoreError
 from .._keys import KeySpace
 from .._records import RunRecord, Status, encode_record, result_score
-from .._store import Script, ServerInfo, Store, as_list, as_text
+from .._store import Script, ScriptCall, ServerInfo, Store, as_list, as_text
 from ._base import Claim, JobPolicy, Outcome, RunRequest, fence_of, read_history
+
+TRIM_STREAM = Script.load("stream_trim")
 
 
 class ClaimOnlyStrategy:
     name: str
     leases = False
-    scripts: tuple[Script, ...] = ()
+    scripts: tuple[Script, ...] = (TRIM_STREAM,)
     remembers_ms: int | None = None  # how long after its slot the store still knows a run was claimed (None: ever)
 
     def __init__(self, keys: KeySpace) -> None:
@@ -108,7 +110,16 @@ class ClaimOnlyStrategy:
         added, *_ = await store.execute_many(commands)
         if isinstance(added, StoreError):
             raise added
+        if policy.history_ttl_ms:
+            streams = self.streams_aged_by_ttl(record.job, policy.history_ttl_ms)
+            # A trim that fails is done by the next record's: the record itself is stored.
+            await store.run_many([ScriptCall(TRIM_STREAM, (key,), (record.ended - kept,)) for key, kept in streams])
         return added == 1
+
+    def streams_aged_by_ttl(self, job: str, ttl_ms: int) -> list[tuple[str, int]]:
+        """The job's streams that ``history_ttl_ms`` trims, each with how long it keeps its entries."""
+        keys = self.keys.claim(job)
+        return [(keys.manual, ttl_ms), (keys.runs, ttl_ms)]
 
     async def history(self, store: Store, job: str, limit: int) -> list[RunRecord]:
         return await read_history(store, job, self.keys.claim(job).results, limit)

@@ -32,6 +32,11 @@ class IdmpStrategy(ClaimOnlyStrategy):
         # XCFGSET after a claim's XADD would clear the id that claim registered.
         self._configured: dict[str, asyncio.Future[None]] = {}
 
+    def streams_aged_by_ttl(self, job: str, ttl_ms: int) -> list[tuple[str, int]]:
+        # A claim reads back the entry its IDMP id names: entries stay for the IDMP duration at least.
+        keys = self.keys.claim(job)
+        return [(keys.manual, ttl_ms), (keys.runs, max(ttl_ms, self.duration_sec * 1000))]
+
     def check_server(self, server: ServerInfo) -> None:
         if server.kind != "redis" or not server.at_least(8, 6):
             raise UnsupportedStrategyError(self.name, str(server), OTHER_STRATEGIES)

@@ -19,11 +19,14 @@ CLAIM = Script.load("script_claim")
 
 class ScriptStrategy(ClaimOnlyStrategy):
     name = "script"
-    scripts: tuple[Script, ...] = (CLAIM,)
+    scripts: tuple[Script, ...] = (CLAIM, *ClaimOnlyStrategy.scripts)
 
     def __init__(self, keys: KeySpace, window_ms: int) -> None:
         super().__init__(keys)
         self.window_ms = self.remembers_ms = window_ms
+
+    def streams_aged_by_ttl(self, job: str, ttl_ms: int) -> list[tuple[str, int]]:
+        return [(self.keys.claim(job).manual, ttl_ms)]  # the claim script ages the runs stream itself
 
     async def claim_scheduled(
         self, store: Store, requests: Sequence[tuple[RunRequest, JobPolicy]]

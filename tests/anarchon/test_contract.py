@@ -213,6 +213,33 @@ async def test_a_late_skip_is_recorded_only_while_the_store_remembers_the_run(
         assert [r.status for r in history if r.slot == slot] == ["ok"]
 
 
+@pytest.mark.parametrize("claim_only", ["stream-id", "idmp", "script"])
+async def test_history_ttl_ms_ages_the_claim_only_streams_out(target: StoreTarget, claim_only: str) -> None:
+    """The manual stream and the runs stream (script's claim script ages its runs itself); idmp keeps its runs
+    for its IDMP duration at least (a claim reads its entry back)."""
+    if claim_only == "idmp" and not target.supports_idmp:
+        pytest.skip(f"idmp needs Redis 8.6+; {target.name} is {target.describe}")
+    backend = await target.started_backend(MEMORY[claim_only])
+    policy = JobPolicy(history_ttl_ms=300)
+
+    async def run_once(manual: bool) -> None:
+        now = await target.server_ms()
+        req = RunRequest("sync", run_id(now, "m") if manual else run_id(now), now, f"t{now}{manual}", "a", manual)
+        claim = await claim_one(backend, req, policy)
+        assert claim.outcome is Outcome.WON
+        assert await backend.strategy.finish(backend.store, req, claim, policy, record(req, claim))
+
+    await run_once(manual=True)
+    await run_once(manual=False)
+    await asyncio.sleep(1.2)  # past history_ttl_ms, and past idmp's duration_sec of 1
+    await run_once(manual=False)  # its record trims what is older than history_ttl_ms
+    manual = await target.raw("XRANGE", "cron:sync:manual", "-", "+")
+    runs = await target.raw("XRANGE", "cron:sync:runs", "-", "+")
+    assert manual == []
+    assert len(runs) == 1
+    assert [r.manual for r in await backend.strategy.history(backend.store, "sync", 10)] == [False]
+
+
 async def test_overlap_is_refused_while_another_run_holds_a_live_lease(target: StoreTarget) -> None:
     backend = await target.started_backend("lease")
     forbid, allow = JobPolicy(lease_ms=5_000), JobPolicy(lease_ms=5_000, overlap=True)
