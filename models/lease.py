@@ -65,11 +65,12 @@ def claim(store: LeaseStore, slot: int, token: str, now: int, policy: JobPolicy)
     if not r.running:
         return store, Claim(Outcome.DONE, r.attempt, r.fence)
     if r.token == token:  # a retried claim: the caller already holds the run; an expired lease is renewed
-        if r.lease_end <= now:
-            return store.put(slot, replace(r, lease_end=now + policy.lease_ms)), Claim(
-                Outcome.WON, r.attempt, r.fence, policy.lease_ms
-            )
-        return store, Claim(Outcome.WON, r.attempt, r.fence, r.lease_end - now)
+        if r.lease_end > now:
+            return store, Claim(Outcome.WON, r.attempt, r.fence, r.lease_end - now)
+        if other_end is not None:  # renewed, it would run beside another live run: the caller waits for it
+            return store, Claim(Outcome.RUNNING, r.attempt, r.fence, other_end - now)
+        renewed = replace(r, lease_end=now + policy.lease_ms)
+        return store.put(slot, renewed), Claim(Outcome.WON, r.attempt, r.fence, policy.lease_ms)
     if r.lease_end > now:
         return store, Claim(Outcome.RUNNING, r.attempt, r.fence, r.lease_end - now)
     if r.attempt >= policy.max_attempts:

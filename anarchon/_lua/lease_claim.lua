@@ -6,7 +6,7 @@
 -- returns "<answer> <attempt> <fence> <lease_ms_left>" (one string: a client reads it faster than an array)
 --   "won"      the caller runs it: a new attempt was stored (or the caller's own token already holds it,
 --              when a claim whose reply was lost is retried: its lease renewed if it ran out); lease_ms_left is
---              its lease
+--              its lease. Such a retry whose lease ran out while another run of the job went live is "running".
 --   "running"  another attempt holds a live lease, or (overlap forbidden) the run's lease expired but another
 --              run of the job holds a live one; lease_ms_left says when to try again (the caller is a backup)
 --   "overlap"  another run of the job holds a live lease and overlap is forbidden: recorded as skipped-overlap
@@ -68,8 +68,13 @@ end
 now = server_now()
 if r.token == token then
   -- This attempt's own claim again (the answer to the first was lost). Nobody took the run over: a lease that ran
-  -- out meanwhile is renewed, as a late heartbeat would renew it, so that the caller can run the job.
+  -- out meanwhile is renewed, as a late heartbeat would renew it, so that the caller can run the job; unless
+  -- another run of the job started meanwhile and is live (overlap forbidden): then the caller waits for it.
   if r.lease_end <= now then
+    local _, other_end = live_other()
+    if other_end then
+      return reply('running', r.attempt, r.fence, other_end - now)
+    end
     r.lease_end = now + lease_ms
     save_run(run, r)
   end

@@ -171,15 +171,32 @@ async def test_a_retried_claim_recognises_its_own_token(target: StoreTarget, str
 async def test_a_retried_claim_renews_its_own_lease_that_ran_out_meanwhile(target: StoreTarget) -> None:
     """The first claim's answer was lost and the store stayed out of reach past the lease; nobody took over."""
     backend = await target.started_backend("lease")
-    policy = JobPolicy(lease_ms=150)
+    policy = JobPolicy(lease_ms=300)
     req = request(SLOT, "mine")
     first = await claim_one(backend, req, policy)
-    await asyncio.sleep(0.2)
+    await asyncio.sleep(0.35)
     retry = await claim_one(backend, replace(req, retry=True), policy)
-    assert (retry.outcome, retry.attempt, retry.fence, retry.lease_ms_left) == (Outcome.WON, 1, first.fence, 150)
+    assert (retry.outcome, retry.attempt, retry.fence, retry.lease_ms_left) == (Outcome.WON, 1, first.fence, 300)
     backup = await claim_one(backend, request(SLOT, "backup"), policy)
     assert backup.outcome is Outcome.RUNNING  # the lease is live again: no takeover
     assert await backend.strategy.finish(backend.store, req, retry, policy, record(req, retry))
+
+
+async def test_a_retried_claim_whose_lease_ran_out_waits_for_a_run_that_started_meanwhile(
+    target: StoreTarget,
+) -> None:
+    """Overlap forbidden: the next slot's run started once the retried run's lease had run out; renewing that
+    lease would run the two side by side."""
+    backend = await target.started_backend("lease")
+    policy = JobPolicy(lease_ms=300)
+    req = request(SLOT, "mine")
+    first = await claim_one(backend, req, policy)
+    await asyncio.sleep(0.35)
+    following = await claim_one(backend, request(SLOT + 1_000, "next"), policy)
+    assert following.outcome is Outcome.WON
+    retry = await claim_one(backend, replace(req, retry=True), policy)
+    assert (retry.outcome, retry.attempt, retry.fence) == (Outcome.RUNNING, 1, first.fence)
+    assert 0 < retry.lease_ms_left <= 300  # it asks again when the other run's lease ends
 
 
 MEMORY = {"lease": "lease", "stream-id": "stream-id", "script": {"name": "script", "window_ms": 1_000},
