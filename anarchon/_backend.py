@@ -142,7 +142,7 @@ class RedisBackend(Generic[M]):
         self.strategy: Strategy = make_strategy(self.config, self.keys)
         self._spec = _connection_spec(self._connection_option, connection)
         self._store: Store | None = None
-        self._starting = asyncio.Lock()  # two start() at once open one connection
+        self._starting: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None = None  # see _start_lock
         self.server: ServerInfo | None = None
 
     @property
@@ -162,7 +162,7 @@ class RedisBackend(Generic[M]):
 
     async def start(self, jobs: Sequence[str] = ()) -> None:
         """Connect, detect the server, check the store format and prepare the strategy for ``jobs``."""
-        async with self._starting:
+        async with self._start_lock():
             if self._store is not None:
                 return
             store = _open(self._spec)
@@ -176,6 +176,14 @@ class RedisBackend(Generic[M]):
                 await store.close()
                 raise
             self._store = store
+
+    def _start_lock(self) -> asyncio.Lock:
+        """Two start() at once open one connection. One lock per event loop: a lock serves the loop it was first
+        awaited on, and a backend may be started again on another (asyncio.run, a scheduler thread)."""
+        loop = asyncio.get_running_loop()
+        if self._starting is None or self._starting[0] is not loop:
+            self._starting = (loop, asyncio.Lock())
+        return self._starting[1]
 
     async def stop(self) -> None:
         """Close the connection if anarchon opened it; a client passed in is left open."""

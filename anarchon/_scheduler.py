@@ -44,6 +44,7 @@ from ._keys import check_job_name
 from ._records import RunRecord, Status
 from ._store import Store
 from ._strategies import Claim, JobPolicy, Outcome, RunRequest, run_id
+from ._strategies._base import CLAIM_MARGIN_MS
 
 log = logging.getLogger("anarchon")
 
@@ -56,7 +57,6 @@ RETRY_MIN_S = 0.5
 RETRY_MAX_S = 30.0
 MAX_SLEEP_S = 60.0  # wake at least this often, so a wall clock that jumps is noticed
 LEASE_MARGIN = 0.05  # share of the lease a winner gives up, so that it stops before the store's lease end
-CLAIM_MARGIN_MS = 60_000  # kept beyond a job's claim horizon, for clock differences between instances
 FINISH_RETRY_S = 1.0  # a result the store could not take is sent again this often, while the lease lasts
 # Runs due together are claimed in pipelines of CLAIM_BATCH, CLAIM_LANES of them in flight at a time: the runs
 # of the first pipelines start while the store answers the next ones (instead of every run waiting for the

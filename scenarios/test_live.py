@@ -38,7 +38,7 @@ async def test_declared_verdicts_hold_live(scenario: Scenario, real_target: str,
 
 
 async def test_an_instance_restarted_within_a_pause_or_partition_comes_back_when_it_ends(real_target: str) -> None:
-    """a is cut off and b paused from 15 s to 55 s; both are killed at 20 s and restarted 2 s later. As in the
+    """a is cut off and b paused from 15 s to 55 s; both are killed at 19 s and restarted 2 s later. As in the
     virtual mode, neither claims anything until 55 s: a's new process cannot reach the store to start (it is
     started again until it can), and b's starts paused."""
     scenario = parse({
@@ -47,8 +47,8 @@ async def test_an_instance_restarted_within_a_pause_or_partition_comes_back_when
         "jobs": [{"name": "tick", "cron": "*/10 * * * * *", "work_s": 1.0}],
         "faults": [{"at_s": 15, "kind": "partition", "instance": "a", "duration_s": 40},
                    {"at_s": 15, "kind": "pause", "instance": "b", "duration_s": 40},
-                   {"at_s": 20, "kind": "crash", "instance": "a", "restart_after_s": 2},
-                   {"at_s": 20, "kind": "crash", "instance": "b", "restart_after_s": 2}],
+                   {"at_s": 19, "kind": "crash", "instance": "a", "restart_after_s": 2},  # before the slot at 20 s
+                   {"at_s": 19, "kind": "crash", "instance": "b", "restart_after_s": 2}],
     })  # fmt: skip
     strategies = ["lease", "script"]
     outcomes = await run_live(scenario, real_target, strategies)

@@ -177,6 +177,7 @@ class Instance:
     # Pauses in force. They strike the instance, not one process of it: a process restarted within one starts
     # paused. (Partitions live in the proxy, which a restarted process connects through.)
     pauses: int = 0
+    restarting: bool = False
 
     async def spawn(self) -> None:
         self.config["offset_ms"] = self.offset_ms
@@ -212,6 +213,15 @@ class Instance:
         """Start a new process: paused if a pause is in force; again every START_RETRY_S (scaled) while it exits
         because its proxy refused it the store. False if there is nothing to restart: a process is up already
         (two overlapping crashes end with one process), or the one starting was killed."""
+        if self.restarting:  # another crash's restart is starting the one process there will be
+            return False
+        self.restarting = True
+        try:
+            return await self._restart()
+        finally:
+            self.restarting = False
+
+    async def _restart(self) -> bool:
         kills = len(self.killed_at)
         while self.process is None and len(self.killed_at) == kills:
             refused = self.proxy.refused

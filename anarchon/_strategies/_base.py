@@ -33,6 +33,9 @@ class Claim(NamedTuple):
     lease_ms_left: int = 0  # lease: how long the holder's lease lasts from the server's point of view
 
 
+CLAIM_MARGIN_MS = 60_000  # kept beyond a job's claim horizon, for clock differences between instances
+
+
 @dataclass(frozen=True, slots=True)
 class RunRequest:
     """One instance asking for one run. ``run`` is the store's id of the run: the slot for a scheduled run,

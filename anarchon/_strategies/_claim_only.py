@@ -7,13 +7,14 @@ own clock for start and end.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 
 from .._errors import StoreError
 from .._keys import KeySpace
 from .._records import RunRecord, Status, encode_record, result_score
 from .._store import Script, ScriptCall, ServerInfo, Store, as_list, as_text
-from ._base import Claim, JobPolicy, Outcome, RunRequest, fence_of, read_history
+from ._base import CLAIM_MARGIN_MS, Claim, JobPolicy, Outcome, RunRequest, fence_of, read_history
 
 TRIM_STREAM = Script.load("stream_trim")
 
@@ -80,12 +81,13 @@ class ClaimOnlyStrategy:
         """Record the skip of a run that the store's clock also sees as late and that no instance claimed: the run
         is claimed for the skip first. An instance whose clock ran ahead then skips no run the others are about
         to run, and a late instance records no skip beside the run that another one ran. Past what the store
-        remembers (``remembers_ms``) the claim could win again although the run ran: no skip is recorded."""
+        remembers (``remembers_ms``, less a margin for an instance whose clock ran ahead and claimed early) the
+        claim could win again although the run ran: no skip is recorded."""
         seconds, micros = (int(as_text(part)) for part in as_list(await store.execute("TIME"), 2))
         now = seconds * 1000 + micros // 1000
         if now <= request.slot + policy.late_after_ms:
             return False
-        if self.remembers_ms is not None and now > request.slot + self.remembers_ms:
+        if self.remembers_ms is not None and now > request.slot + self.remembers_ms - CLAIM_MARGIN_MS:
             return False
         [claim] = await self.claim_scheduled(store, [(request, policy)])
         if isinstance(claim, StoreError):
@@ -111,15 +113,18 @@ class ClaimOnlyStrategy:
         if isinstance(added, StoreError):
             raise added
         if policy.history_ttl_ms:
-            streams = self.streams_aged_by_ttl(record.job, policy.history_ttl_ms)
-            # A trim that fails is done by the next record's: the record itself is stored.
-            await store.run_many([ScriptCall(TRIM_STREAM, (key,), (record.ended - kept,)) for key, kept in streams])
+            streams = self.streams_aged_by_ttl(record.job, policy)
+            with contextlib.suppress(StoreError):  # the record is stored; the next one's trim does this one's
+                await store.run_many([ScriptCall(TRIM_STREAM, (key,), (record.ended - kept,)) for key, kept in streams])
         return added == 1
 
-    def streams_aged_by_ttl(self, job: str, ttl_ms: int) -> list[tuple[str, int]]:
-        """The job's streams that ``history_ttl_ms`` trims, each with how long it keeps its entries."""
+    def streams_aged_by_ttl(self, job: str, policy: JobPolicy) -> list[tuple[str, int]]:
+        """The job's streams that ``history_ttl_ms`` trims, each with how long it keeps its entries: the runs
+        stream also as long as a late or retried claim may ask for a run (``keep_ms``), which a retry whose answer
+        was lost reads back."""
         keys = self.keys.claim(job)
-        return [(keys.manual, ttl_ms), (keys.runs, ttl_ms)]
+        ttl_ms = policy.history_ttl_ms or 0
+        return [(keys.manual, ttl_ms), (keys.runs, max(ttl_ms, policy.keep_ms))]
 
     async def history(self, store: Store, job: str, limit: int) -> list[RunRecord]:
         return await read_history(store, job, self.keys.claim(job).results, limit)

@@ -32,9 +32,11 @@ class IdmpStrategy(ClaimOnlyStrategy):
         # XCFGSET after a claim's XADD would clear the id that claim registered.
         self._configured: dict[str, asyncio.Future[None]] = {}
 
-    def streams_aged_by_ttl(self, job: str, ttl_ms: int) -> list[tuple[str, int]]:
-        # A claim reads back the entry its IDMP id names: entries stay for the IDMP duration at least.
+    def streams_aged_by_ttl(self, job: str, policy: JobPolicy) -> list[tuple[str, int]]:
+        # A claim reads back the entry its IDMP id names: entries stay for the IDMP duration at least. (Later,
+        # a claim is not recognised as a repeat anyway.)
         keys = self.keys.claim(job)
+        ttl_ms = policy.history_ttl_ms or 0
         return [(keys.manual, ttl_ms), (keys.runs, max(ttl_ms, self.duration_sec * 1000))]
 
     def check_server(self, server: ServerInfo) -> None:

@@ -25,8 +25,8 @@ class ScriptStrategy(ClaimOnlyStrategy):
         super().__init__(keys)
         self.window_ms = self.remembers_ms = window_ms
 
-    def streams_aged_by_ttl(self, job: str, ttl_ms: int) -> list[tuple[str, int]]:
-        return [(self.keys.claim(job).manual, ttl_ms)]  # the claim script ages the runs stream itself
+    def streams_aged_by_ttl(self, job: str, policy: JobPolicy) -> list[tuple[str, int]]:
+        return [(self.keys.claim(job).manual, policy.history_ttl_ms or 0)]  # the claim script ages its runs
 
     async def claim_scheduled(
         self, store: Store, requests: Sequence[tuple[RunRequest, JobPolicy]]

@@ -36,7 +36,11 @@ class StreamIdStrategy(ClaimOnlyStrategy):
         # A retried claim may be refused because its own first try wrote the entry (that answer was lost): it
         # reads the entry back, and its token there is a win. First tries cost no read.
         rereads = [i for i, (r, _) in enumerate(requests) if r.retry and refused[i]]
-        owners = dict(zip(rereads, await self._tokens_at(store, [requests[i][0] for i in rereads]), strict=True))
+        try:
+            tokens = await self._tokens_at(store, [requests[i][0] for i in rereads])
+        except StoreError as error:  # only these claims are retried again: the others have their answers
+            tokens = [error] * len(rereads)
+        owners = dict(zip(rereads, tokens, strict=True))
         claims: list[Claim | StoreError] = []
         for i, ((request, _), reply) in enumerate(zip(requests, replies, strict=True)):
             owner = owners.get(i)

@@ -580,13 +580,18 @@ async def test_starts_at_once_open_one_connection_and_a_second_scheduler_start_i
     real_server: ServerUnderTest,
 ) -> None:
     admin = real_server.client()
-    alone = len(admin.client_list())
-    backend = RedisBackend(redis=real_server.url())
-    await asyncio.gather(backend.start(["sync"]), backend.start(["sync"]))
-    assert len(admin.client_list()) == alone + 1
-    await backend.stop()
-    await eventually(lambda: len(admin.client_list()) == alone, 2)
-    assert len(admin.client_list()) == alone  # stop() closed the one connection: none leaked
+
+    def opened() -> int:  # the backend's connections, by the name they give the server
+        return sum(1 for client in admin.client_list() if client["name"] == "starts-at-once")
+
+    backend = RedisBackend(redis=f"{real_server.url()}?client_name=starts-at-once")
+    try:
+        await asyncio.gather(backend.start(["sync"]), backend.start(["sync"]))
+        assert opened() == 1
+    finally:
+        await backend.stop()
+    await eventually(lambda: opened() == 0, 2)
+    assert opened() == 0  # stop() closed the one connection: none leaked
 
     scheduler = Scheduler(RedisBackend(redis=real_server.url()))
     scheduler.add_job("sync", "0 0 1 1 *", lambda: None)
@@ -596,6 +601,18 @@ async def test_starts_at_once_open_one_connection_and_a_second_scheduler_start_i
         assert isinstance(outcomes[1], SchedulerStateError)
     finally:
         await scheduler.stop()
+
+
+def test_a_backend_starts_at_once_again_on_another_event_loop(real_server: ServerUnderTest) -> None:
+    backend = RedisBackend(redis=real_server.url())
+
+    async def twice() -> None:
+        await asyncio.gather(backend.start(["sync"]), backend.start(["sync"]))
+        assert backend.started
+        await backend.stop()
+
+    asyncio.run(twice())
+    asyncio.run(twice())  # a lock bound to the first loop would refuse to be awaited here
 
 
 def test_unrecognised_objects_are_refused() -> None:
