@@ -36,7 +36,8 @@ from anarchon import _scheduler as scheduler_module
 from anarchon._adapters import adapt
 from anarchon._keys import KeySpace
 from anarchon._scheduler import SchedulerThread
-from anarchon._strategies import JobPolicy, Outcome, RunRequest, run_id
+from anarchon._strategies import Claim, JobPolicy, Outcome, RunRequest, run_id
+from anarchon._strategies._claim_only import TRIM_STREAM
 from anarchon._strategies.lease import CLAIM
 from sim.links import Link
 from sim.live import supported
@@ -955,6 +956,35 @@ async def test_claims_failing_with_an_untranslated_client_error_are_retried_and_
         await eventually(lambda: len(ledger.of()) >= before + 2, cap_s=5)
         assert len(ledger.of()) >= before + 2  # runs go on once the client answers again
     assert max(ledger.slots().values()) == 1
+
+
+@pytest.mark.parametrize("strategy", ["stream-id", "script"])
+async def test_a_result_stands_when_the_history_trim_after_it_fails(fake_target: StoreTarget, strategy: str) -> None:
+    """The trim that history_ttl_ms adds after a record fails (the connection dropped): the record was stored,
+    so finish reports it accepted and is not sent again."""
+
+    class TrimsFail(Meddled):
+        async def execute_many(self, commands: Any) -> Any:
+            if any(c[0] in ("EVALSHA", "EVAL") and c[1] in (TRIM_STREAM.sha, TRIM_STREAM.source) for c in commands):
+                raise StoreUnavailableError("store unavailable: the connection dropped")
+            return await super().execute_many(commands)
+
+    backend = fake_target.backend(strategy, connection=TrimsFail(adapt(fake_target.new_client())))
+    await backend.start(["sync"])
+    policy = JobPolicy(history_ttl_ms=1_000)
+    slot = now_ms()
+    request = RunRequest("sync", run_id(slot), slot, "a", "a")
+    [claim] = await backend.strategy.claim(backend.store, [(request, policy)])
+    assert isinstance(claim, Claim)
+    record = RunRecord(
+        job="sync", run=request.run, slot=slot, attempt=1, status="ok", runner="a", token="a", fence=claim.fence,
+        manual=False, started=slot, ended=slot + 1,
+    )  # fmt: skip
+    try:
+        assert await backend.strategy.finish(backend.store, request, claim, policy, record)
+        assert [r.status for r in await backend.strategy.history(backend.store, "sync", 5)] == ["ok"]
+    finally:
+        await backend.stop()
 
 
 async def test_stop_ends_a_catch_up_that_waits_for_another_instances_lease(fake_target: StoreTarget) -> None:
