@@ -257,8 +257,7 @@ class Instance:
         if self.process is None:
             return
         if self.process.returncode is None:
-            self.signal(signal.SIGCONT)  # a paused process can be killed too
-            self.process.kill()
+            self.process.kill()  # a paused (stopped) process too, without running a moment first
             self.killed_at.append((self.process.pid, time.monotonic()))
         await self.process.wait()
         self.process = None
