@@ -30,6 +30,7 @@ from anarchon._adapters import adapt
 from anarchon._backend import FORMAT
 from anarchon._store import Command, Connection, Reply, ServerInfo
 from anarchon._strategies import lease, script
+from anarchon._strategies._claim_only import TRIM_STREAM
 from sim.servers import start_server
 from sim.servers._local import pick_port
 from sim.servers._running import RunningServer
@@ -41,7 +42,7 @@ PASSWORDS = {"alice": "s3cr3t-Alice-pw", "bob": "s3cr3t-Bob-pw"}
 WRONG_PASSWORD = "wr0ng-Guess-pw"
 # alice may touch the keys of prefix "a:", bob those of "b:" (claim-only keys "a:…", lease keys "{a:…}").
 ACL_RULES = ["+@read", "+@write", "+@scripting", "+@connection", "-@dangerous", "+info", "+time"]
-SCRIPTS = (FORMAT, lease.CLAIM, lease.HEARTBEAT, lease.FINISH, lease.SKIP, script.CLAIM)
+SCRIPTS = (FORMAT, lease.CLAIM, lease.HEARTBEAT, lease.FINISH, lease.SKIP, script.CLAIM, TRIM_STREAM)
 
 
 @dataclass(frozen=True)
