@@ -302,12 +302,12 @@ def _check_url(option: str, url: str) -> None:
         for secret in {password, unquote(password)} if password else ():  # as written, and as redis-py reads it
             text = text.replace(secret, "***")
         raise ConfigError(option, f"the URL cannot be used ({text})", _URL_RULE) from None
-    # What redis-py reads silently as something else: port 0 as 6379, a path that is no number as database 0.
-    database = unquote(parts.path).strip("/")
-    if parts.scheme != "unix" and database and not database.isdigit():
-        raise ConfigError(option, f"the URL's database {database!r} is not a number", f"db {_VALUE_RULES['db']}")
-    if parts.scheme != "unix" and parts.port == 0:
-        raise ConfigError(option, "the URL's port: 0 is out of range", f"port {_VALUE_RULES['port']}")
+    if parts.scheme != "unix":  # what redis-py reads silently as something else: port 0 as 6379, database 0
+        database = unquote(parts.path).strip("/")
+        if database and not database.isdigit():
+            raise ConfigError(option, f"the URL's database {database!r} is not a number", f"db {_VALUE_RULES['db']}")
+        if parts.port == 0:
+            raise ConfigError(option, "the URL's port: 0 is out of range", f"port {_VALUE_RULES['port']}")
     if str(pool.connection_kwargs.get("protocol", 2)) != "2":
         raise ConfigError(option, "the URL's protocol: anarchon's own connections speak RESP2", "protocol 2, or none")
     for key, value in pool.connection_kwargs.items():

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from .._errors import StoreError
 from .._keys import KeySpace
 from .._records import RunRecord, Status, encode_record, result_score
-from .._store import Script, ScriptCall, ServerInfo, Store, as_list, as_text
+from .._store import Reply, Script, ScriptCall, ServerInfo, Store, as_list, as_text
 from ._base import CLAIM_MARGIN_MS, Claim, JobPolicy, Outcome, RunRequest, fence_of, read_history
 
 TRIM_STREAM = Script.load("stream_trim")
@@ -24,6 +24,7 @@ class ClaimOnlyStrategy:
     leases = False
     scripts: tuple[Script, ...] = (TRIM_STREAM,)
     remembers_ms: int | None = None  # how long after its slot the store still knows a run was claimed (None: ever)
+    runs_aged_by_ttl = True  # False where the claim script ages the runs stream itself
 
     def __init__(self, keys: KeySpace) -> None:
         self.keys = keys
@@ -120,11 +121,26 @@ class ClaimOnlyStrategy:
 
     def streams_aged_by_ttl(self, job: str, policy: JobPolicy) -> list[tuple[str, int]]:
         """The job's streams that ``history_ttl_ms`` trims, each with how long it keeps its entries: the runs
-        stream also as long as a late or retried claim may ask for a run (``keep_ms``), which a retry whose answer
-        was lost reads back."""
+        stream also as long as a claim may read a run's entry back (:meth:`runs_read_back_ms`)."""
         keys = self.keys.claim(job)
         ttl_ms = policy.history_ttl_ms or 0
-        return [(keys.manual, ttl_ms), (keys.runs, max(ttl_ms, policy.keep_ms))]
+        streams = [(keys.manual, ttl_ms)]
+        if self.runs_aged_by_ttl:
+            streams.append((keys.runs, max(ttl_ms, self.runs_read_back_ms(policy))))
+        return streams
+
+    def runs_read_back_ms(self, policy: JobPolicy) -> int:
+        """How long after its slot a claim may read a run's entry back: a retry whose answer was lost may come
+        as long as any late claim (``keep_ms``)."""
+        return policy.keep_ms
 
     async def history(self, store: Store, job: str, limit: int) -> list[RunRecord]:
         return await read_history(store, job, self.keys.claim(job).results, limit)
+
+
+def entry_token(entry: Reply) -> str | None:
+    """The token of the one stream entry an XRANGE of a single id answered, None when it found none."""
+    found = as_list(entry)  # [[id, [field, value, …]]], or []
+    fields = as_list(as_list(found[0], 2)[1]) if found else []
+    token = dict(zip(fields[::2], fields[1::2], strict=True)).get("token")
+    return None if token is None else as_text(token)

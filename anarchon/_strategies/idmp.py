@@ -14,7 +14,7 @@ from .._errors import StoreError, StoreReplyError, UnsupportedStrategyError
 from .._keys import KeySpace
 from .._store import ServerInfo, Store, as_list, as_text
 from ._base import Claim, JobPolicy, Outcome, RunRequest, fence_of
-from ._claim_only import ClaimOnlyStrategy
+from ._claim_only import ClaimOnlyStrategy, entry_token
 
 OTHER_STRATEGIES = ("lease", "stream-id", "script")
 
@@ -32,12 +32,8 @@ class IdmpStrategy(ClaimOnlyStrategy):
         # XCFGSET after a claim's XADD would clear the id that claim registered.
         self._configured: dict[str, asyncio.Future[None]] = {}
 
-    def streams_aged_by_ttl(self, job: str, policy: JobPolicy) -> list[tuple[str, int]]:
-        # A claim reads back the entry its IDMP id names: entries stay for the IDMP duration at least. (Later,
-        # a claim is not recognised as a repeat anyway.)
-        keys = self.keys.claim(job)
-        ttl_ms = policy.history_ttl_ms or 0
-        return [(keys.manual, ttl_ms), (keys.runs, max(ttl_ms, self.duration_sec * 1000))]
+    def runs_read_back_ms(self, policy: JobPolicy) -> int:
+        return self.duration_sec * 1000  # every claim reads back the entry its IDMP id names, while it is known
 
     def check_server(self, server: ServerInfo) -> None:
         if server.kind != "redis" or not server.at_least(8, 6):
@@ -114,10 +110,6 @@ class IdmpStrategy(ClaimOnlyStrategy):
             if isinstance(entry, StoreError):
                 claims.append(entry)
                 continue
-            # [[id, [field, value, …]]]; empty when the original entry was trimmed (then it is not ours).
-            found = as_list(entry)
-            fields = as_list(as_list(found[0], 2)[1]) if found else []
-            token = dict(zip(fields[::2], fields[1::2], strict=True)).get("token")
-            won = token == request.token
+            won = entry_token(entry) == request.token  # None when the original entry was trimmed: not ours
             claims.append(Claim(Outcome.WON, 1, fence_of(as_text(entry_id))) if won else Claim(Outcome.LOST))
         return claims

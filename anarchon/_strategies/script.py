@@ -20,13 +20,11 @@ CLAIM = Script.load("script_claim")
 class ScriptStrategy(ClaimOnlyStrategy):
     name = "script"
     scripts: tuple[Script, ...] = (CLAIM, *ClaimOnlyStrategy.scripts)
+    runs_aged_by_ttl = False  # the claim script ages them, keeping its window
 
     def __init__(self, keys: KeySpace, window_ms: int) -> None:
         super().__init__(keys)
         self.window_ms = self.remembers_ms = window_ms
-
-    def streams_aged_by_ttl(self, job: str, policy: JobPolicy) -> list[tuple[str, int]]:
-        return [(self.keys.claim(job).manual, policy.history_ttl_ms or 0)]  # the claim script ages its runs
 
     async def claim_scheduled(
         self, store: Store, requests: Sequence[tuple[RunRequest, JobPolicy]]

@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .._errors import StoreError, StoreReplyError
-from .._store import Reply, Store, as_list, as_text
+from .._store import Reply, Store
 from ._base import Claim, JobPolicy, Outcome, RunRequest, fence_of
-from ._claim_only import ClaimOnlyStrategy
+from ._claim_only import ClaimOnlyStrategy, entry_token
 
 ID_NOT_GREATER = "equal or smaller than the target stream top item"
 
@@ -50,8 +50,8 @@ class StreamIdStrategy(ClaimOnlyStrategy):
                 claims.append(Claim(Outcome.LOST))
             elif isinstance(reply, StoreError) and not refused[i]:
                 claims.append(reply)
-            else:
-                claims.append(Claim(Outcome.WON, 1, fence_of(f"{request.slot}-0")))  # the ID it was written at
+            else:  # written now, or by this retry's own first try: at the slot's ID
+                claims.append(Claim(Outcome.WON, 1, fence_of(f"{request.slot}-0")))
         return claims
 
     async def _tokens_at(self, store: Store, requests: Sequence[RunRequest]) -> list[str | StoreError | None]:
@@ -59,16 +59,8 @@ class StreamIdStrategy(ClaimOnlyStrategy):
         if not requests:
             return []
         reads = [("XRANGE", self.keys.claim(r.job).runs, f"{r.slot}-0", f"{r.slot}-0") for r in requests]
-        tokens: list[str | StoreError | None] = []
-        for entry in await store.execute_many(reads):
-            if isinstance(entry, StoreError):
-                tokens.append(entry)
-                continue
-            found = as_list(entry)  # [[id, [field, value, …]]], or [] when the slot has no entry
-            fields = as_list(as_list(found[0], 2)[1]) if found else []
-            token = dict(zip(fields[::2], fields[1::2], strict=True)).get("token")
-            tokens.append(None if token is None else as_text(token))
-        return tokens
+        entries = await store.execute_many(reads)
+        return [entry if isinstance(entry, StoreError) else entry_token(entry) for entry in entries]
 
 
 def _refused(reply: Reply | StoreError) -> bool:

@@ -132,24 +132,16 @@ class RespSendClient:
             await self.streams[1].wait_closed()
 
 
-async def glide_standalone(server: RunningServer) -> Any:
-    config = GlideClientConfiguration([NodeAddress(server.host, server.port)], protocol=ProtocolVersion.RESP2)
-    return await GlideClient.create(config)
+def glide(*, cluster: bool, protocol: ProtocolVersion) -> Callable[[RunningServer], Any]:
+    """A factory of GLIDE clients (standalone or cluster) speaking ``protocol``."""
+    client, configuration = (GlideClusterClient, GlideClusterClientConfiguration) if cluster else (
+        GlideClient, GlideClientConfiguration,
+    )  # fmt: skip
 
+    async def make(server: RunningServer) -> Any:
+        return await client.create(configuration([NodeAddress(server.host, server.port)], protocol=protocol))
 
-async def glide_cluster(server: RunningServer) -> Any:
-    config = GlideClusterClientConfiguration([NodeAddress(server.host, server.port)], protocol=ProtocolVersion.RESP2)
-    return await GlideClusterClient.create(config)
-
-
-async def glide_standalone_resp3(server: RunningServer) -> Any:
-    config = GlideClientConfiguration([NodeAddress(server.host, server.port)], protocol=ProtocolVersion.RESP3)
-    return await GlideClient.create(config)
-
-
-async def glide_cluster_resp3(server: RunningServer) -> Any:
-    config = GlideClusterClientConfiguration([NodeAddress(server.host, server.port)], protocol=ProtocolVersion.RESP3)
-    return await GlideClusterClient.create(config)
+    return make
 
 
 ClientOnServer = tuple[str, Any, RunningServer]  # the client's name in CLIENTS, the client, its server
@@ -158,7 +150,7 @@ CLIENTS: dict[str, tuple[bool, Callable[[RunningServer], Any]]] = {  # name: (cl
     "redis-py-sync": (False, lambda s: redis.Redis(host=s.host, port=s.port, protocol=2)),
     "valkey-py-asyncio": (False, lambda s: valkey.asyncio.Valkey(host=s.host, port=s.port, protocol=2)),
     "valkey-py-sync": (False, lambda s: valkey.Valkey(host=s.host, port=s.port, protocol=2)),
-    "glide": (False, glide_standalone),
+    "glide": (False, glide(cluster=False, protocol=ProtocolVersion.RESP2)),
     "send": (False, SendClient),
     "send-sync": (False, SyncSendClient),
     "send-own-errors-raised": (False, lambda s: RespSendClient(s, raise_errors=True)),
@@ -173,16 +165,16 @@ CLIENTS: dict[str, tuple[bool, Callable[[RunningServer], Any]]] = {  # name: (cl
         lambda s: valkey.asyncio.cluster.ValkeyCluster(host=s.host, port=s.port, protocol=2),
     ),
     "valkey-py-sync-cluster": (True, lambda s: valkey.cluster.ValkeyCluster(host=s.host, port=s.port, protocol=2)),
-    "glide-cluster": (True, glide_cluster),
+    "glide-cluster": (True, glide(cluster=True, protocol=ProtocolVersion.RESP2)),
     # RESP3, the default of redis-py 8 and GLIDE: maps where RESP2 sends flat arrays (Redis 6 and later).
     "redis-py-asyncio-resp3": (False, lambda s: redis.asyncio.Redis(host=s.host, port=s.port, protocol=3)),
     "redis-py-sync-resp3": (False, lambda s: redis.Redis(host=s.host, port=s.port, protocol=3)),
-    "glide-resp3": (False, glide_standalone_resp3),
+    "glide-resp3": (False, glide(cluster=False, protocol=ProtocolVersion.RESP3)),
     "redis-py-asyncio-cluster-resp3": (
         True,
         lambda s: redis.asyncio.cluster.RedisCluster(host=s.host, port=s.port, protocol=3),
     ),
-    "glide-cluster-resp3": (True, glide_cluster_resp3),
+    "glide-cluster-resp3": (True, glide(cluster=True, protocol=ProtocolVersion.RESP3)),
 }
 
 

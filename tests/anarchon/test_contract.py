@@ -199,12 +199,10 @@ async def test_a_retried_claim_whose_lease_ran_out_waits_for_a_run_that_started_
     assert 0 < retry.lease_ms_left <= 300  # it asks again when the other run's lease ends
 
 
-MEMORY = {"lease": "lease", "stream-id": "stream-id", "script": {"name": "script", "window_ms": 1_000},
-          "idmp": {"name": "idmp", "duration_sec": 1}}  # fmt: skip
-
-
-LONG_MEMORY = {"lease": "lease", "stream-id": "stream-id", "script": {"name": "script", "window_ms": 120_000},
-               "idmp": {"name": "idmp", "duration_sec": 120}}  # fmt: skip
+def remembering(strategy: str, seconds: int) -> Any:
+    """The strategy, set to remember a run for ``seconds`` where it forgets runs (script, idmp)."""
+    settings = {"script": {"window_ms": seconds * 1000}, "idmp": {"duration_sec": seconds}}.get(strategy)
+    return {"name": strategy, **settings} if settings else strategy
 
 
 async def test_a_late_skip_is_recorded_only_while_the_store_remembers_the_run(
@@ -213,7 +211,7 @@ async def test_a_late_skip_is_recorded_only_while_the_store_remembers_the_run(
     """Past what the store remembers of a run (lease: keep_ms; script: window_ms; idmp: duration_sec, each less a
     minute for an instance that claimed early; stream-id: forever) its claim could win again although the run
     ran: no skip is recorded then."""
-    backend = await target.started_backend(LONG_MEMORY[strategy])
+    backend = await target.started_backend(remembering(strategy, 120))
     policy = JobPolicy(late_after_ms=100, keep_ms=1_000)
     now = await target.server_ms()
     remembered, forgotten = now - 500, now - 61_000
@@ -226,7 +224,7 @@ async def test_a_late_skip_is_recorded_only_while_the_store_remembers_the_run(
 async def test_no_late_skip_is_recorded_beside_a_run_the_store_forgot(target: StoreTarget, strategy: str) -> None:
     if strategy not in ("script", "idmp"):
         pytest.skip(f"{strategy} does not forget a run within a test's time")
-    backend = await target.started_backend(MEMORY[strategy])
+    backend = await target.started_backend(remembering(strategy, 1))
     policy = JobPolicy(late_after_ms=100)
     slot = await target.server_ms() + 200
     ran = RunRequest("sync", run_id(slot), slot, "ran", "a")
@@ -246,7 +244,7 @@ async def test_history_ttl_ms_ages_the_claim_only_streams_out(target: StoreTarge
     for its IDMP duration at least (a claim reads its entry back)."""
     if claim_only == "idmp" and not target.supports_idmp:
         pytest.skip(f"idmp needs Redis 8.6+; {target.name} is {target.describe}")
-    backend = await target.started_backend(MEMORY[claim_only])
+    backend = await target.started_backend(remembering(claim_only, 1))
     policy = JobPolicy(history_ttl_ms=300, keep_ms=300)  # keep_ms: no late or retried claim asks for older runs
 
     async def run_once(manual: bool) -> None:
@@ -275,7 +273,6 @@ async def test_history_ttl_ms_keeps_the_stream_id_entry_a_retried_claim_reads_ba
     await claim_one(backend, mine, policy)  # its answer lost, say: the claim is retried below
     later = RunRequest("sync", run_id(now + 1), now + 1, "later", "b")
     claim = await claim_one(backend, later, policy)
-    await asyncio.sleep(0.05)
     assert await backend.strategy.finish(backend.store, later, claim, policy, record(later, claim))  # trims
     retry = await claim_one(backend, replace(mine, retry=True), policy)
     assert retry.outcome is Outcome.WON
