@@ -328,7 +328,9 @@ def _no_lost_ack(strategy: str, history: History, fault_windows: list[FaultWindo
     for (job, run), acks in sorted(wins.items()):
         acks.sort()
         for (t1, at1, token1, attempt1), (t2, at2, token2, attempt2) in itertools.combinations(acks, 2):
-            lost = token1 != token2 and any(loss.lost(t1, at1) and loss.struck_before(t2, at2) for loss in losses)
+            lost = token1 != token2 and any(
+                loss.lost(t1, at1, token1) and loss.struck_before(t2, at2) for loss in losses
+            )
             # Under lease a higher attempt is a takeover of a lease the store still knew; the same attempt (or an
             # earlier one) granted again means it had forgotten the claim.
             if lost and (strategy != "lease" or attempt2 <= attempt1):
@@ -342,11 +344,13 @@ def _no_lost_ack(strategy: str, history: History, fault_windows: list[FaultWindo
 class _Loss:
     """What a store fault lost: the claims acknowledged from ``since`` up to the moment ``at`` it struck, that
     moment being a true time and a place in the history (claims answered at the same instant but before the
-    fault's entry were lost; -1 when the history has no entry for it: none at that instant counts as before)."""
+    fault's entry were lost; -1 when the history has no entry for it: none at that instant counts as before).
+    Where the fault knows the tokens of the claims it lost (``words``), those are the claims lost."""
 
     since: float
     at: float
     place: int
+    words: frozenset[str] | None = None
 
     @classmethod
     def of(cls, window: FaultWindow, history: History) -> _Loss:
@@ -356,10 +360,12 @@ class _Loss:
         since, at = (-math.inf, window.start) if window.kind == "store-restart" else (window.start, window.end)
         place = next((i for i, e in enumerate(history.events) if e.kind == "fault" and e.op == window.kind
                       and e.t == at), -1)  # fmt: skip
-        return cls(since, at, place)
+        return cls(since, at, place, window.lost_words)
 
-    def lost(self, t: float, place: int) -> bool:
-        """Whether a claim acknowledged at ``t`` (the history's entry ``place``) was lost."""
+    def lost(self, t: float, place: int, token: str) -> bool:
+        """Whether the claim of ``token`` acknowledged at ``t`` (the history's entry ``place``) was lost."""
+        if self.words is not None:
+            return token in self.words
         return self.since <= t and (t, place) < (self.at, self.place)
 
     def struck_before(self, t: float, place: int) -> bool:

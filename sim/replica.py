@@ -68,6 +68,7 @@ class Entry:
     t: float  # true time of the write
     keys: dict[str, KeyState | None]
     idmp: dict[str, StreamIdmp | None]
+    words: frozenset[str]  # the arguments of the commands that wrote it: a claim's token is one of them
 
 
 class Replication:
@@ -95,6 +96,7 @@ class Replication:
                 self.now(),
                 {key: self._read_key(key) for key in keys},
                 {key: copy.deepcopy(streams.get(key)) for key in keys},
+                frozenset(text(word) for command in commands for word in command[1:]),
             )
         )
 
@@ -109,17 +111,20 @@ class Replication:
             return None
         return max([entry.t + lag_s, *(end for start, end in self.held if start <= entry.t < end)])
 
-    def replica(self, lag_s: float) -> tuple[Dataset, float | None]:
-        """What the replica holds now, ``lag_s`` behind, and when the earliest write it lacks was made."""
+    def replica(self, lag_s: float) -> tuple[Dataset, list[Entry]]:
+        """What the replica holds now, ``lag_s`` behind, and the entries whose writes it lacks: those it has not
+        received, save the ones whose every key a later entry it did receive brought whole."""
         now = self.now()
         dataset = Dataset(dict(self.base.keys), dict(self.base.idmp))
-        missing: float | None = None
-        for entry in self.log:
+        undelivered: list[tuple[int, Entry]] = []
+        brought: dict[str, int] = {}  # key → index of the last delivered entry that wrote it
+        for index, entry in enumerate(self.log):
             delivered = self._delivered_at(entry, lag_s)
             if delivered is None or delivered > now:
-                missing = entry.t if missing is None else missing
+                undelivered.append((index, entry))
                 continue
             for key, state in entry.keys.items():
+                brought[key] = index
                 if state is None:
                     dataset.keys.pop(key, None)
                 else:
@@ -129,7 +134,7 @@ class Replication:
                     dataset.idmp.pop(key, None)
                 else:
                     dataset.idmp[key] = stream  # a copy made when it was logged, copied again when promoted
-        return dataset, missing
+        return dataset, [e for i, e in undelivered if any(brought.get(key, -1) < i for key in e.keys)]
 
     def restart(self, base: Dataset) -> None:
         """A full synchronisation: the replica now holds ``base``; the log starts again."""

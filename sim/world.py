@@ -25,7 +25,7 @@ from sim import fakestore
 from sim.history import Event, Execution, History, RecordingStrategy
 from sim.idmp import IdmpConnection, IdmpState
 from sim.links import Link
-from sim.replica import Dataset, KeyState, ReplicatedConnection, Replication
+from sim.replica import Dataset, Entry, KeyState, ReplicatedConnection, Replication
 from sim.scenario import FaultSpec, InstanceSpec, JobSpec, Scenario
 
 EPOCH_S = 1_800_000_000  # 2027-01-15T08:00:00Z: simulations start at a fixed, round moment
@@ -40,13 +40,16 @@ log = logging.getLogger("sim")
 class FaultWindow:
     """When a fault struck and healed (true time), and which instance it hit ("" for the store). A failover's
     window spans the writes the promoted replica had not received: from the earliest of them to the failover;
-    ``lost_writes`` is False when it had received them all (the window is then the failover's instant)."""
+    ``lost_writes`` is False when it had received them all (the window is then the failover's instant).
+    ``lost_words``, when known, holds the arguments of the commands whose writes the store lost (a lost claim's
+    token is among them); when not (None), every claim acknowledged within the window counts as lost."""
 
     start: float
     end: float
     kind: str
     instance: str = ""
     lost_writes: bool = True
+    lost_words: frozenset[str] | None = None
 
     def hits(self, instance: str, start: float, end: float) -> bool:
         """Whether this fault makes ``instance`` unhealthy (down, paused or cut off) at some moment from ``start``
@@ -157,12 +160,11 @@ class SimStore:
             connection = IdmpConnection(connection, self.idmp)
         return ReplicatedConnection(connection, self.replication) if self.replication else connection
 
-    def promote(self, lag_s: float) -> float | None:
+    def promote(self, lag_s: float) -> list[Entry]:
         """The replica, ``lag_s`` behind, becomes the primary: what it had not received is gone, and so are the
-        scripts (they are not replicated). Returns when the earliest write it lacked was made (None if it lacked
-        none): from then to now, the store may have lost what it acknowledged."""
+        scripts (they are not replicated). Returns the log's entries whose writes it lacked."""
         assert self.replication is not None, "a failover needs a store with a replica"
-        dataset, missing = self.replication.replica(lag_s)
+        dataset, lacked = self.replication.replica(lag_s)
         now_ms = int(time.time() * 1000)
         self._new_server()
         for key, state in dataset.keys.items():
@@ -173,7 +175,7 @@ class SimStore:
             # else it has expired by now: the replica would have let it go
         self.idmp.streams = {key: copy.deepcopy(stream) for key, stream in dataset.idmp.items()}
         self.replication.restart(dataset)  # the new primary's replica starts in sync with it
-        return missing
+        return lacked
 
     def lose_everything(self) -> None:
         """A restart without persistence: empty, no cached scripts (and a replica that resynchronises empty)."""
@@ -355,12 +357,14 @@ class World:
         if fault.kind == "failover":
             lag_s = float(fault.settings["lag_ms"]) / 1000
             await asyncio.sleep(start)
-            missing_since = self.store.promote(lag_s)
+            lacked = self.store.promote(lag_s)
             self._redirect()
             self.record_fault(fault, f"promoted a replica {lag_s * 1000:.0f} ms behind")
-            # The window is what the replica lacked: claims acknowledged before they had reached it.
-            since = start if missing_since is None else missing_since
-            self.fault_windows.append(FaultWindow(since, start, fault.kind, lost_writes=missing_since is not None))
+            # The window runs from the earliest write the replica lacked; the claims lost are those whose writes
+            # it lacked, known by their tokens.
+            since = min((entry.t for entry in lacked), default=start)
+            lost = frozenset(word for entry in lacked for word in entry.words)
+            self.fault_windows.append(FaultWindow(since, start, fault.kind, lost_writes=bool(lacked), lost_words=lost))
             return
         if fault.kind in ("replication-hold", "replication-drop"):
             await asyncio.sleep(start)

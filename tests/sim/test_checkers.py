@@ -230,6 +230,17 @@ def test_a_claim_won_at_the_instant_of_a_failover_was_lost_only_if_the_replica_l
     assert (nothing_lost.status, nothing_lost.witness) == ("valid", "no failover or store restart lost a write")
 
 
+def test_a_failover_that_knows_the_tokens_it_lost_blames_those_claims_only() -> None:
+    # Both claims fall in the window; the replica lacked only b's (a's keys came whole with a later write).
+    events = [_won("a", 20.0, slot_s=20), _won("b", 21.0), _won("c", 25.0, slot_s=20), _won("c", 26.0)]
+    lost_b = frozenset({"t-b-40-1", "tick"})
+    verdict = _p5(events, [FaultWindow(19.0, 22.0, "failover", lost_words=lost_b)], "script")
+    assert (verdict.status, verdict.count) == ("invalid", 1)
+    assert verdict.witness.startswith("tick run 1800000040000: won at 21.000 s")
+    # Without the tokens, every claim acknowledged within the window counts as lost.
+    assert _p5(events, [FaultWindow(19.0, 22.0, "failover")], "script").count == 2
+
+
 # --- P6 fencing ------------------------------------------------------------------------------------------------
 
 

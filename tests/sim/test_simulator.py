@@ -8,7 +8,9 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import fakeredis
 import pytest
@@ -304,14 +306,14 @@ def test_a_failover_lag_loses_the_writes_of_its_last_moments() -> None:
     assert (window.start, window.end) == (40.0, 45.0)  # 6 s behind, the replica lacked everything from the claim on
 
 
-def _rerun_by_a_late_instance_across_a_failover(lag_ms: int) -> Outcome:
+def _rerun_by_a_late_instance_across_a_failover(lag_ms: int, faults: Sequence[dict[str, Any]] = ()) -> Outcome:
     """An instance 15 s behind claims every slot 15 s late, after the script strategy has forgotten it (window_ms
     10 s): it runs every slot a second time. A failover at 22 s promotes a replica ``lag_ms`` behind."""
     scenario = parse({
         "name": "late-rerun", "duration_s": 40, "strategies": {"script": {"window_ms": 10_000}},
         "instances": [{"name": "on-time"}, {"name": "late", "offset_ms": -15_000}],
         "jobs": [{"name": "tick", "cron": "*/10 * * * * *", "work_s": 1.0, "max_late_ms": 5000}],
-        "faults": [{"at_s": 22, "kind": "failover", "lag_ms": lag_ms}],
+        "faults": [*faults, {"at_s": 22, "kind": "failover", "lag_ms": lag_ms}],
     })  # fmt: skip
     return simulate(scenario, "script", 1)
 
@@ -325,6 +327,22 @@ def test_a_failover_is_blamed_only_for_the_claims_its_replica_lacked() -> None:
     # 2.5 s behind, it lacked the claim of the slot at 20 s (and its finish): that run was lost, not the others.
     outcome = _rerun_by_a_late_instance_across_a_failover(lag_ms=2500)
     assert [(w.kind, w.start, w.end, w.lost_writes) for w in outcome.fault_windows] == [("failover", 20.0, 22.0, True)]
+    verdict = outcome.judgement.verdicts["P5"]
+    assert (verdict.status, verdict.count) == ("invalid", 1)
+    assert verdict.witness.startswith("tick run 1800000020000: won at 20.000 s, won again by another instance at 35")
+
+
+def test_a_write_replication_dropped_is_lost_only_if_no_later_write_brought_its_keys_whole() -> None:
+    # Replication dropped the claim of the slot at 10 s, but the claim of the slot at 20 s rewrote the runs stream
+    # and brought it whole: the replica had every claim, and the late rerun of 10 s is the strategy's own (P1).
+    outcome = _rerun_by_a_late_instance_across_a_failover(100, [{"at_s": 9.5, "kind": "replication-drop",
+                                                                 "duration_s": 1.0}])  # fmt: skip
+    assert outcome.judgement.verdicts["P1"].status == "invalid"
+    assert outcome.judgement.verdicts["P5"].status == "valid"
+    assert [(w.kind, w.lost_writes) for w in outcome.fault_windows] == [("replication-drop", True), ("failover", False)]
+    # Dropped from 19.5 s to the failover, the claim of 20 s was never rewritten: that run, and only it, was lost.
+    outcome = _rerun_by_a_late_instance_across_a_failover(100, [{"at_s": 19.5, "kind": "replication-drop",
+                                                                 "duration_s": 2.5}])  # fmt: skip
     verdict = outcome.judgement.verdicts["P5"]
     assert (verdict.status, verdict.count) == ("invalid", 1)
     assert verdict.witness.startswith("tick run 1800000020000: won at 20.000 s, won again by another instance at 35")
