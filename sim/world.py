@@ -2,9 +2,9 @@
 clocks, the faults of a scenario, and the history and ledger of everything that happened.
 
 Only time, randomness and the store connection are injected. Each instance gets a :class:`SimClock` (its own
-offset and drift over true time, frozen while the instance is paused) and a :class:`~sim.links.Link` to the
-store that the nemesis can cut, hold (pause) or redirect (failover). A store with a replica keeps a replication
-log (:mod:`sim.replica`) that the nemesis delays, holds or drops.
+offset and drift over true time; its timers do not fire while the instance is paused) and a
+:class:`~sim.links.Link` to the store that the nemesis can cut, hold (pause) or redirect (failover). A store with
+a replica keeps a replication log (:mod:`sim.replica`) that the nemesis delays, holds or drops.
 """
 
 from __future__ import annotations
@@ -60,9 +60,9 @@ class FaultWindow:
 
 class SimClock:
     """An instance's clock over true (loop) time: ``offset_ms`` ahead, running ``1 + drift`` times as fast (0.001:
-    1 ms per s fast), and standing still while the instance is paused. A paused instance's timers freeze with it
-    and go on after the resume, so it carries on as if nothing had happened, as a suspended VM does: a sleep of
-    6 s paused after 1 s ends 5 s after the resume, and the clock stays behind true time by the pause."""
+    1 ms per s fast). A paused instance is a stopped process (SIGSTOP, as live mode pauses it): nothing of it runs
+    and its timers do not fire, while its clocks, the system's, run on; at the resume it reads the time it would
+    have read unpaused, and every timer due meanwhile fires at once, so it carries on from where it stopped, late."""
 
     def __init__(self, offset_ms: float = 0.0, drift: float = 0.0) -> None:
         self.offset_ms = offset_ms
@@ -97,6 +97,7 @@ class SimClock:
 
     def resume(self) -> None:
         if not self.running.is_set():
+            self._base_local += (self.true_s() - self._base_true) * (1 + self.drift)
             self._base_true = self.true_s()
             self._changes += 1
             self.running.set()
@@ -250,7 +251,7 @@ class SimInstance:
             self.world.history.executions.append(execution)
             self.running_jobs[run.token] = execution
             try:
-                await self.clock.sleep(job.work_s)  # the work: virtual time, frozen while paused
+                await self.clock.sleep(job.work_s)  # the work: virtual time, ended at the resume if due in a pause
             finally:
                 execution.ended = self.world.now()
                 self.running_jobs.pop(run.token, None)
