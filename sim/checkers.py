@@ -109,7 +109,8 @@ def judge(
         by_slot[(execution.job, execution.slot)].append(execution)
     lease_s = float(scenario.scheduler.get("lease_ms", 30_000)) / 1000
     longest = max(job.work_s for job in scenario.jobs)
-    settle_s = lease_s * 3 + longest + slack_s  # long enough for backups to take a run over and finish it
+    jitter_s = max(_jitter_ms(job) for job in scenario.jobs) / 1000  # a claim may come this long after its slot
+    settle_s = lease_s * 3 + jitter_s + longest + slack_s  # long enough for backups to take a run over and finish it
     names = [instance.name for instance in scenario.instances]
 
     healthy: dict[float, bool] = {}  # by slot time: every job with a slot then asks the same
@@ -279,10 +280,13 @@ def _allowance_ms(job: JobSpec, strategy: str) -> int:
     """How long after its slot a first attempt may start: claims come up to jitter_ms after the slot and are
     skipped beyond max_late_ms; a catch-up at start (lease only) may run a slot up to catch_up_ms late."""
     defaults = JobOptions()
-    jitter = int(job.options.get("jitter_ms", defaults.jitter_ms))
     max_late = int(job.options.get("max_late_ms", defaults.max_late_ms))
     catch_up = int(job.options.get("catch_up_ms", defaults.catch_up_ms)) if strategy == "lease" else 0
-    return max(jitter + max_late, catch_up)
+    return max(_jitter_ms(job) + max_late, catch_up)
+
+
+def _jitter_ms(job: JobSpec) -> int:
+    return int(job.options.get("jitter_ms", JobOptions().jitter_ms))
 
 
 def _lateness(

@@ -20,7 +20,7 @@ from anarchon import RedisBackend, Scheduler, StoreUnavailableError
 from sim import fakestore
 from sim import scenario as scenarios
 from sim.bench import without_the_store
-from sim.checkers import judge
+from sim.checkers import judge, true_s
 from sim.history import Event, Execution, History, RecordingStrategy
 from sim.links import Link, NotSent
 from sim.run import Outcome, simulate
@@ -578,6 +578,18 @@ def test_a_slot_nobody_finished_is_missed_unless_every_instance_was_down() -> No
     assert _verdicts(_every_slot(skip=40))["P2"] == "invalid"
     down = [FaultWindow(35, 70, "crash", "a"), FaultWindow(38, 70, "partition", "b")]
     assert _verdicts(_every_slot(skip=40), down)["P2"] == "valid"
+
+
+def test_a_slot_is_judged_missed_only_once_its_jittered_claim_could_have_run() -> None:
+    # Claims come up to 20 s after their slot: the slot at 90 s of a 110 s run may not start before the end.
+    scenario = parse({
+        "name": "jitter", "duration_s": 110, "scheduler": {"lease_ms": 3000, "heartbeat_ms": 1000},
+        "instances": [{"name": "a"}],
+        "jobs": [{"name": "tick", "cron": "*/30 * * * * *", "work_s": 2.0, "jitter_ms": 20_000}],
+    })  # fmt: skip
+    outcome = simulate(scenario, "lease", 3)
+    assert [round(e.started - true_s(e.slot, EPOCH_S)) for e in outcome.history.executions][-1] > 15
+    assert (outcome.judgement.verdicts["P2"].status, outcome.judgement.slots_checked) == ("valid", 2)  # 30 and 60 s
 
 
 def test_runs_of_two_slots_at_once_are_an_overlap() -> None:
