@@ -387,13 +387,16 @@ def _fencing(history: History) -> Verdict:
     for job, acks in sorted(accepted.items()):
         acks.sort(key=lambda ack: ack[0])  # stable: acceptances at one true time keep the history's order
         seen: set[str] = set()
-        previous: tuple[float, int, str] | None = None
+        # Compared with the highest fence accepted before, as a downstream system that refuses stale fences does:
+        # each acceptance it would refuse counts.
+        highest: tuple[float, int, str] | None = None
         for ack in acks:
             if ack[2] in seen:  # a retried claim recognising its own token: the same acceptance
                 continue
             seen.add(ack[2])
-            if previous is not None and ack[1] <= previous[1]:
-                bad.append(f"{job}: fence {ack[1]} accepted at {ack[0]:.3f} s after fence {previous[1]} "
-                           f"at {previous[0]:.3f} s")  # fmt: skip
-            previous = ack
+            if highest is not None and ack[1] <= highest[1]:
+                bad.append(f"{job}: fence {ack[1]} accepted at {ack[0]:.3f} s after fence {highest[1]} "
+                           f"at {highest[0]:.3f} s")  # fmt: skip
+            else:
+                highest = ack
     return Verdict("P6", "invalid" if bad else "valid", bad[0] if bad else "", len(bad))

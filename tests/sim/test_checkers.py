@@ -255,6 +255,11 @@ def test_fences_accepted_at_the_same_instant_keep_the_order_of_the_history() -> 
     assert inverted.witness == "tick: fence 3 accepted at 40.000 s after fence 7 at 40.000 s"
     assert p6(3, 7).status == "valid"
 
+    # Each acceptance is held against the highest fence before it: 3 and 4 both come after 5.
+    after_a_reset = p6(1, 5, 3, 4, 6)
+    assert (after_a_reset.status, after_a_reset.count) == ("invalid", 2)
+    assert after_a_reset.witness == "tick: fence 3 accepted at 40.000 s after fence 5 at 40.000 s"
+
 
 # --- lateness --------------------------------------------------------------------------------------------------
 
