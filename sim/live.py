@@ -34,7 +34,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from sim.checkers import judge
+from sim.checkers import Judgement, judge
 from sim.history import Event, Execution, History
 from sim.run import Outcome
 from sim.scenario import FaultSpec, JobSpec, Scenario, ScenarioError
@@ -497,11 +497,16 @@ async def run_live(scenario: Scenario, target: str, strategies: list[str]) -> di
             outcomes = {}
             for strategy in chosen:
                 history = run.history(strategy, epoch_s)
-                judgement = judge(live, strategy, history, run.windows[strategy], slack_s=5 * SCALE)
+                judgement = judge_live(live, strategy, history, run.windows[strategy])
                 outcomes[strategy] = Outcome(
                     live, strategy, 0, history, judgement, run.windows[strategy], target, server.version
                 )
             return outcomes
+
+
+def judge_live(live: Scenario, strategy: str, history: History, windows: list[FaultWindow]) -> Judgement:
+    """The checkers on a live run of the compressed scenario ``live``: their margins compressed with it."""
+    return judge(live, strategy, history, windows, slack_s=5 * SCALE, late_margin_s=1.0 * SCALE)
 
 
 def _toml(scenario: Scenario) -> str:

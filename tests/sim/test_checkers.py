@@ -13,6 +13,7 @@ import pytest
 from sim import report
 from sim.checkers import Judgement, Verdict, judge, percentile
 from sim.history import Event, Execution, History
+from sim.live import SCALE, judge_live, scaled
 from sim.run import simulate
 from sim.scenario import load, parse
 from sim.world import EPOCH_S, FaultWindow
@@ -338,3 +339,26 @@ def test_the_report_tables_lateness_and_sums_up_lease_margins() -> None:
     assert "| 15000 |" in script  # max lateness
     assert "1/1" in script  # its one simulation had a late run
     assert "1 worked past their lease; min -4000 ms" in text
+
+
+def test_a_live_run_is_allowed_the_lateness_of_the_scenario_it_compresses() -> None:
+    # max_late_ms 5 s + 1 s of margin: a run 7.5 s late is late, whether judged in scenario time or live, 5x faster.
+    scenario = parse({
+        "name": "late", "duration_s": 100, "scheduler": {"lease_ms": 3000}, "instances": [{"name": "a"}],
+        "jobs": [{"name": "tick", "cron": "*/10 * * * * *", "work_s": 1.0, "max_late_ms": 5000}],
+    })  # fmt: skip
+
+    def one_run_late(scale: float) -> History:
+        runs = []
+        for k in range(1, 9):
+            slot_s = 10 * k * scale
+            start = slot_s + (7.5 * scale if k == 4 else 0)
+            slot = round((EPOCH_S + slot_s) * 1000)
+            runs.append(Execution("a", "tick", slot, str(slot), 1, k, f"t{k}", False, start, start + scale, True))
+        return History(epoch_s=EPOCH_S, executions=runs)
+
+    virtual = judge(scenario, "script", one_run_late(1.0), [])
+    live = judge_live(scaled(scenario), "script", one_run_late(SCALE), [])
+    assert (virtual.lateness.status, virtual.lateness.count) == ("invalid", 1)
+    assert (live.lateness.status, live.lateness.count) == ("invalid", 1)
+    assert live.lateness.witness.endswith("started 1500 ms after its slot (allowed 1200 ms)")
