@@ -30,7 +30,10 @@ from ._strategies import JobPolicy, RunRequest, Strategy
 log = logging.getLogger("anarchon")
 T = TypeVar("T")
 IDLE_S = 60.0
-RETRY_S = 1.0  # after a failed heartbeat, the next try (never later than the deadline)
+# After a failed heartbeat the next try comes RETRY_S later, or halfway to the deadline if that is sooner (so a
+# short lease gets its retries too), and no sooner than RETRY_MIN_S.
+RETRY_S = 1.0
+RETRY_MIN_S = 0.01
 
 
 @dataclass(slots=True)
@@ -129,7 +132,8 @@ class LeaseKeeper:
                 # ending the keeper instead would leave every run it holds unaware of losing its lease.
                 unexpected = not isinstance(answer, StoreError | TimeoutError)
                 log.warning("job %s: heartbeat failed: %s", run.request.job, answer, exc_info=unexpected)
-                run.next_beat = min(sent + RETRY_S, run.deadline)
+                failed = self.clock.monotonic()
+                run.next_beat = failed + max(RETRY_MIN_S, min(RETRY_S, (run.deadline - failed) / 2))
             elif answer <= 0:
                 if self.release(run.request.token):
                     run.lose("the heartbeat was refused: another attempt holds the run")

@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 from typing import cast
 
-from anarchon import SystemClock
+from anarchon import StoreUnavailableError, SystemClock
 from anarchon._heartbeats import LeaseKeeper
 from anarchon._store import Store
 from anarchon._strategies import JobPolicy, RunRequest, Strategy
+from sim.vtime import run_virtual
+from sim.world import SimClock
 from tests.support import eventually
 
 REQUEST = RunRequest("job", "1700000000000", 1_700_000_000_000, "token-a", "a")
@@ -83,3 +85,37 @@ async def test_a_heartbeat_failing_unexpectedly_is_tried_again_and_the_keeper_go
         serving.cancel()
         await asyncio.gather(serving, return_exceptions=True)
     assert lost == []
+
+
+class FailingFirstStrategy:
+    """Its first heartbeat fails as if the connection had dropped; the next ones extend the lease."""
+
+    def __init__(self, clock: SimClock, lease_ms: int) -> None:
+        self.clock = clock
+        self.lease_ms = lease_ms
+        self.beats: list[float] = []
+
+    async def heartbeat(self, store: Store, request: RunRequest, policy: JobPolicy) -> int:
+        self.beats.append(round(self.clock.monotonic(), 3))
+        if len(self.beats) == 1:
+            raise StoreUnavailableError("connection reset")
+        return self.lease_ms
+
+
+def test_a_failed_heartbeat_of_a_short_lease_is_tried_again_before_the_lease_ends() -> None:
+    # lease 2 s, heartbeat 1 s, 50 ms of margin: the beat at 1 s fails; a retry 1 s later would meet the deadline
+    # (1.95 s) and lose the lease. It comes halfway to the deadline instead, and keeps the lease.
+    async def main() -> tuple[list[float], list[str]]:
+        clock = SimClock()
+        strategy = FailingFirstStrategy(clock, lease_ms=2000)
+        keeper = LeaseKeeper(cast(Strategy, strategy), cast(Store, None), clock, heartbeat_ms=1000, margin_ms=50)
+        lost: list[str] = []
+        serving = asyncio.create_task(keeper.serve())
+        keeper.hold(REQUEST, JobPolicy(), clock.monotonic(), 2000, lost.append)
+        await asyncio.sleep(4)
+        serving.cancel()
+        await asyncio.gather(serving, return_exceptions=True)
+        return strategy.beats, lost
+
+    beats, lost = run_virtual(main(), epoch_s=1_700_000_000, seed=1)
+    assert (beats, lost) == ([1.0, 1.475, 2.475, 3.475], [])
