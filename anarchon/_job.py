@@ -69,7 +69,9 @@ class Job:
         if not isinstance(cron, str):
             raise ConfigTypeError("cron", f"must be a string, got {type(cron).__name__}", "a cron expression")
         schedule = CronSchedule(cron, load_timezone(options.timezone))
-        return cls(name, schedule, function, options, _takes_context(function), _is_async(function))
+        takes_context = _takes_context(function)
+        _check_callable_as_a_job(name, function, takes_context)
+        return cls(name, schedule, function, options, takes_context, _is_async(function))
 
     def call(self, context: RunContext) -> object:
         return self.function(context) if self.takes_context else self.function()  # type: ignore[call-arg]
@@ -87,6 +89,25 @@ def _takes_context(function: Callable[..., object]) -> bool:
         return True
     positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
     return any(p.kind in positional or p.kind is inspect.Parameter.VAR_POSITIONAL for p in parameters)
+
+
+def _check_callable_as_a_job(name: str, function: Callable[..., object], takes_context: bool) -> None:
+    """Refuse, when the job is added, a function that a run could not call, or whose call would not run it."""
+    allowed = "a function or coroutine function taking the RunContext, or nothing"
+    shown = getattr(function, "__qualname__", type(function).__name__)
+    call = getattr(function, "__call__", None)  # noqa: B004 - callable objects
+    if any(inspect.isgeneratorfunction(f) or inspect.isasyncgenfunction(f) for f in (function, call)):
+        # Calling it only creates a generator: the body would never run, and every run would be recorded ok.
+        raise ConfigTypeError("func", f"job {name!r}: {shown} is a generator function", allowed)
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):  # some builtins have no signature: their calls show what they take
+        return
+    try:
+        signature.bind(None) if takes_context else signature.bind()
+    except TypeError as error:
+        how = "with the RunContext" if takes_context else "with no argument"
+        raise ConfigTypeError("func", f"job {name!r}: {shown} cannot be called {how}: {error}", allowed) from None
 
 
 def _is_async(function: Callable[..., object]) -> bool:

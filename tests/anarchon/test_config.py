@@ -105,6 +105,52 @@ def test_bad_jobs_are_refused_when_added(name: Any, cron: Any, func: Any, option
     assert scheduler.jobs == ()
 
 
+def takes_two(run: Any, other: Any) -> None:
+    pass
+
+
+def takes_a_keyword(*, run: Any) -> None:
+    pass
+
+
+def a_generator(run: Any) -> Any:
+    yield
+
+
+async def an_async_generator(run: Any) -> Any:
+    yield
+
+
+@pytest.mark.parametrize(
+    ("function", "why"),
+    [
+        (a_generator, "a_generator is a generator function"),
+        (an_async_generator, "an_async_generator is a generator function"),
+        (takes_two, "takes_two cannot be called with the RunContext: missing a required argument: 'other'"),
+        (takes_a_keyword, "takes_a_keyword cannot be called with no argument: missing a required argument: 'run'"),
+    ],
+)
+def test_a_function_a_run_could_not_call_or_would_not_run_is_refused_when_added(function: Any, why: str) -> None:
+    # Added, a generator's runs would be recorded ok with its body never run; the others would fail every run.
+    scheduler = Scheduler()
+    with pytest.raises(ConfigTypeError, match="func") as caught:
+        scheduler.add_job("a", "* * * * *", function)
+    assert f"job 'a': {why}; allowed: a function or coroutine function taking the RunContext" in str(caught.value)
+    assert scheduler.jobs == ()
+
+
+def test_functions_with_optional_parameters_and_callable_objects_are_jobs() -> None:
+    class Job:
+        async def __call__(self, run: Any, retries: int = 3) -> None:
+            pass
+
+    scheduler = Scheduler()
+    scheduler.add_job("object", "* * * * *", Job())
+    scheduler.add_job("defaults", "* * * * *", lambda run=None, *more: None)
+    scheduler.add_job("builtin", "* * * * *", print)  # no signature to check: called with the context
+    assert scheduler.jobs == ("object", "defaults", "builtin")
+
+
 def test_duplicate_job_names_are_refused() -> None:
     scheduler = Scheduler()
     scheduler.add_job("sync", "* * * * *", noop)
