@@ -9,9 +9,11 @@ and claim again when the lease ends, and missed slots are caught up at start.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import contextvars
 import dataclasses
+import functools
 import heapq
 import inspect
 import logging
@@ -63,6 +65,11 @@ FINISH_RETRY_S = 1.0  # a result the store could not take is sent again this oft
 # last answer), and the store has the next pipeline at hand when it has answered one.
 CLAIM_BATCH = 1_000
 CLAIM_LANES = 2
+# Sync jobs run on threads of the scheduler's own, up to this many at once. asyncio's default pool (min(32,
+# CPUs + 4) threads) also serves DNS lookups, sync store clients and the heartbeat thread's shutdown: jobs there
+# would wait behind each other with their leases kept, and stop() behind them.
+JOB_THREADS = 128
+STOPPED = "the scheduler stopped"  # why stop() interrupts the runs still going at its timeout
 
 
 Kind: TypeAlias = Literal["scheduled", "backup", "retry"]
@@ -201,6 +208,7 @@ class Scheduler(Generic[M]):
         self._starting = False  # while start() runs: a second start() is refused meanwhile
         self._keeper: LeaseKeeper | None = None
         self._heartbeats: HeartbeatThread | None = None
+        self._job_threads: concurrent.futures.ThreadPoolExecutor | None = None  # made for the first sync run
         self._started = False
 
     # --- jobs ----------------------------------------------------------------------------------------------
@@ -352,8 +360,10 @@ class Scheduler(Generic[M]):
         log.info("scheduler %s started with %d jobs on %s", self.instance_id, len(self._jobs), self.backend.server)
 
     async def stop(self, timeout: float = 30.0) -> None:
-        """Stop claiming; wait up to ``timeout`` seconds for running jobs, then cancel them (recorded as
-        interrupted); close the connections anarchon opened.
+        """Stop claiming; wait up to ``timeout`` seconds for running jobs, then cancel them; close the connections
+        anarchon opened. Under leases, a scheduled run cancelled with attempts left is handed back: another instance
+        takes it over as the next attempt (which records this one as interrupted). Any other run cancelled is
+        recorded as interrupted.
 
         Stopping goes on if the caller is cancelled meanwhile; calling stop() again waits for it to end."""
         if self._stopping is None:
@@ -380,10 +390,13 @@ class Scheduler(Generic[M]):
         if work:
             await asyncio.wait(work, timeout=timeout)
         for running in list(self._running.values()):
-            running.interrupt("the scheduler stopped")
+            running.interrupt(STOPPED)
         if work:
             await asyncio.gather(*work, return_exceptions=True)
         self._queue.clear()
+        if self._job_threads is not None:  # a sync job cancelled above may still run: its thread ends with it
+            self._job_threads.shutdown(wait=False)
+            self._job_threads = None
         await self._stop_keeper()
         await self.backend.stop()
         log.info("scheduler %s stopped", self.instance_id)
@@ -441,12 +454,7 @@ class Scheduler(Generic[M]):
         if claim.outcome is not Outcome.WON:
             return self._local_record(request, "skipped-overlap", "another run of the job was still running")
         if not self._started:  # stop() began while the claim was on its way: the job is not started
-            record = self._local_record(
-                request, "interrupted", "the scheduler stopped", attempt=claim.attempt, fence=claim.fence
-            )
-            if self.backend.started:  # stop() closes the connection last; by then the record cannot be sent
-                await self._finish(request, claim, record, {"job": job.name, "slot": request.slot})
-            return record
+            return await self._not_started(request, claim)
         return await self._track(self._execute(job, request, claim, sent))
 
     async def history(self, name: str, limit: int = 50) -> list[RunRecord]:
@@ -533,12 +541,14 @@ class Scheduler(Generic[M]):
                         # skip for the missed ones, not one each.
                         scheduled = self._jobs[name]
                         self._schedule_next(scheduled, max(slot, now - scheduled.options.late_after_ms))
-            await asyncio.gather(*parts)
-        finally:
-            # When the dispatcher is stopped midway: stop() may go on only once no pipeline can still settle (and
-            # start a run) behind its back.
+            if parts:
+                await asyncio.wait(parts)  # unlike gather's, this wait cancelled leaves the pipelines to settle
             for part in parts:
-                part.cancel()
+                part.result()  # what a pipeline raised
+        finally:
+            # When the dispatcher is stopped midway, the pipelines in flight still settle: a run the store granted
+            # meanwhile is handed back or recorded (see _settle), not left claimed and never run. stop() goes on
+            # once none can settle behind its back.
             await asyncio.gather(*parts, return_exceptions=True)
 
     async def _claim_part(self, part: list[_Due], lanes: asyncio.Semaphore) -> None:
@@ -574,7 +584,10 @@ class Scheduler(Generic[M]):
             self._push(now + int(delay_s * 1000), name, slot, retry_kind, failures + 1, request.token)
             return
         if claim.outcome is Outcome.WON:
-            self._spawn(self._execute(self._jobs[name], request, claim, sent))
+            if self._started:
+                self._spawn(self._execute(self._jobs[name], request, claim, sent))
+            else:  # won while stop() began
+                self._spawn(self._not_started(request, claim))
             return
         extra = {"job": name, "slot": slot, "attempt": claim.attempt}
         if claim.outcome is Outcome.RUNNING:
@@ -687,11 +700,49 @@ class Scheduler(Generic[M]):
                 self._keeper.release(request.token)
             del self._running[request.token]
         record = self._local_record(request, status, message, attempt=claim.attempt, fence=claim.fence, started=started)
-        await self._finish(request, claim, record, extra)
+        if self._hands_back(request, claim, record):
+            record = dataclasses.replace(record, message=f"{STOPPED}: handed back for attempt {claim.attempt + 1}")
+            await self._release(request, extra)
+        else:
+            await self._finish(request, claim, record, extra)
         log.info("job %s slot %d attempt %d: %s", job.name, request.slot, claim.attempt, status, extra=extra)
         if self.on_run_end is not None:
             await self._hook(self.on_run_end, context, record)
         return record
+
+    async def _not_started(self, request: RunRequest, claim: Claim) -> RunRecord:
+        """A run won after stop() began: not started, but handed back or recorded as interrupted."""
+        record = self._local_record(request, "interrupted", STOPPED, attempt=claim.attempt, fence=claim.fence)
+        if not self.backend.started:  # stop() closes the connection last; by then nothing can be sent
+            return record
+        extra = {"job": request.job, "slot": request.slot, "attempt": claim.attempt}
+        if self._hands_back(request, claim, record):
+            await self._release(request, extra)
+            return dataclasses.replace(record, message=f"{STOPPED}: handed back for attempt {claim.attempt + 1}")
+        await self._finish(request, claim, record, extra)
+        return record
+
+    def _hands_back(self, request: RunRequest, claim: Claim, record: RunRecord) -> bool:
+        """Whether an attempt goes back to the other instances unfinished rather than being recorded: a scheduled
+        run that stop() cut short, with attempts left, under leases. A backup takes it over at once, as it would
+        after a crash once the lease ran out; a manual run is not retried by backups, so it is recorded."""
+        return (
+            record.status == "interrupted" and record.message == STOPPED and self.backend.leases
+            and not request.manual and claim.attempt < self._policies[request.job].max_attempts
+        )  # fmt: skip
+
+    async def _release(self, request: RunRequest, extra: dict[str, Any]) -> None:
+        try:
+            released = await self.backend.strategy.release(self.backend.store, request)
+        except StoreError as error:
+            log.warning("job %s slot %d: could not hand the run back (%s); a backup takes it over when its lease "
+                        "runs out", request.job, request.slot, error, extra=extra)  # fmt: skip
+            return
+        if released:
+            log.info("job %s slot %d: handed back to the other instances", request.job, request.slot, extra=extra)
+        else:
+            log.warning("job %s slot %d: the store refused the hand-back: the lease was lost", request.job,
+                        request.slot, extra=extra)  # fmt: skip
 
     async def _finish(self, request: RunRequest, claim: Claim, record: RunRecord, extra: dict[str, Any]) -> None:
         """Record how an attempt ended. While the store cannot be reached, try again every second, for as long as
@@ -728,7 +779,10 @@ class Scheduler(Generic[M]):
     async def _call(self, job: Job, context: RunContext) -> object:
         if job.is_async:
             return await job.call(context)  # type: ignore[misc]
-        result = await asyncio.to_thread(job.call, context)
+        if self._job_threads is None:
+            self._job_threads = concurrent.futures.ThreadPoolExecutor(JOB_THREADS, thread_name_prefix="anarchon-job")
+        call = functools.partial(contextvars.copy_context().run, job.call, context)  # the caller's contextvars
+        result = await asyncio.get_running_loop().run_in_executor(self._job_threads, call)
         if inspect.isawaitable(result):  # a sync function that returned a coroutine
             return await result
         return result

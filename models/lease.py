@@ -117,6 +117,14 @@ def finish(
     return trim(store.put(slot, replace(r, status=status)), now, policy), True
 
 
+def release(store: LeaseStore, slot: int, token: str, now: int) -> tuple[LeaseStore, bool]:
+    """The current attempt gives its run back unfinished: its lease ends now (if not already over)."""
+    r = store.run(slot)
+    if r is None or not r.running or r.token != token:
+        return store, False
+    return store.put(slot, replace(r, lease_end=min(r.lease_end, now))), True
+
+
 def skip(store: LeaseStore, slot: int, token: str, now: int, policy: JobPolicy) -> tuple[LeaseStore, bool]:
     """Record a run claimed too late as skipped-late, unless it already has a state, or the store's clock says it
     is not late yet or more than ``keep_ms`` past its slot (its state may have been trimmed)."""

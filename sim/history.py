@@ -147,6 +147,9 @@ class RecordingStrategy:
     ) -> bool:
         return await self._call("finish", request, self.inner.finish(store, request, claim, policy, record))
 
+    async def release(self, store: Store, request: RunRequest) -> bool:
+        return await self._call("release", request, self.inner.release(store, request))
+
     async def skip(self, store: Store, request: RunRequest, policy: JobPolicy, status: Any, message: str) -> bool:
         return await self._call("skip", request, self.inner.skip(store, request, policy, status, message))
 

@@ -98,6 +98,11 @@ class Strategy(Protocol):
         """Record how an attempt ended; False if the store refused (the attempt is no longer current)."""
         ...
 
+    async def release(self, store: Store, request: RunRequest) -> bool:
+        """Give the caller's attempt's run back unfinished, for a backup to take over now as the next attempt;
+        False if refused (not the current attempt) or if the strategy has no backups."""
+        ...
+
     async def skip(self, store: Store, request: RunRequest, policy: JobPolicy, status: Status, message: str) -> bool:
         """Record a run that was not claimed (too late); False if the run already has an outcome."""
         ...

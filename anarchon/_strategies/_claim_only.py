@@ -72,6 +72,9 @@ class ClaimOnlyStrategy:
     async def heartbeat(self, store: Store, request: RunRequest, policy: JobPolicy) -> int:
         return 0  # no leases: nothing to extend
 
+    async def release(self, store: Store, request: RunRequest) -> bool:
+        return False  # no backups to take a run over
+
     async def finish(
         self, store: Store, request: RunRequest, claim: Claim, policy: JobPolicy, record: RunRecord
     ) -> bool:

@@ -19,6 +19,7 @@ from ._base import OUTCOMES, Claim, JobPolicy, RunRequest, read_history
 CLAIM = Script.load("lease_claim", prelude="lease_lib")
 HEARTBEAT = Script.load("lease_heartbeat", prelude="lease_lib")
 FINISH = Script.load("lease_finish", prelude="lease_lib")
+RELEASE = Script.load("lease_release", prelude="lease_lib")
 SKIP = Script.load("lease_skip", prelude="lease_lib")
 
 
@@ -40,7 +41,7 @@ def _parse_claim(reply: Reply | StoreError) -> Claim | StoreError:
 class LeaseStrategy:
     name = "lease"
     leases = True
-    scripts: tuple[Script, ...] = (CLAIM, HEARTBEAT, FINISH, SKIP)
+    scripts: tuple[Script, ...] = (CLAIM, HEARTBEAT, FINISH, RELEASE, SKIP)
 
     def __init__(self, keys: KeySpace) -> None:
         self.keys = keys
@@ -83,6 +84,9 @@ class LeaseStrategy:
         message = "null" if record.message is None else json.dumps(record.message)
         args = (request.run, request.token, record.status, message, *_trim_args(policy))
         return await store.run(FINISH, keys, args) == 1
+
+    async def release(self, store: Store, request: RunRequest) -> bool:
+        return await store.run(RELEASE, self.job_keys(request.job), (request.run, request.token)) == 1
 
     async def skip(self, store: Store, request: RunRequest, policy: JobPolicy, status: Status, message: str) -> bool:
         keys = self.job_keys(request.job)

@@ -111,6 +111,44 @@ async def test_expired_lease_is_taken_over_with_a_new_attempt_and_a_larger_fence
     assert history[1].message == "lease expired; taken over by attempt 2"
 
 
+async def test_a_released_run_is_taken_over_at_once_by_the_next_attempt(target: StoreTarget) -> None:
+    backend = await target.started_backend("lease")
+    policy = JobPolicy(lease_ms=60_000, max_attempts=3)
+    first, backup = request(SLOT, "first"), request(SLOT, "backup")
+    won = await claim_one(backend, first, policy)
+    assert (await claim_one(backend, backup, policy)).outcome is Outcome.RUNNING  # a minute of lease left
+    assert not await backend.strategy.release(backend.store, backup)  # not the backup's to give back
+    assert await backend.strategy.release(backend.store, first)
+    assert await backend.strategy.release(backend.store, first)  # again: a hand-back whose answer was lost
+    taken = await claim_one(backend, backup, policy)  # no wait for the minute's lease
+    assert (taken.outcome, taken.attempt) == (Outcome.WON, 2)
+    assert taken.fence > won.fence
+    assert not await backend.strategy.finish(backend.store, first, won, policy, record(first, won))
+    assert not await backend.strategy.release(backend.store, first)
+    assert await backend.strategy.finish(backend.store, backup, taken, policy, record(backup, taken))
+    history = await backend.strategy.history(backend.store, "sync", 10)
+    assert [(r.attempt, r.status, r.token) for r in history] == [(2, "ok", "backup"), (1, "interrupted", "first")]
+
+
+async def test_a_released_run_with_no_attempts_left_is_closed_by_the_next_claim(target: StoreTarget) -> None:
+    backend = await target.started_backend("lease")
+    policy = JobPolicy(lease_ms=60_000, max_attempts=1)
+    first = request(SLOT, "first")
+    await claim_one(backend, first, policy)
+    assert await backend.strategy.release(backend.store, first)
+    assert (await claim_one(backend, request(SLOT, "backup"), policy)).outcome is Outcome.DONE
+    [entry] = await backend.strategy.history(backend.store, "sync", 10)
+    assert (entry.attempt, entry.status, entry.token) == (1, "interrupted", "first")
+
+
+@pytest.mark.parametrize("claim_only", ["stream-id", "script"])  # idmp's is theirs (ClaimOnlyStrategy)
+async def test_claim_only_strategies_have_nothing_to_release(target: StoreTarget, claim_only: str) -> None:
+    backend = await target.started_backend(claim_only)
+    mine = request(SLOT, "mine")
+    assert (await claim_one(backend, mine, JobPolicy())).outcome is Outcome.WON
+    assert not await backend.strategy.release(backend.store, mine)
+
+
 async def test_every_lease_attempt_appends_to_runs(target: StoreTarget) -> None:
     backend = await target.started_backend("lease")
     policy = JobPolicy(lease_ms=150, max_attempts=3)

@@ -14,7 +14,7 @@ import random
 import threading
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import fakeredis
@@ -405,6 +405,99 @@ async def test_sync_jobs_run_in_a_thread_and_never_block_the_loop(fake_target: S
     assert threads[0] != threading.main_thread().name
 
 
+async def test_sync_jobs_that_block_do_not_hold_up_other_sync_jobs_or_stop(fake_target: StoreTarget) -> None:
+    # More blocked jobs than asyncio's default pool has threads (at most 32): a quick job still runs, and stop()
+    # ends (cancelling the blocked runs) without waiting for a thread.
+    released = threading.Event()
+    quick_ran: list[str] = []
+
+    def blocked(run: RunContext) -> None:
+        released.wait(30)
+
+    scheduler = Scheduler(fake_target.backend("lease"))
+    for i in range(40):
+        scheduler.add_job(f"blocked{i}", "0 0 1 1 *", blocked)
+    scheduler.add_job("quick", "0 0 1 1 *", lambda run: quick_ran.append(run.job))
+    try:
+        await scheduler.start()
+        blocking = [asyncio.create_task(scheduler.run_now(f"blocked{i}")) for i in range(40)]
+        record = await asyncio.wait_for(scheduler.run_now("quick"), 10)
+        assert (record.status, quick_ran) == ("ok", ["quick"])
+        await asyncio.wait_for(scheduler.stop(timeout=0.1), 10)
+        assert {(await run).status for run in blocking} == {"interrupted"}
+    finally:
+        released.set()
+
+
+async def test_a_run_cut_short_by_stop_is_taken_over_by_a_backup(fake_target: StoreTarget) -> None:
+    # A rolling deploy: the winner is stopped while its run goes on. It hands the run back, and the backup
+    # waiting on the lease runs it as attempt 2, as it would have after a crash.
+    attempts: list[tuple[str, int]] = []
+    forever = asyncio.Event()
+
+    def job_of(instance: str) -> Callable[[RunContext], Awaitable[None]]:
+        async def job(run: RunContext) -> None:
+            attempts.append((instance, run.attempt))
+            if run.attempt == 1:
+                await forever.wait()
+
+        return job
+
+    second = (now_ms() // 1000 + 2) % 60
+    schedulers = {
+        name: Scheduler(fake_target.backend("lease"), lease_ms=1000, instance_id=name) for name in ("a", "b")
+    }  # fmt: skip
+    for name, scheduler in schedulers.items():
+        scheduler.add_job("job", f"{second} * * * * *", job_of(name), max_attempts=3)
+    await asyncio.gather(*(s.start() for s in schedulers.values()))
+    try:
+        await eventually(lambda: len(attempts) == 1, cap_s=5)
+        [(winner, attempt)] = attempts
+        assert attempt == 1
+        backup = "b" if winner == "a" else "a"
+        await schedulers[winner].stop(timeout=0.1)
+        await eventually(lambda: len(attempts) == 2 and not schedulers[backup]._running, cap_s=5)
+        assert attempts == [(winner, 1), (backup, 2)]
+        history = await schedulers[backup].history("job")
+    finally:
+        forever.set()
+        await asyncio.gather(*(s.stop(timeout=0.1) for s in schedulers.values()))
+    assert [(r.attempt, r.status, r.runner) for r in history] == [(2, "ok", backup), (1, "interrupted", winner)]
+
+
+@pytest.mark.parametrize("strategy", ["lease", "script"])
+async def test_a_run_won_while_stop_begins_is_handed_back_or_recorded_not_dropped(
+    fake_target: StoreTarget, strategy: str
+) -> None:
+    # The claim of a slot is on its way (its reply 300 ms slow) when stop() begins: the store grants the run, and
+    # the stopping scheduler must not leave it claimed and never run.
+    backend, link = fake_target.linked_backend(strategy)
+    ran: list[int] = []
+
+    async def slow() -> None:
+        await asyncio.sleep(0.3)
+
+    scheduler = Scheduler(backend, **({"lease_ms": 60_000} if strategy == "lease" else {}))
+    scheduler.add_job("sync", "* * * * * *", lambda run: ran.append(run.slot))
+    await scheduler.start()
+    slot = (now_ms() // 1000 + 1) * 1000
+    link.gate = slow
+    await asyncio.sleep((slot - now_ms()) / 1000 + 0.1)
+    await scheduler.stop()
+    assert slot not in ran
+    other = await fake_target.started_backend(strategy)
+    if strategy == "lease":  # handed back: another instance takes it over now, not in a minute
+        request = RunRequest("sync", run_id(slot), slot, "other", "b")
+        [claim] = await other.strategy.claim(other.store, [(request, JobPolicy(lease_ms=60_000))])
+        assert isinstance(claim, Claim)
+        assert (claim.outcome, claim.attempt) == (Outcome.WON, 2)
+    else:  # no backups: recorded
+        history = await other.strategy.history(other.store, "sync", 10)
+        assert [(r.slot, r.status, r.message) for r in history if r.slot == slot] == [
+            (slot, "interrupted", "the scheduler stopped")
+        ]
+
+
 async def test_job_functions_may_take_no_context(fake_target: StoreTarget) -> None:
     calls: list[str] = []
 
@@ -474,8 +567,11 @@ async def test_an_instance_whose_clock_jumps_ahead_skips_no_run_that_the_others_
         Scheduler(fake_target.backend(strategy), instance_id="jumps", clock=jumping),
         Scheduler(fake_target.backend(strategy), instance_id="steady"),
     ]
+    # Ahead, it claims later slots 5 s early; under lease, a run of them still going when the steady instance
+    # claims the current slot would make that one an overlap. Overlap is allowed: only late skips are at stake.
+    options: dict[str, Any] = {"overlap": True} if strategy == "lease" else {}
     for scheduler in schedulers:
-        scheduler.add_job("tick", "* * * * * *", ledger.job(scheduler.instance_id), max_late_ms=1_000)
+        scheduler.add_job("tick", "* * * * * *", ledger.job(scheduler.instance_id), max_late_ms=1_000, **options)
     await asyncio.gather(*(s.start() for s in schedulers))
     try:
         first = (now_ms() // 1000 + 1) * 1000

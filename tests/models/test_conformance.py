@@ -142,6 +142,16 @@ class LeaseMachine(StoreMachine):
         self.model, expected = lease.finish(self.model, slot, token, status, now, self.policy)
         assert accepted == expected, f"finish: store {accepted}, model {expected}"
 
+    @rule(slot=LEASE_SLOTS, token=TOKENS, holder=st.booleans())
+    def release(self, slot: int, token: str, holder: bool) -> None:
+        token = self.token_for(slot, token, holder)
+        # Settled: a lease ended at the server's moment of the call, which the model knows only to within the call's
+        # time, is over for both by the next operation.
+        releasing = self.backend.strategy.release(self.backend.store, self.request(slot, token))
+        now, released = self.timed(releasing, settle=True)
+        self.model, expected = lease.release(self.model, slot, token, now)
+        assert released == expected, f"release: store {released}, model {expected}"
+
     # A recorded skip ends a run for good; with a few runs, more skips would leave little else to compare.
     @precondition(lambda self: self.skips < 2)
     @rule(slot=LEASE_SLOTS, token=TOKENS)

@@ -42,7 +42,9 @@ PASSWORDS = {"alice": "s3cr3t-Alice-pw", "bob": "s3cr3t-Bob-pw"}
 WRONG_PASSWORD = "wr0ng-Guess-pw"
 # alice may touch the keys of prefix "a:", bob those of "b:" (claim-only keys "a:…", lease keys "{a:…}").
 ACL_RULES = ["+@read", "+@write", "+@scripting", "+@connection", "-@dangerous", "+info", "+time"]
-SCRIPTS = (FORMAT, lease.CLAIM, lease.HEARTBEAT, lease.FINISH, lease.SKIP, script.CLAIM, TRIM_STREAM)
+SCRIPTS = (
+    FORMAT, lease.CLAIM, lease.HEARTBEAT, lease.FINISH, lease.RELEASE, lease.SKIP, script.CLAIM, TRIM_STREAM
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
