@@ -53,6 +53,11 @@ _UNAVAILABLE = (
 _UNAVAILABLE_CODES = ("LOADING", "CLUSTERDOWN", "TRYAGAIN", "MASTERDOWN")
 _CODE_WORD = re.compile(r"[A-Z]{3,} ")  # WRONGTYPE Operation…, but not IDMP-DURATION must…
 _GLIDE_KIND = re.compile(r"- (\w+): (.*)", re.DOTALL)
+# GLIDE's own failures to reach a node, named by the I/O error's kind ("BrokenPipe: Cluster: Failed to receive
+# command response…" when a cluster node goes down mid-batch): no reply came, the store is unavailable.
+_GLIDE_IO_ERROR = re.compile(
+    r"(BrokenPipe|ConnectionRefused|ConnectionReset|ConnectionAborted|NotConnected|TimedOut|UnexpectedEof|IoError): "
+)
 
 
 def _class_names(error: BaseException) -> list[str]:
@@ -79,6 +84,8 @@ def translate(error: BaseException) -> StoreError | None:
     if "RequestError" in names or "ExecAbortError" in names:  # GLIDE
         match = _GLIDE_KIND.search(str(error))
         kind, text = (match.group(1), match.group(2)) if match else ("", str(error))
+        if _GLIDE_IO_ERROR.match(text.strip()):
+            return StoreUnavailableError(f"store unavailable: {text.strip()}")
         return _reply_error(_reply_text([kind], text.strip()))
     return None
 
