@@ -700,11 +700,7 @@ class Scheduler(Generic[M]):
                 self._keeper.release(request.token)
             del self._running[request.token]
         record = self._local_record(request, status, message, attempt=claim.attempt, fence=claim.fence, started=started)
-        if self._hands_back(request, claim, record):
-            record = dataclasses.replace(record, message=f"{STOPPED}: handed back for attempt {claim.attempt + 1}")
-            await self._release(request, extra)
-        else:
-            await self._finish(request, claim, record, extra)
+        record = await self._end(request, claim, record, extra)
         log.info("job %s slot %d attempt %d: %s", job.name, request.slot, claim.attempt, status, extra=extra)
         if self.on_run_end is not None:
             await self._hook(self.on_run_end, context, record)
@@ -715,21 +711,21 @@ class Scheduler(Generic[M]):
         record = self._local_record(request, "interrupted", STOPPED, attempt=claim.attempt, fence=claim.fence)
         if not self.backend.started:  # stop() closes the connection last; by then nothing can be sent
             return record
-        extra = {"job": request.job, "slot": request.slot, "attempt": claim.attempt}
-        if self._hands_back(request, claim, record):
-            await self._release(request, extra)
-            return dataclasses.replace(record, message=f"{STOPPED}: handed back for attempt {claim.attempt + 1}")
-        await self._finish(request, claim, record, extra)
-        return record
+        return await self._end(request, claim, record, {"job": request.job, "slot": request.slot})
 
-    def _hands_back(self, request: RunRequest, claim: Claim, record: RunRecord) -> bool:
-        """Whether an attempt goes back to the other instances unfinished rather than being recorded: a scheduled
-        run that stop() cut short, with attempts left, under leases. A backup takes it over at once, as it would
-        after a crash once the lease ran out; a manual run is not retried by backups, so it is recorded."""
-        return (
+    async def _end(self, request: RunRequest, claim: Claim, record: RunRecord, extra: dict[str, Any]) -> RunRecord:
+        """Record how an attempt ended, or hand it back to the other instances unfinished: a scheduled run that
+        stop() cut short, with attempts left, under leases. A backup takes it over at once, as it would after a
+        crash once the lease ran out; a manual run is not retried by backups, so it is recorded."""
+        hand_back = (
             record.status == "interrupted" and record.message == STOPPED and self.backend.leases
             and not request.manual and claim.attempt < self._policies[request.job].max_attempts
         )  # fmt: skip
+        if not hand_back:
+            await self._finish(request, claim, record, extra)
+            return record
+        await self._release(request, extra)
+        return dataclasses.replace(record, message=f"{STOPPED}: handed back for attempt {claim.attempt + 1}")
 
     async def _release(self, request: RunRequest, extra: dict[str, Any]) -> None:
         try:

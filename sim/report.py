@@ -314,6 +314,22 @@ def _margin_summary(margins: list[float]) -> str:
             f"p50 {percentile(margins, 50):.0f} ms.")  # fmt: skip
 
 
+def _verdict_cell(results: Results, cell: Cell, strategy: str) -> str:
+    """The checkers violated (in how many runs, and where), then those that could not judge some runs."""
+    if not cell.runs:
+        return "not run"
+    bad = [
+        f"{name} {_rate(n, cell.runs)}" + (f" on {', '.join(sorted(cell.targets[name]))}" if results.targets else "")
+        for name, n in sorted(cell.violations.items())
+    ]
+    # P4 is of leases: the other strategies have none to judge, which is no doubt about them.
+    unknown = [f"{name} not judged in {n}/{cell.runs}" for name, n in sorted(cell.unknown.items())
+               if name != "P4" or strategy == "lease"]  # fmt: skip
+    if not bad:
+        bad = [f"{'the others' if unknown else 'all'} hold ({cell.runs} runs)"]
+    return "<br>".join(bad + unknown)
+
+
 def _this_run(results: Results) -> str:
     judged = sum(cell.runs for cell in results.cells.values())
     if results.mode == "virtual":
@@ -360,17 +376,7 @@ def render(results: Results, figure: Callable[[str, bytes], str]) -> str:
     for scenario in results.scenarios:
         row = [f"**{scenario.name}**"]
         for strategy in STRATEGIES:
-            cell = results.cells.get((scenario.name, strategy), Cell())
-            bad = [
-                f"{name} {_rate(n, cell.runs)}"
-                + (f" on {', '.join(sorted(cell.targets[name]))}" if results.targets else "")
-                for name, n in sorted(cell.violations.items())
-            ]
-            # P4 is of leases: the other strategies have none to judge, which is no doubt about them.
-            unknown = [f"{name} not judged in {n}/{cell.runs}" for name, n in sorted(cell.unknown.items())
-                       if name != "P4" or strategy == "lease"]  # fmt: skip
-            held = f"all hold ({cell.runs} runs)" if not unknown else f"the others hold ({cell.runs} runs)"
-            row.append("<br>".join(bad + unknown) if bad else "<br>".join([held, *unknown]) if cell.runs else "not run")
+            row.append(_verdict_cell(results, results.cells.get((scenario.name, strategy), Cell()), strategy))
         lines.append(_row(*row))
     lines += ["", "Scenarios:", ""]
     lines += [f"- **{s.name}**: {' '.join(s.description.split())}" for s in results.scenarios]

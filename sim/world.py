@@ -71,15 +71,13 @@ class SimClock:
         self.running.set()
         self._base_local = 0.0  # the instance's own seconds at true time _base_true
         self._base_true = 0.0
-        self._changes = 0  # pauses, resumes and drift changes so far: a sleep that saw one works out the rest
+        self._changes = 0  # pauses and drift changes so far: a sleep that saw one works out the rest
 
     @staticmethod
     def true_s() -> float:
         return asyncio.get_running_loop().time()
 
     def _local_s(self) -> float:
-        if not self.running.is_set():
-            return self._base_local
         return self._base_local + (self.true_s() - self._base_true) * (1 + self.drift)
 
     def _rebase(self) -> None:
@@ -91,16 +89,11 @@ class SimClock:
         self.drift = drift
 
     def pause(self) -> None:
-        if self.running.is_set():
-            self._rebase()
-            self.running.clear()
+        self._changes += 1  # a sleep falling due in the pause waits for the resume
+        self.running.clear()
 
     def resume(self) -> None:
-        if not self.running.is_set():
-            self._base_local += (self.true_s() - self._base_true) * (1 + self.drift)
-            self._base_true = self.true_s()
-            self._changes += 1
-            self.running.set()
+        self.running.set()
 
     def wall_ms(self) -> int:
         return int((EPOCH_S + self._local_s()) * 1000 + self.offset_ms)
