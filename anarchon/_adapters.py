@@ -49,8 +49,14 @@ _UNAVAILABLE = (
     "ConnectionError", "TimeoutError", "ClosingError", "BusyLoadingError", "MaxConnectionsError", "SlotNotCoveredError"
 )  # fmt: skip
 # Replies that refuse a command for now without running it: the store is unavailable rather than saying no. A
-# cluster answers CLUSTERDOWN while a failed primary's slots wait for its replica, TRYAGAIN while a slot moves.
-_UNAVAILABLE_CODES = ("LOADING", "CLUSTERDOWN", "TRYAGAIN", "MASTERDOWN")
+# cluster answers CLUSTERDOWN while a failed primary's slots wait for its replica, TRYAGAIN while a slot moves; a
+# server answers BUSY while another client's script runs, READONLY when it was demoted to a replica (failover),
+# NOREPLICAS while fewer replicas than min-replicas-to-write are connected. A write refused so was not made: a
+# claim or a finish sent again later is the right answer, as for a store that cannot be reached.
+_UNAVAILABLE_CODES = ("LOADING", "CLUSTERDOWN", "TRYAGAIN", "MASTERDOWN", "BUSY", "READONLY", "NOREPLICAS")
+# Redis 5 hands a script the error of its redis.call inside its own: "ERR Error running script (call to f_…):
+# @user_script:1: @user_script: 1: -READONLY You can't write…". The script stopped at that call.
+_SCRIPT_CALL_CODE = re.compile(r"ERR Error running script .*?: -([A-Z]+) ")
 _CODE_WORD = re.compile(r"[A-Z]{3,} ")  # WRONGTYPE Operation…, but not IDMP-DURATION must…
 _GLIDE_KIND = re.compile(r"- (\w+): (.*)", re.DOTALL)
 # GLIDE's own failures to reach a node, named by the I/O error's kind ("BrokenPipe: Cluster: Failed to receive
@@ -92,7 +98,9 @@ def translate(error: BaseException) -> StoreError | None:
 
 def _reply_error(text: str) -> StoreError:
     """A server's error reply, its code first: StoreReplyError, or StoreUnavailableError for a refusal for now."""
-    if text.split(" ", 1)[0] in _UNAVAILABLE_CODES:
+    wrapped = _SCRIPT_CALL_CODE.match(text)
+    code = wrapped.group(1) if wrapped else text.split(" ", 1)[0]
+    if code in _UNAVAILABLE_CODES:
         return StoreUnavailableError(f"store unavailable: {text}")
     return StoreReplyError(text)
 

@@ -672,6 +672,14 @@ def test_a_refusal_for_now_is_an_unavailable_store_and_other_replies_are_replies
         (RuntimeError("LOADING Redis is loading the dataset in memory"), StoreUnavailableError),
         (RuntimeError("CLUSTERDOWN The cluster is down"), StoreUnavailableError),
         (RuntimeError("TRYAGAIN Multiple keys request during rehashing of slot"), StoreUnavailableError),
+        (RuntimeError("BUSY Redis is busy running a script."), StoreUnavailableError),
+        (RuntimeError("READONLY You can't write against a read only replica."), StoreUnavailableError),
+        (RuntimeError("NOREPLICAS Not enough good replicas to write."), StoreUnavailableError),
+        (
+            RuntimeError("ERR Error running script (call to f_0): @user_script:1: @user_script: 1: -READONLY You"),
+            StoreUnavailableError,
+        ),
+        (RuntimeError("ERR Error running script (call to f_0): @user_script:1: -WRONGTYPE Operation"), StoreReplyError),
         (ConnectionResetError("connection reset by peer"), StoreUnavailableError),
         (RuntimeError("boom"), RuntimeError),
         (RuntimeError("NOSCRIPTED: not a code"), RuntimeError),
@@ -724,6 +732,53 @@ class _OneNodeDown:
 
     async def close(self) -> None:
         return None
+
+
+async def test_a_server_that_refuses_for_now_is_an_unavailable_store(real_target: str) -> None:
+    """READONLY (a primary demoted to a replica in a failover), NOREPLICAS (fewer replicas than
+    min-replicas-to-write) and BUSY (another client's script past the busy threshold): the write was not made and
+    will be accepted later, so the claim is sent again (as for a store out of reach) instead of taken as a 'no'."""
+    strategy = LeaseStrategy(KeySpace())
+    request = [(RunRequest("job", str(SLOT), SLOT, "t", "r"), JobPolicy())]
+
+    async def claim_on(server: RunningServer) -> Claim | StoreError:
+        client = server.async_client()
+        try:
+            [answer] = await strategy.claim(Store(RedisPyAsync(client), owned=False), request)
+            return answer
+        finally:
+            await client.aclose()
+
+    with start_server(real_target, replica=True) as running:
+        assert running.replica is not None
+        refused = await claim_on(running.replica)
+        assert isinstance(refused, StoreUnavailableError)
+        assert "READONLY" in str(refused)
+
+    # (Redis 5 checks min-replicas-to-write for commands only, not for the writes of a script.)
+    with start_server(real_target, extra_args=["--min-replicas-to-write", "1"]) as running:
+        client = running.async_client()
+        try:
+            with pytest.raises(StoreUnavailableError, match="NOREPLICAS"):
+                await Store(RedisPyAsync(client), owned=False).execute("SET", "k", "v")
+        finally:
+            await client.aclose()
+
+    with start_server(real_target, extra_args=["--lua-time-limit", "50"]) as running:
+        spinner = running.async_client()
+        try:
+            spin = "local t = redis.call('TIME')[1] + 2 while tonumber(redis.call('TIME')[1]) < t do end return 1"
+            spinning = asyncio.ensure_future(spinner.eval(spin, 0))  # another client's long script
+            await asyncio.sleep(0.5)
+            refused = await claim_on(running)
+            assert isinstance(refused, StoreUnavailableError)
+            assert "BUSY" in str(refused)
+            assert await spinning == 1
+        finally:
+            await spinner.aclose()
+        won = await claim_on(running)  # the script has ended: the same claim is won now
+        assert isinstance(won, Claim)
+        assert won.outcome is Outcome.WON
 
 
 async def test_a_node_out_of_reach_fails_only_its_commands_of_a_batch() -> None:
