@@ -78,9 +78,9 @@ class IdmpConnection:
         name = text(command[0]).upper()
         if name == "XADD":
             args = [text(a) for a in command]
-            upper = [a.upper() for a in args]
-            if "IDMP" in upper[2:]:
-                return await self._xadd_idmp(args, upper.index("IDMP", 2))
+            options = _xadd_options(args)
+            if options.idmp_at:
+                return await self._xadd_idmp(args, options)
         elif name == "XCFGSET":
             return await self._xcfgset([text(a) for a in command])
         elif name == "XINFO" and len(command) >= 3 and text(command[1]).upper() == "STREAM":
@@ -102,14 +102,20 @@ class IdmpConnection:
     async def close(self) -> None:
         await self.inner.close()
 
-    async def _xadd_idmp(self, args: list[str], at: int) -> Reply:
-        if "*" not in args[at + 3 :]:
+    async def _xadd_idmp(self, args: list[str], options: XaddOptions) -> Reply:
+        if options.id_at >= len(args):
+            raise StoreReplyError("ERR wrong number of arguments for 'xadd' command")
+        if args[options.id_at] != "*":
             raise StoreReplyError("ERR syntax error, IDMP/IDMPAUTO can be used only with auto-generated IDs")
         async with self.state.lock:
-            return await self._xadd_idmp_locked(args, at)
+            return await self._xadd_idmp_locked(args, options)
 
-    async def _xadd_idmp_locked(self, args: list[str], at: int) -> Reply:
-        key, pid, iid = args[1], args[at + 1], args[at + 2]
+    async def _xadd_idmp_locked(self, args: list[str], options: XaddOptions) -> Reply:
+        key, (pid, iid) = args[1], options.idmp
+        if not await self.inner.execute(["EXISTS", key]):
+            self.state.streams.pop(key, None)  # what a stream tracks goes with it (DEL, a flush, eviction)
+            if options.nomkstream:
+                return None
         stream = self.state.streams.get(key)
         if stream is not None:
             stream.expire(self._now_ms())
@@ -118,6 +124,7 @@ class IdmpConnection:
             if original is not None:
                 stream.duplicates += 1
                 return original
+        at = options.idmp_at
         plain = args[:at] + args[at + 3 :]  # the same XADD without IDMP pid iid
         entry_id = text(await self.inner.execute(plain))
         stream = self.state.streams.setdefault(key, StreamIdmp())
@@ -133,8 +140,13 @@ class IdmpConnection:
         if not await self.inner.execute(["EXISTS", key]):
             raise StoreReplyError("ERR no such key")
         settings = dict(zip((a.upper() for a in args[2::2]), args[3::2], strict=False))
-        duration = int(settings["IDMP-DURATION"]) if "IDMP-DURATION" in settings else None
-        maxsize = int(settings["IDMP-MAXSIZE"]) if "IDMP-MAXSIZE" in settings else None
+        if not settings:
+            raise StoreReplyError("ERR At least one parameter must be specified")
+        try:
+            duration = int(settings["IDMP-DURATION"]) if "IDMP-DURATION" in settings else None
+            maxsize = int(settings["IDMP-MAXSIZE"]) if "IDMP-MAXSIZE" in settings else None
+        except ValueError:
+            raise StoreReplyError("ERR value is not an integer or out of range") from None
         if duration is not None and not 1 <= duration <= 86_400:
             raise StoreReplyError("ERR IDMP-DURATION must be between 1 and 86400 seconds")
         if maxsize is not None and not 1 <= maxsize <= 10_000:
@@ -165,3 +177,31 @@ class IdmpConnection:
         fields = dict(zip(reply[::2], reply[1::2], strict=True))
         fields.update(ours)
         return [item for pair in fields.items() for item in pair]
+
+
+@dataclass(frozen=True)
+class XaddOptions:
+    id_at: int  # where the entry ID is
+    idmp_at: int  # where IDMP is, followed by the producer id and the idempotent id (0: no IDMP)
+    idmp: tuple[str, str]
+    nomkstream: bool
+
+
+def _xadd_options(args: list[str]) -> XaddOptions:
+    """Where the options of ``XADD key [NOMKSTREAM] [IDMP pid iid] [MAXLEN|MINID [=|~] n [LIMIT c]] id …`` are, in
+    any order, as Redis reads them: the first argument that is no option is the entry ID."""
+    at, idmp_at, nomkstream = 2, 0, False
+    while at < len(args):
+        option = args[at].upper()
+        if option == "NOMKSTREAM":
+            nomkstream, at = True, at + 1
+        elif option == "IDMP" and at + 2 < len(args):
+            idmp_at, at = at, at + 3
+        elif option in ("MAXLEN", "MINID"):
+            at += 3 if args[at + 1 : at + 2] in (["="], ["~"]) else 2
+        elif option == "LIMIT":
+            at += 2
+        else:
+            break
+    idmp = (args[idmp_at + 1], args[idmp_at + 2]) if idmp_at else ("", "")
+    return XaddOptions(at, idmp_at, idmp, nomkstream)

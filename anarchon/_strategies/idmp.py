@@ -10,9 +10,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from .._errors import StoreError, StoreReplyError, UnsupportedStrategyError
+from .._errors import StoreError, StoreReplyError, StoreUnavailableError, UnsupportedStrategyError
 from .._keys import KeySpace
-from .._store import ServerInfo, Store, as_list, as_text
+from .._store import Command, Reply, ServerInfo, Store, as_list, as_text
 from ._base import Claim, JobPolicy, Outcome, RunRequest, fence_of
 from ._claim_only import ClaimOnlyStrategy, entry_token
 
@@ -63,8 +63,10 @@ class IdmpStrategy(ClaimOnlyStrategy):
         except StoreReplyError as error:
             if "no such key" not in error.reply:
                 raise
-            # XCFGSET needs the stream to exist; this makes it, empty.
-            await store.execute("XADD", key, "MAXLEN", 0, "*", "created", 1)
+            # XCFGSET needs the stream to exist. Another instance may make it meanwhile and claim a run in it, so
+            # it is made with an entry of its own that is then deleted (a MAXLEN 0 would delete that claim's too).
+            made = await store.execute("XADD", key, "*", "created", 1)
+            await store.execute("XDEL", key, as_text(made))
             reply = await store.execute("XINFO", "STREAM", key)
         fields = as_list(reply)
         info = dict(zip(fields[::2], fields[1::2], strict=True))
@@ -87,14 +89,18 @@ class IdmpStrategy(ClaimOnlyStrategy):
         if failed:
             rest = iter(await self.claim_scheduled(store, [(r, p) for r, p in requests if r.job not in failed]))
             return [failed[r.job] if r.job in failed else next(rest) for r, _ in requests]
+        # NOMKSTREAM: a stream that is gone (a store restarted without its data, flushed, or evicted) is not made
+        # again by the claim with the server's default duration (100 s), under which a late claim would win again.
         adds = [
             (
-                "XADD", self.keys.claim(r.job).runs, "IDMP", r.job, r.slot, "MAXLEN", "~", policy.history_size,
-                "*", "slot", r.slot, "token", r.token, "runner", r.runner,
+                "XADD", self.keys.claim(r.job).runs, "NOMKSTREAM", "IDMP", r.job, r.slot,
+                "MAXLEN", "~", policy.history_size, "*", "slot", r.slot, "token", r.token, "runner", r.runner,
             )
             for r, policy in requests
         ]  # fmt: skip
         ids = await store.execute_many(adds)
+        if None in ids:
+            ids = await self._add_to_vanished(store, [r.job for r, _ in requests], adds, ids)
         reads = [
             ("XRANGE", self.keys.claim(r.job).runs, as_text(entry_id), as_text(entry_id))
             for (r, _), entry_id in zip(requests, ids, strict=True)
@@ -113,3 +119,28 @@ class IdmpStrategy(ClaimOnlyStrategy):
             won = entry_token(entry) == request.token  # None when the original entry was trimmed: not ours
             claims.append(Claim(Outcome.WON, 1, fence_of(as_text(entry_id))) if won else Claim(Outcome.LOST))
         return claims
+
+    async def _add_to_vanished(
+        self, store: Store, jobs: Sequence[str], adds: Sequence[Command], ids: Sequence[Reply | StoreError]
+    ) -> list[Reply | StoreError]:
+        """The claims whose XADD found no stream (``ids`` None) added once more, to the stream made and configured
+        again. A stream gone once more is an unavailable store for those claims: the caller tries again later."""
+        ids = list(ids)
+        vanished = [i for i, entry_id in enumerate(ids) if entry_id is None]
+        failed: dict[str, StoreError] = {}
+        for job in dict.fromkeys(jobs[i] for i in vanished):
+            self._configured.pop(job, None)
+            try:
+                await self._configure_once(store, job)
+            except StoreError as error:
+                failed[job] = error
+        again = [i for i in vanished if jobs[i] not in failed]
+        for i, entry_id in zip(again, await store.execute_many([adds[i] for i in again]), strict=True):
+            ids[i] = entry_id
+        gone = StoreUnavailableError("store unavailable: the job's runs stream vanished twice during its claim")
+        for i in vanished:
+            if jobs[i] in failed:
+                ids[i] = failed[jobs[i]]
+            elif ids[i] is None:
+                ids[i] = gone
+        return ids

@@ -13,6 +13,7 @@ import pytest
 from anarchon import (
     RedisBackend,
     RunRecord,
+    StoreError,
     StoreFormatError,
     StoreReplyError,
     StoreUnavailableError,
@@ -559,16 +560,18 @@ async def test_idmp_configures_a_job_added_after_start_before_its_first_claim(ta
 
 
 class FailFirstXinfo:
-    """A connection whose first XINFO, once armed, fails as if the store could not be reached."""
+    """A connection whose first XINFO, once armed, fails with ``error``: by default as if the store could not be
+    reached."""
 
-    def __init__(self, inner: Connection) -> None:
+    def __init__(self, inner: Connection, error: StoreError | None = None) -> None:
         self.inner = inner
         self.armed = False
+        self.error = error or StoreUnavailableError("store unavailable: connection reset (injected)")
 
     def _check(self, commands: Sequence[Command]) -> None:
         if self.armed and any(str(command[0]).upper() == "XINFO" for command in commands):
             self.armed = False
-            raise StoreUnavailableError("store unavailable: connection reset (injected)")
+            raise self.error
 
     async def execute(self, command: Command) -> Reply:
         self._check([command])
@@ -612,6 +615,46 @@ async def test_idmp_a_failed_configuration_fails_only_that_jobs_claims_and_is_tr
     assert await _idmp_settings(target, "cron:later:runs") == (900, 50)
     assert await _xcfgset_calls(target) == before + 1
     lost = await claim_one(backend, request(SLOT, "c", job="later"), JobPolicy())
+    assert lost.outcome is Outcome.LOST
+
+
+async def test_idmp_a_stream_made_by_a_late_configuration_keeps_the_claims_made_meanwhile(
+    target: StoreTarget,
+) -> None:
+    """Two instances configure a new job's stream at once (a job's first deploy, or a job added after start):
+    one found no stream, and makes it after the other made it and won the first run there. Making it must not
+    delete that run's entry: its winner would read nothing back and lose too, and the run would run nowhere."""
+    if not target.supports_idmp:
+        pytest.skip(f"idmp needs Redis 8.6+; {target.name} is {target.describe}")
+    settings = {"name": "idmp", "duration_sec": 900, "max_size": 50}
+    first = await target.started_backend(settings)
+    won = await claim_one(first, request(SLOT, "a", job="later"), JobPolicy())
+    assert won.outcome is Outcome.WON
+    late = FailFirstXinfo(adapt(target.new_client()), StoreReplyError("ERR no such key"))
+    second = target.backend(settings, connection=late)
+    await second.start([])
+    late.armed = True  # its configuration finds no stream: the first instance's XINFO came before it was made
+    lost = await claim_one(second, request(SLOT, "b", job="later"), JobPolicy())
+    assert lost.outcome is Outcome.LOST
+    assert not late.armed
+    retried = await claim_one(first, request(SLOT, "a", job="later"), JobPolicy())  # its answer lost: asked again
+    assert (retried.outcome, retried.fence) == (Outcome.WON, won.fence)
+
+
+async def test_idmp_a_stream_that_vanished_is_made_and_configured_again(target: StoreTarget) -> None:
+    """The store lost a job's stream (a restart without its data, a flush, an eviction). The next claim must not
+    make it with the server's defaults (100 s, 100 ids), under which a claim later than 100 s would win a run
+    again: the stream is made and configured again, and the claim goes on."""
+    if not target.supports_idmp:
+        pytest.skip(f"idmp needs Redis 8.6+; {target.name} is {target.describe}")
+    backend = await target.started_backend({"name": "idmp", "duration_sec": 900, "max_size": 50})
+    assert (await claim_one(backend, request(SLOT, "a"), JobPolicy())).outcome is Outcome.WON
+    await target.raw("DEL", "cron:sync:runs")
+    batch = [(request(SLOT + 1000, "a"), JobPolicy()), (request(SLOT + 1000, "a", job="other"), JobPolicy())]
+    claims = await backend.strategy.claim(backend.store, batch)
+    assert [c.outcome for c in claims if isinstance(c, Claim)] == [Outcome.WON, Outcome.WON]
+    assert await _idmp_settings(target, "cron:sync:runs") == (900, 50)
+    lost = await claim_one(backend, request(SLOT + 1000, "b"), JobPolicy())
     assert lost.outcome is Outcome.LOST
 
 

@@ -34,12 +34,22 @@ PROGRAM: list[tuple[tuple[Any, ...], float]] = [
     (("XCFGSET", "s", "IDMP-DURATION", 0), 0),
     (("XCFGSET", "s", "IDMP-MAXSIZE", 10_001), 0),
     (("XADD", "s", "IDMP", "p", "x", "5-0", "f", "13"), 0),
+    (("XADD", "s", "IDMP", "p", "x", "5-0", "f", "*"), 0),  # a value of '*' is no auto-generated ID
+    (("XCFGSET", "s"), 0),
+    (("XCFGSET", "s", "IDMP-DURATION", "soon"), 0),
+    (("XADD", "t", "NOMKSTREAM", "IDMP", "p", "a", "*", "f", "14"), 0),  # no stream: nil, nothing made
+    (("EXISTS", "t"), 0),
+    (("XADD", "t", "IDMP", "p", "a", "*", "f", "15"), 0.01),  # made; nil above registered no id (then a new ms)
+    (("DEL", "t"), 0),
+    (("XADD", "t", "IDMP", "p", "a", "*", "f", "16"), 0),  # the stream's ids went with it: new
+    (("XLEN", "t"), 0),
+    (("XADD", "t", "MAXLEN", "~", 5, "NOMKSTREAM", "IDMP", "p", "a", "*", "f", "17"), 0),  # options in any order
 ]
 
 
 async def play(connection: Connection) -> list[str]:
     """The program's answers, with entry IDs replaced by the step that created them (IDs differ by clock)."""
-    created: dict[str, int] = {}
+    created: dict[tuple[str, str], int] = {}
     answers = []
     for step, (command, pause) in enumerate(PROGRAM):
         try:
@@ -47,9 +57,9 @@ async def play(connection: Connection) -> list[str]:
         except StoreReplyError as error:
             answers.append(f"error {error.reply}")
         else:
-            if command[0] == "XADD":
-                text = str(reply)
-                answers.append(f"entry of step {created.setdefault(text, step)}")
+            if command[0] == "XADD" and reply is not None:
+                entry = (str(command[1]), str(reply))  # two streams may make equal IDs in the same ms
+                answers.append(f"entry of step {created.setdefault(entry, step)}")
             else:
                 answers.append(str(reply))
         await asyncio.sleep(pause)
@@ -70,4 +80,6 @@ async def test_emulated_idmp_answers_like_redis_8_6(real_server: ServerUnderTest
     assert expected[1] == "entry of step 0"  # the program does test what it says
     assert expected[9] == "entry of step 9"
     assert expected[11] == "entry of step 11"
+    assert expected[22:28] == ["None", "0", "entry of step 24", "1", "entry of step 26", "1"]
+    assert expected[28] == "entry of step 26"
     await emulated.close()
