@@ -613,13 +613,20 @@ class Scheduler(Generic[M]):
                 log.warning("job %s: could not record the skip of slot %d: %s", job.name, slot, error)
 
     async def _catch_up(self, job: Job, now: int) -> None:
-        """Run, one after another, the slots of the last ``catch_up_ms`` that no instance ran."""
+        """Run, one after another, the slots of the last ``catch_up_ms`` that no instance ran.
+
+        Each claim is sent only while its slot is still within ``catch_up_ms`` by the clock of that moment: the
+        store keeps a finished run's state about that long (``keep_ms``), and a claim that came later, after a
+        long catch-up or a long wait for the store, could find it trimmed and run the slot a second time."""
         for slot in job.schedule.slots_between(now - job.options.catch_up_ms, now):
             if not self._started:  # stop() waits for the slot in progress, not for the ones left
                 return
             raise_if_cancelled()
             request = RunRequest(job.name, run_id(slot), slot, self._token(), self.instance_id)
             while self._started:  # claimed again while the store is out of reach or another run holds it
+                if self.clock.wall_ms() - slot > job.options.catch_up_ms:
+                    log.info("job %s: slot %d is older than catch_up_ms now; not caught up", job.name, slot)
+                    break
                 sent = self.clock.monotonic()
                 [claim] = await self.backend.strategy.claim(self.backend.store, [(request, self._policies[job.name])])
                 if isinstance(claim, StoreUnavailableError):

@@ -43,6 +43,8 @@ from sim.links import Link
 from sim.live import supported
 from sim.servers import RunningServer, start_server
 from sim.servers.testing import ServerPool, ServerUnderTest, flush
+from sim.vtime import run_virtual
+from sim.world import SimClock
 from tests.anarchon.support import StoreTarget
 from tests.support import (
     Execution,
@@ -55,6 +57,7 @@ from tests.support import (
 )
 
 STRATEGIES = ("lease", "stream-id", "idmp", "script")
+VIRTUAL_EPOCH_S = 1_800_000_000
 
 
 class OffsetClock(SystemClock):
@@ -311,6 +314,46 @@ async def test_catch_up_runs_the_slots_missed_while_every_instance_was_down(targ
     assert {slot for slot in expected if counts[slot] != 1} == set(), counts
     caught_up = {e.slot for e in ledger.executions if e.instance == "i2" and e.slot < down_from + 5_000}
     assert len(caught_up) >= 4  # the slots of the 5 s when nobody ran
+
+
+def test_a_catch_up_claims_no_slot_that_left_catch_up_ms_meanwhile() -> None:
+    """A catch-up runs its slots one after another, and long runs take it far past ``catch_up_ms``. The store
+    keeps a run's state about that long: a later claim would find it trimmed and run again a slot that another
+    instance ran. Here b catches up the 10 s before it started; the first five slots take 15 s each, and a ran the
+    next five on time. Each claim is checked against the clock of its moment: b runs slot 0 only."""
+
+    async def main() -> dict[int, list[str]]:
+        server = fakeredis.FakeServer()
+        runners: dict[int, list[str]] = {}
+        first = (VIRTUAL_EPOCH_S + 2) * 1000
+
+        def instance(name: str, catch_up_ms: int = 0) -> Scheduler[Any]:
+            backend = RedisBackend(redis=fakeredis.FakeAsyncRedis(server=server))
+            scheduler = Scheduler(backend, instance_id=name, lease_ms=1000, history_size=1, clock=SimClock())
+
+            async def work(run: RunContext) -> None:
+                runners.setdefault(run.slot - first, []).append(name)
+                await asyncio.sleep(15 if run.slot - first < 5000 else 0.05)
+
+            options: dict[str, Any] = {"overlap": True, "max_attempts": 1, "max_late_ms": 1000}
+            scheduler.add_job("tick", "* * * * * *", work, catch_up_ms=catch_up_ms, **options)
+            return scheduler
+
+        await asyncio.sleep(6.5)  # slots 0 to 4 pass with no instance up
+        on_time = instance("a")
+        await on_time.start()
+        await asyncio.sleep(5)
+        catching_up = instance("b", catch_up_ms=10_000)
+        await catching_up.start()
+        await asyncio.sleep(85)
+        await catching_up.stop()
+        await on_time.stop()
+        return runners
+
+    runners = run_virtual(main(), epoch_s=VIRTUAL_EPOCH_S, seed=1)
+    assert runners[0] == ["b"]
+    assert [runners[slot] for slot in range(5000, 10_000, 1000)] == [["a"]] * 5
+    assert {slot: names for slot, names in runners.items() if len(names) > 1} == {}
 
 
 @pytest.mark.parametrize("overlap", [False, True])
