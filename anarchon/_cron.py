@@ -94,7 +94,16 @@ class CronSchedule:
             or after_ms < cursor.low
             or (cursor.pending is not None and after_ms - cursor.pending > DAY_MS)
         ):
-            matches = (int(moment.timestamp()) * 1000 for moment in self._iterate(after_ms))
+            # cronsim runs a fixed-time five-field job once in a repeated hour, but a six-field one twice: the
+            # second pass (fold 1) of such a job is left out here, so that both follow the rule above.
+            first_pass_only = self.has_seconds and not any(
+                part.startswith("*") for part in self.expression.split()[1:3]
+            )
+            matches = (
+                int(moment.timestamp()) * 1000
+                for moment in self._iterate(after_ms)
+                if not (first_pass_only and moment.fold)
+            )
             cursor = _Cursor(matches, after_ms, next(matches, None))
             self._cursor[:] = [cursor]
         while cursor.pending is not None and cursor.pending <= after_ms:

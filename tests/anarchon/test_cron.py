@@ -60,13 +60,15 @@ def test_frequent_jobs_skip_only_the_hour_that_does_not_exist() -> None:
     assert found == ["03-29 01:30 CET", "03-29 03:00 CEST", "03-29 03:30 CEST", "03-29 04:00 CEST"]
 
 
-def test_clocks_going_back_do_not_run_a_fixed_time_twice() -> None:
-    found = slots("30 2 * * *", ms(2026, 10, 24, 12), 48)
+@pytest.mark.parametrize("expression", ["30 2 * * *", "0 30 2 * * *", "15 30 2 * * *"])
+def test_clocks_going_back_do_not_run_a_fixed_time_twice(expression: str) -> None:
+    found = slots(expression, ms(2026, 10, 24, 12), 48)
     assert local(found) == ["10-25 02:30 CEST", "10-26 02:30 CET"]
 
 
-def test_clocks_going_back_keep_frequent_jobs_going_through_both_passes() -> None:
-    found = slots("*/30 * * * *", ms(2026, 10, 25, 1, 45), 2)
+@pytest.mark.parametrize("expression", ["*/30 * * * *", "0 */30 * * * *"])
+def test_clocks_going_back_keep_frequent_jobs_going_through_both_passes(expression: str) -> None:
+    found = slots(expression, ms(2026, 10, 25, 1, 45), 2)
     assert local(found) == ["10-25 02:00 CEST", "10-25 02:30 CEST", "10-25 02:00 CET", "10-25 02:30 CET"]
     assert found == sorted(set(found))  # distinct instants, half an hour apart
     assert {b - a for a, b in itertools.pairwise(found)} == {1_800_000}
