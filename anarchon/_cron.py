@@ -28,9 +28,18 @@ DAY_MS = 86_400_000
 CRON_RULE = 'five fields "min hour day month weekday", or six with seconds first, e.g. "*/5 * * * *"'
 
 
+# Names of the zone database that stand for the machine's own setting: instances on machines set to different
+# zones would compute different slots for one job, and each run its own.
+_MACHINE_ZONES = ("localtime", "posixrules")
+
+
 def load_timezone(name: object) -> ZoneInfo:
     if not isinstance(name, str):
         raise ConfigTypeError("timezone", f"must be a string, got {type(name).__name__}", "an IANA name")
+    if name in _MACHINE_ZONES:
+        raise ConfigError(
+            "timezone", f"{name!r} is whatever zone each machine is set to", 'an IANA name like "Europe/Berlin"'
+        )
     try:
         return ZoneInfo(name)
     except (ZoneInfoNotFoundError, ValueError, OSError) as error:  # OSError: a folder of the database, a long name

@@ -11,7 +11,7 @@ import functools
 import re
 from dataclasses import dataclass
 
-from ._errors import ConfigError
+from ._errors import ConfigError, ConfigTypeError
 
 STORE_FORMAT = 1
 """The store layout this version writes and reads. A store holding a larger number is refused."""
@@ -36,7 +36,7 @@ def check_prefix(prefix: object) -> str:
 
 def _check(option: str, value: object, pattern: re.Pattern[str], rule: str) -> str:
     if not isinstance(value, str):
-        raise ConfigError(option, f"must be a string, got {type(value).__name__}", rule)
+        raise ConfigTypeError(option, f"must be a string, got {type(value).__name__}", rule)
     if not pattern.fullmatch(value):
         shown = value if len(value) <= 40 else value[:40] + "…"
         raise ConfigError(option, f"{shown!r} would break the key layout", rule)

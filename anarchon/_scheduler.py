@@ -938,10 +938,7 @@ def _lease_only(option: str, strategy: str) -> ConfigError:
 
 
 def _check_instance_id(value: object) -> str:
-    try:
-        return check_job_name(value)
-    except ConfigError as error:
-        raise ConfigError("instance_id", error.problem, error.allowed) from None
+    return check_job_name(value, "instance_id")
 
 
 def _new_random() -> random.Random:

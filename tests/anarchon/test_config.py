@@ -81,6 +81,8 @@ def noop() -> None:
         ("a", "0 0 30 2 *", noop, {}, "cron"),
         ("a", 5, noop, {}, "cron"),
         ("a", "* * * * *", noop, {"timezone": "Mars/Olympus"}, "timezone"),
+        ("a", "* * * * *", noop, {"timezone": "localtime"}, "timezone"),  # each machine's own zone
+        ("a", "* * * * *", noop, {"timezone": "posixrules"}, "timezone"),
         ("a", "* * * * *", noop, {"jitter_ms": -1}, "jitter_ms"),
         ("a", "* * * * *", noop, {"max_late_ms": 10**12}, "max_late_ms"),
         ("a", "* * * * *", noop, {"max_late_ms": 0}, "max_late_ms"),
@@ -103,6 +105,22 @@ def test_bad_jobs_are_refused_when_added(name: Any, cron: Any, func: Any, option
         scheduler.add_job(name, cron, func, **options)
     assert caught.value.option == option
     assert scheduler.jobs == ()
+
+
+@pytest.mark.parametrize(
+    ("make", "option"),
+    [
+        (lambda: Scheduler().add_job(123, "* * * * *", noop), "name"),  # type: ignore[arg-type]
+        (lambda: Scheduler(instance_id=7), "instance_id"),  # type: ignore[arg-type]
+        (lambda: RedisBackend(prefix=None), "prefix"),  # type: ignore[call-overload]
+        (lambda: Scheduler().add_job("a", 5, noop), "cron"),  # type: ignore[arg-type]
+    ],
+)
+def test_a_value_of_the_wrong_kind_is_a_type_error(make: Any, option: str) -> None:
+    with pytest.raises(ConfigTypeError) as caught:
+        make()
+    assert isinstance(caught.value, TypeError)
+    assert caught.value.option == option
 
 
 def takes_two(run: Any, other: Any) -> None:
