@@ -639,10 +639,13 @@ def fake_server_info(client: Any) -> ServerInfo | None:
     """fakeredis has no INFO command; its server object says what it emulates."""
     if not type(client).__module__.startswith("fakeredis"):
         return None
-    server = client.connection_pool.connection_kwargs.get("server")
-    kind = getattr(server, "server_type", "redis")
-    version = tuple(getattr(server, "version", (7, 0)))
-    return ServerInfo("valkey" if kind == "valkey" else "redis", version)
+    settings = client.connection_pool.connection_kwargs
+    server = settings.get("server")  # None unless a FakeServer was passed: then the client's own keywords say
+    kind = getattr(server, "server_type", None) or settings.get("server_type") or "redis"
+    version = getattr(server, "version", None) or settings.get("version") or (7, 0)
+    if isinstance(version, str | int):  # fakeredis also takes "8.6" or 8
+        version = tuple(int(part) for part in str(version).split("."))
+    return ServerInfo("valkey" if kind == "valkey" else "redis", tuple(version))
 
 
 _CONNECTION_METHODS = ("execute", "execute_many", "server_info", "close")

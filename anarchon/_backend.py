@@ -186,8 +186,10 @@ class RedisBackend(Generic[M]):
         return self._starting[1]
 
     async def stop(self) -> None:
-        """Close the connection if anarchon opened it; a client passed in is left open."""
-        store, self._store = self._store, None
+        """Close the connection if anarchon opened it; a client passed in is left open. Called while start()
+        runs, it waits for the start to end, then closes."""
+        async with self._start_lock():
+            store, self._store = self._store, None
         if store is not None:
             await store.close()
 

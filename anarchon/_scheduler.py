@@ -205,7 +205,8 @@ class Scheduler(Generic[M]):
         self._sleeper: asyncio.Task[None] | None = None
         self._naps: set[asyncio.Future[None]] = set()  # catch-ups' sleeps, which stop() ends
         self._stopping: asyncio.Future[None] | None = None
-        self._starting = False  # while start() runs: a second start() is refused meanwhile
+        # Set while start() runs (a second start() is refused meanwhile), and set once it ends: stop() waits.
+        self._starting: asyncio.Event | None = None
         self._keeper: LeaseKeeper | None = None
         self._heartbeats: HeartbeatThread | None = None
         self._job_threads: concurrent.futures.ThreadPoolExecutor | None = None  # made for the first sync run
@@ -337,9 +338,9 @@ class Scheduler(Generic[M]):
 
     async def start(self) -> None:
         """Connect, check the store and the strategy, catch up missed runs (lease), and start scheduling."""
-        if self._started or self._starting:
+        if self._started or (self._starting is not None and not self._starting.is_set()):
             raise SchedulerStateError("the scheduler is already started")
-        self._starting = True
+        starting = self._starting = asyncio.Event()
         try:
             await self.backend.start(list(self._jobs))
             try:
@@ -349,14 +350,14 @@ class Scheduler(Generic[M]):
                 await self._stop_keeper()
                 await self.backend.stop()
                 raise
+            self._started = True
+            for job in self._jobs.values():
+                self._schedule_next(job, now)
+                if job.options.catch_up_ms and self.backend.leases:
+                    self._spawn(self._catch_up(job, now), "anarchon-catch-up")
+            self._dispatcher = asyncio.create_task(self._dispatch(), name="anarchon-dispatcher")
         finally:
-            self._starting = False
-        self._started = True
-        for job in self._jobs.values():
-            self._schedule_next(job, now)
-            if job.options.catch_up_ms and self.backend.leases:
-                self._spawn(self._catch_up(job, now), "anarchon-catch-up")
-        self._dispatcher = asyncio.create_task(self._dispatch(), name="anarchon-dispatcher")
+            starting.set()
         log.info("scheduler %s started with %d jobs on %s", self.instance_id, len(self._jobs), self.backend.server)
 
     async def stop(self, timeout: float = 30.0) -> None:
@@ -365,7 +366,10 @@ class Scheduler(Generic[M]):
         takes it over as the next attempt (which records this one as interrupted). Any other run cancelled is
         recorded as interrupted.
 
-        Stopping goes on if the caller is cancelled meanwhile; calling stop() again waits for it to end."""
+        Stopping goes on if the caller is cancelled meanwhile; calling stop() again waits for it to end. Called
+        while start() runs, it waits for the start to end, then stops."""
+        if self._starting is not None:
+            await self._starting.wait()
         if self._stopping is None:
             if not self._started:
                 return

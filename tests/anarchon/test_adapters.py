@@ -10,6 +10,7 @@ import inspect
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
+import fakeredis
 import pytest
 import redis
 import redis.asyncio
@@ -605,6 +606,25 @@ def test_a_backend_starts_at_once_again_on_another_event_loop(real_server: Serve
 
     asyncio.run(twice())
     asyncio.run(twice())  # a lock bound to the first loop would refuse to be awaited here
+
+
+@pytest.mark.parametrize(
+    ("settings", "detected"),
+    [
+        ({}, "Redis 7"),  # fakeredis's default
+        ({"version": (8, 6)}, "Redis 8.6"),
+        ({"version": "8.6"}, "Redis 8.6"),
+        ({"version": 6}, "Redis 6"),
+        ({"server_type": "valkey", "version": (8, 0)}, "Valkey 8.0"),
+        ({"server": fakeredis.FakeServer(version=(8, 6))}, "Redis 8.6"),
+    ],
+)
+async def test_a_fakeredis_client_is_the_server_it_emulates(settings: dict[str, Any], detected: str) -> None:
+    """fakeredis has no INFO: what it emulates comes from its FakeServer, or the client's own keywords."""
+    backend = RedisBackend(redis=fakeredis.FakeAsyncRedis(**settings))
+    await backend.start()
+    assert str(backend.server) == detected
+    await backend.stop()
 
 
 def test_unrecognised_objects_are_refused() -> None:

@@ -1038,6 +1038,31 @@ async def test_a_claim_whose_reply_was_lost_is_retried_with_its_token(fake_targe
     assert [(r.attempt, r.status) for r in history] == [(1, "ok")]
 
 
+async def test_stop_while_start_runs_stops_the_scheduler_once_started(fake_target: StoreTarget) -> None:
+    """An app shutting down while the store is slow to answer start(): stop() must not return before start() ends
+    and leave the scheduler to start afterwards, running jobs with its connection open."""
+    backend, link = fake_target.linked_backend("lease")
+    ran: list[int] = []
+    scheduler = Scheduler(backend)
+    scheduler.add_job("tick", "* * * * * *", lambda run: ran.append(run.slot))
+
+    async def slow() -> None:
+        await asyncio.sleep(0.1)
+
+    link.gate = slow
+    starting = asyncio.ensure_future(scheduler.start())
+    await asyncio.sleep(0.15)
+    assert not starting.done()
+    await scheduler.stop()
+    assert starting.done()
+    await starting  # the start itself succeeded
+    assert not backend.started
+    await asyncio.sleep(1.5)
+    assert ran == []
+    with pytest.raises(SchedulerStateError):
+        await scheduler.run_now("tick")
+
+
 async def test_stop_ends_a_catch_up_that_waits_for_an_unreachable_store(fake_target: StoreTarget) -> None:
     """Catch-up claims a missed slot again while the store cannot be reached; stop() does not wait for the store
     to come back."""
