@@ -83,8 +83,11 @@ def translate(error: BaseException) -> StoreError | None:
     if isinstance(error, StoreError):
         return error
     names = _class_names(error)
+    if "AuthenticationError" in names:  # a ConnectionError to redis-py, but a wrong password is no outage
+        text = str(error)
+        return StoreReplyError(text if _CODE_WORD.match(text) else f"{_auth_code(text)} {text}")
     if any(name in _UNAVAILABLE for name in names) or isinstance(error, OSError | asyncio.TimeoutError):
-        return StoreUnavailableError(f"store unavailable: {error}")
+        return StoreUnavailableError(f"store unavailable: {str(error) or 'no reply in time'}")
     if "ResponseError" in names:  # redis-py, valkey-py, fakeredis
         return _reply_error(_reply_text(names, str(error)))
     if "RequestError" in names or "ExecAbortError" in names:  # GLIDE
@@ -94,6 +97,11 @@ def translate(error: BaseException) -> StoreError | None:
             return StoreUnavailableError(f"store unavailable: {text.strip()}")
         return _reply_error(_reply_text([kind], text.strip()))
     return None
+
+
+def _auth_code(text: str) -> str:
+    """The code of the reply redis-py turned into an AuthenticationError without it."""
+    return "NOAUTH" if "required" in text.lower() else "WRONGPASS"
 
 
 def _reply_error(text: str) -> StoreError:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Generic, Protocol, TypedDict, TypeVar, overload
 from urllib.parse import unquote, urlsplit, urlunsplit
@@ -49,16 +50,16 @@ class RedisOptions(TypedDict, total=False):
     host: str
     port: int
     db: int
-    username: str
-    password: str
+    username: str | None
+    password: str | None
     ssl: bool
-    ssl_ca_certs: str
-    ssl_certfile: str
-    ssl_keyfile: str
+    ssl_ca_certs: str | None
+    ssl_certfile: str | None
+    ssl_keyfile: str | None
     ssl_check_hostname: bool
     socket_timeout: float
     socket_connect_timeout: float
-    client_name: str
+    client_name: str | None
 
 
 _OPTION_TYPES: dict[str, type | tuple[type, ...]] = {
@@ -76,6 +77,9 @@ _OPTION_TYPES: dict[str, type | tuple[type, ...]] = {
     "socket_connect_timeout": (int, float),
     "client_name": str,
 }
+
+# Settings whose None means "not set", as for redis-py: {"password": os.environ.get("REDIS_PASSWORD")}.
+_UNSET_BY_NONE = ("username", "password", "ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "client_name")
 
 
 class SupportsExecuteCommand(Protocol):
@@ -251,6 +255,8 @@ def _connection_spec(option: str, value: object) -> str | dict[str, Any] | Conne
             if key not in _OPTION_TYPES:
                 raise UnknownOptionError(f"{option}.{key}", f"the {option} options", _OPTION_TYPES)
             expected = _OPTION_TYPES[key]
+            if item is None and key in _UNSET_BY_NONE:
+                continue
             if (isinstance(item, bool) and expected is not bool) or not isinstance(item, expected):
                 raise ConfigTypeError(f"{option}.{key}", f"has type {type(item).__name__}", _type_name(expected))
             problem = _value_problem(key, item)
@@ -355,15 +361,17 @@ def _client_settings() -> dict[str, Any]:
     }
 
 
+_QUERY_PASSWORD = re.compile(r"([?&]password=)[^&#]*")
+
+
 def _describe(spec: str | dict[str, Any] | Connection) -> str:
     """The connection for reprs and logs, with any password masked."""
     if isinstance(spec, str):
         parts = urlsplit(spec)
         if parts.password is not None:
             host = parts.netloc.rpartition("@")[2]
-            user = parts.username or ""
-            return repr(urlunsplit(parts._replace(netloc=f"{user}:***@{host}")))
-        return repr(spec)
+            spec = urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
+        return repr(_QUERY_PASSWORD.sub(r"\1***", spec))  # unix://path?password=… is the usual form there
     if isinstance(spec, dict):
         return repr({k: ("***" if k == "password" else v) for k, v in spec.items()})
     client = getattr(spec, "client", spec)

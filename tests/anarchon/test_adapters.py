@@ -801,6 +801,23 @@ async def test_a_server_that_refuses_for_now_is_an_unavailable_store(real_target
         assert won.outcome is Outcome.WON
 
 
+async def test_a_wrong_password_is_the_servers_answer_not_an_outage(real_target: str) -> None:
+    """redis-py raises a failed AUTH as a ConnectionError; a caller that retries start() on an unavailable store
+    would retry a wrong password for ever. It is a StoreReplyError; a password of None is no password."""
+    with start_server(real_target) as running:
+        admin = running.client()
+        admin.config_set("requirepass", "s3cr3t")
+        admin.close()
+        for password, code in (("wrong", "WRONGPASS"), (None, "NOAUTH")):
+            backend = RedisBackend(redis={"host": running.host, "port": running.port, "password": password})
+            with pytest.raises(StoreReplyError, match=code):
+                await backend.start()
+        backend = RedisBackend(redis={"host": running.host, "port": running.port, "password": "s3cr3t"})
+        await backend.start()
+        assert backend.started
+        await backend.stop()
+
+
 async def test_a_node_out_of_reach_fails_only_its_commands_of_a_batch() -> None:
     """Commands sent together (the store pipelines those that wait for a reply in flight): only the callers
     whose command went to the lost node get StoreUnavailableError; a claim among them is not taken as won."""

@@ -297,6 +297,8 @@ def test_a_setting_of_another_strategy_says_whose_it_is() -> None:
     [
         ("rediss://alice:s3cr3t-pw@cache:6380/1", "s3cr3t-pw"),
         ({"host": "cache", "password": "s3cr3t-pw"}, "s3cr3t-pw"),
+        ("unix:///run/redis.sock?db=1&password=s3cr3t-pw", "s3cr3t-pw"),  # the usual form for a socket
+        ("redis://cache:6379/0?password=s3cr3t-pw&client_name=app", "s3cr3t-pw"),
     ],
 )
 def test_passwords_never_appear_in_reprs(connection: Any, hidden: str) -> None:
@@ -304,6 +306,14 @@ def test_passwords_never_appear_in_reprs(connection: Any, hidden: str) -> None:
     assert hidden not in repr(backend)
     assert "***" in repr(backend)
     assert hidden not in repr(Scheduler(backend))
+
+
+def test_unset_connection_settings_may_be_none() -> None:
+    # {"password": os.environ.get("REDIS_PASSWORD")}, as redis-py takes it: None is no password.
+    backend = RedisBackend(redis={"host": "cache", "username": None, "password": None, "client_name": None})
+    assert "cache" in repr(backend)
+    with pytest.raises(ConfigTypeError, match=r"redis\.port"):
+        RedisBackend(redis={"host": "cache", "port": None})  # type: ignore[typeddict-item]
 
 
 def test_strategy_settings_keep_their_defaults() -> None:
