@@ -281,8 +281,8 @@ class Scheduler(Generic[M]):
         Options: ``jitter_ms`` (claim up to this much after the slot, at random), ``max_late_ms`` (skip a run
         whose claim would come later than this after its slot), ``timezone`` (IANA name for the cron fields);
         lease strategy only: ``overlap`` (allow a run to start while the previous one is still going),
-        ``max_attempts`` (attempts per run, counting backups' takeovers), ``catch_up_ms`` (at start, run the
-        slots of this last period that no instance ran).
+        ``max_attempts`` (attempts per run, counting backups' takeovers), ``catch_up_ms`` (at start, or when
+        added to a started scheduler, run the slots of this last period that no instance ran).
 
         On a started scheduler, call it from the thread that runs the scheduler's event loop.
         """
@@ -318,8 +318,15 @@ class Scheduler(Generic[M]):
             )
         )
         if self._started:
-            self._schedule_next(job, self.clock.wall_ms())
+            self._start_job(job, self.clock.wall_ms())
             self._wake()
+
+    def _start_job(self, job: Job, now: int) -> None:
+        """Schedule the job's next slot, and catch up (lease) the slots of its last ``catch_up_ms`` that no instance
+        ran: at start, or when the job is added to a started scheduler."""
+        self._schedule_next(job, now)
+        if job.options.catch_up_ms and self.backend.leases:
+            self._spawn(self._catch_up(job, now), "anarchon-catch-up")
 
     def _share(self, value: S) -> S:
         return cast(S, self._shared.setdefault(value, value))
@@ -352,9 +359,7 @@ class Scheduler(Generic[M]):
                 raise
             self._started = True
             for job in self._jobs.values():
-                self._schedule_next(job, now)
-                if job.options.catch_up_ms and self.backend.leases:
-                    self._spawn(self._catch_up(job, now), "anarchon-catch-up")
+                self._start_job(job, now)
             self._dispatcher = asyncio.create_task(self._dispatch(), name="anarchon-dispatcher")
         finally:
             starting.set()

@@ -356,6 +356,30 @@ def test_a_catch_up_claims_no_slot_that_left_catch_up_ms_meanwhile() -> None:
     assert {slot: names for slot, names in runners.items() if len(names) > 1} == {}
 
 
+def test_a_job_added_to_a_started_scheduler_catches_up_too() -> None:
+    async def main() -> tuple[int, list[int]]:
+        backend = RedisBackend(redis=fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer()))
+        scheduler = Scheduler(backend, instance_id="a", clock=SimClock())
+        ran: list[int] = []
+
+        async def later(run: RunContext) -> None:  # a coroutine: a thread's wait would let virtual time jump on
+            if run.job == "later":
+                ran.append(run.slot)
+
+        scheduler.add_job("before", "* * * * * *", later)
+        await scheduler.start()
+        await asyncio.sleep(20.5)
+        added = scheduler.clock.wall_ms()
+        scheduler.add_job("later", "* * * * * *", later, catch_up_ms=10_000, overlap=True)
+        await asyncio.sleep(3)
+        await scheduler.stop()
+        return added, ran
+
+    added, ran = run_virtual(main(), epoch_s=VIRTUAL_EPOCH_S, seed=1)
+    assert sorted(slot for slot in ran if slot <= added) == list(range(added // 1000 * 1000 - 9000, added, 1000))
+    assert len(ran) == len(set(ran))
+
+
 @pytest.mark.parametrize("overlap", [False, True])
 async def test_run_now_while_a_scheduled_run_is_going(target: StoreTarget, overlap: bool) -> None:
     ledger = Ledger()
