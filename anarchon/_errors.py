@@ -69,10 +69,13 @@ class StoreFormatError(AnarchonError):
         self.key = key
         self.found = found
         self.supported = supported
-        super().__init__(
-            f"{self.code}: {key} holds store format {found!r}, this anarchon reads format {supported} or older; "
-            "upgrade anarchon on this instance (the store was left unchanged)"
-        )
+        if found.isdigit():
+            problem = f"holds store format {found!r}, this anarchon reads format {supported} or older"
+            remedy = "upgrade anarchon on this instance"
+        else:
+            problem = f"holds {found!r}, which is no store format anarchon writes"
+            remedy = "another program may use this prefix: give anarchon a prefix of its own"
+        super().__init__(f"{self.code}: {key} {problem}; {remedy} (the store was left unchanged)")
 
 
 class StoreError(AnarchonError):

@@ -63,6 +63,7 @@ async def test_a_newer_store_with_data_is_refused_by_the_scheduler_and_left_unto
             await scheduler.start()
         assert caught.value.code == "ANARCHON_STORE_FORMAT"
         assert caught.value.found == "2"
+        assert "upgrade anarchon" in str(caught.value)
         with pytest.raises(SchedulerStateError):
             await scheduler.history("sync")  # it did not start
     after = await snapshot(target)
@@ -77,8 +78,9 @@ async def test_a_newer_store_with_data_is_refused_by_the_scheduler_and_left_unto
 async def test_an_unreadable_store_format_is_refused_and_left_untouched(target: StoreTarget, stored: str) -> None:
     await target.raw("SET", "lease:format", stored)
     scheduler = scheduler_for(target, "lease")
-    with pytest.raises(StoreFormatError):
+    with pytest.raises(StoreFormatError, match="prefix of its own") as caught:
         await scheduler.start()
+    assert "upgrade" not in str(caught.value)  # no newer anarchon reads it either
     assert await target.raw("KEYS", "*") == ["lease:format"]
     assert await target.raw("GET", "lease:format") == stored
 
