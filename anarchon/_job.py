@@ -162,6 +162,27 @@ def check_idmp_size(job: Job, max_size: int, now_ms: int) -> None:
     )
 
 
+def check_claim_order(job: Job, now_ms: int) -> None:
+    """stream-id takes a run's claim only while no later slot of the job was claimed: the claims of two slots
+    closer together than ``jitter_ms`` could come in the wrong order, and the earlier slot would never run.
+    Sampled over a day, as :func:`check_idmp_size` is."""
+    jitter = job.options.jitter_ms
+    if jitter < (1000 if job.schedule.has_seconds else 60_000):
+        return  # slots are at least a second (a minute) apart
+    crowd, start = _densest_window(job.schedule, jitter, now_ms // DAY_MS * DAY_MS, 2)
+    if crowd < 2:
+        return
+    gap = job.schedule.next_after(start)
+    shown = f"{gap - start} ms" if gap is not None else "the time"
+    raise ConfigError(
+        "jitter_ms",
+        f"{jitter} ms is not less than {shown} between two slots of job {job.name!r} "
+        f"({job.schedule.expression!r}), so under strategy 'stream-id' the claim of the later one could come "
+        "first, and the earlier one would then never run",
+        f"less than {shown}, or another strategy",
+    )
+
+
 @functools.lru_cache(maxsize=1024)
 def _densest_window(schedule: CronSchedule, window_ms: int, after_ms: int, cap: int) -> tuple[int, int]:
     """The most slots found in one window ``[s, s + window_ms]`` (counted up to ``cap``) and its first slot ``s``,

@@ -41,7 +41,7 @@ from ._errors import (
     UnknownOptionError,
 )
 from ._heartbeats import HeartbeatThread, LeaseKeeper
-from ._job import DAY_MS, LEASE_OPTIONS, Job, JobFunction, JobOptions, check_idmp_size, check_memory
+from ._job import DAY_MS, LEASE_OPTIONS, Job, JobFunction, JobOptions, check_claim_order, check_idmp_size, check_memory
 from ._keys import check_job_name
 from ._records import RunRecord, Status
 from ._store import Store
@@ -301,6 +301,8 @@ class Scheduler(Generic[M]):
         elif config.name == "idmp":
             check_memory(job, config.name, config.duration_sec * 1000, "strategy.duration_sec")
             check_idmp_size(job, config.max_size, self.clock.wall_ms())
+        elif config.name == "stream-id":
+            check_claim_order(job, self.clock.wall_ms())
         # Jobs with equal schedules and options share one schedule, one set of options and one policy: ten
         # thousand jobs on one cron expression then hold three objects instead of thirty thousand, which the
         # garbage collector would walk through on each full collection.

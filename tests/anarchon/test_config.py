@@ -184,6 +184,21 @@ def test_lease_job_options_are_refused_with_claim_only_strategies(option: str) -
     assert caught.value.option == option
 
 
+def test_stream_id_refuses_a_jitter_that_could_claim_a_later_slot_first() -> None:
+    """stream-id takes a run's claim only while no later slot was claimed: with a jitter as long as the time
+    between two slots, a later slot's claim could come first, and the earlier slot would never run."""
+    scheduler = Scheduler(RedisBackend(strategy="stream-id"))
+    scheduler.add_job("ok", "*/10 * * * * *", noop, jitter_ms=9_999)
+    scheduler.add_job("daily", "0 9 * * *", noop, jitter_ms=3_600_000)
+    for name, cron, jitter in (("tens", "*/10 * * * * *", 10_000), ("pair", "0,5 9 * * *", 400_000)):
+        with pytest.raises(ConfigError) as caught:
+            scheduler.add_job(name, cron, noop, jitter_ms=jitter)
+        assert caught.value.option == "jitter_ms"
+    assert "less than 300000 ms" in str(caught.value)
+    assert scheduler.jobs == ("ok", "daily")
+    Scheduler(RedisBackend(strategy="script")).add_job("tens", "*/10 * * * * *", noop, jitter_ms=10_000)
+
+
 @pytest.mark.parametrize(
     ("strategy", "setting"),
     [
