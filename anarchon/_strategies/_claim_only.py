@@ -98,6 +98,12 @@ class ClaimOnlyStrategy:
             raise claim
         if claim.outcome is not Outcome.WON:
             return False
+        # Won although the run ran, where the store forgot it early (idmp keeps at most max_size ids per job, so
+        # a job whose runs come often forgets one sooner than duration_sec): its result says so.
+        score = result_score(request.slot, 0)
+        results = self.keys.claim(request.job).results
+        if as_list(await store.execute("ZRANGEBYSCORE", results, score, score + 99, "LIMIT", 0, 1)):
+            return False
         # Written without runner and token, so the same skip reported by several instances is stored once.
         record = RunRecord(
             job=request.job, run=request.run, slot=request.slot, attempt=1, status=status, runner="",

@@ -277,6 +277,25 @@ async def test_no_late_skip_is_recorded_beside_a_run_the_store_forgot(target: St
     assert [r.status for r in history if r.slot == slot] == ["ok"]
 
 
+async def test_idmp_no_late_skip_is_recorded_beside_a_run_whose_id_max_size_evicted(target: StoreTarget) -> None:
+    """idmp keeps at most max_size ids per job: a job whose runs come often forgets one well before duration_sec.
+    A claim of it then wins again, and a stalled instance's late skip would be recorded beside the run's ok."""
+    if not target.supports_idmp:
+        pytest.skip(f"idmp needs Redis 8.6+; {target.name} is {target.describe}")
+    backend = await target.started_backend({"name": "idmp", "duration_sec": 300, "max_size": 2})
+    policy = JobPolicy(late_after_ms=100)
+    slot = await target.server_ms() - 10_000
+    ran = RunRequest("sync", run_id(slot), slot, "ran", "a")
+    claim = await claim_one(backend, ran, policy)
+    assert await backend.strategy.finish(backend.store, ran, claim, policy, record(ran, claim))
+    for later in (slot + 1000, slot + 2000):  # two later ids: the first one's is evicted
+        assert (await claim_one(backend, request(later, f"t{later}"), policy)).outcome is Outcome.WON
+    late = RunRequest("sync", run_id(slot), slot, "late", "b")
+    assert not await backend.strategy.skip(backend.store, late, policy, "skipped-late", "too late")
+    history = await backend.strategy.history(backend.store, "sync", 10)
+    assert [r.status for r in history if r.slot == slot] == ["ok"]
+
+
 @pytest.mark.parametrize("claim_only", ["stream-id", "idmp", "script"])
 async def test_history_ttl_ms_ages_the_claim_only_streams_out(target: StoreTarget, claim_only: str) -> None:
     """The manual stream and the runs stream (script's claim script ages its runs itself); idmp keeps its runs
