@@ -28,10 +28,14 @@ class Run:
     token: str
     lease_end: int  # server ms; 0 for a run that never ran
     fence: int
+    closed: int = 0  # a finished run's score in the SLOTS set: its slot, or the moment it ended if later
 
     @property
     def running(self) -> bool:
         return self.status == RUNNING
+
+    def close(self, status: str, slot: int, now: int) -> Run:
+        return replace(self, status=status, closed=max(slot, now))
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +63,7 @@ def claim(store: LeaseStore, slot: int, token: str, now: int, policy: JobPolicy)
     other_end = _live_other(store, slot, now, policy)
     if r is None:
         if other_end is not None:
-            skipped = Run("skipped-overlap", 1, token, 0, 0)
+            skipped = Run("skipped-overlap", 1, token, 0, 0).close("skipped-overlap", slot, now)
             return store.put(slot, skipped), Claim(Outcome.OVERLAP, 0, 0, other_end - now)
         return _start(store, slot, token, now, policy, 1)
     if not r.running:
@@ -74,7 +78,7 @@ def claim(store: LeaseStore, slot: int, token: str, now: int, policy: JobPolicy)
     if r.lease_end > now:
         return store, Claim(Outcome.RUNNING, r.attempt, r.fence, r.lease_end - now)
     if r.attempt >= policy.max_attempts:
-        return store.put(slot, replace(r, status="interrupted")), Claim(Outcome.DONE, r.attempt, r.fence)
+        return store.put(slot, r.close("interrupted", slot, now)), Claim(Outcome.DONE, r.attempt, r.fence)
     if other_end is not None:  # a takeover would run beside another live run: the backup waits for its lease
         return store, Claim(Outcome.RUNNING, r.attempt, r.fence, other_end - now)
     return _start(store, slot, token, now, policy, r.attempt + 1)
@@ -114,7 +118,7 @@ def finish(
     r = store.run(slot)
     if r is None or not r.running or r.token != token:
         return store, False
-    return trim(store.put(slot, replace(r, status=status)), now, policy), True
+    return trim(store.put(slot, r.close(status, slot, now)), now, policy), True
 
 
 def release(store: LeaseStore, slot: int, token: str, now: int) -> tuple[LeaseStore, bool]:
@@ -130,12 +134,15 @@ def skip(store: LeaseStore, slot: int, token: str, now: int, policy: JobPolicy) 
     is not late yet or more than ``keep_ms`` past its slot (its state may have been trimmed)."""
     if store.run(slot) is not None or not slot + policy.late_after_ms < now <= slot + policy.keep_ms:
         return store, False
-    return trim(store.put(slot, Run("skipped-late", 1, token, 0, 0)), now, policy), True
+    return trim(
+        store.put(slot, Run("skipped-late", 1, token, 0, 0).close("skipped-late", slot, now)), now, policy
+    ), True
 
 
 def trim(store: LeaseStore, now: int, policy: JobPolicy) -> LeaseStore:
-    """What finish and skip drop: runs nobody can claim any more beyond ``history_size`` or ``history_ttl_ms``,
-    after closing abandoned runs (lease expired and slot both older than ``keep_ms``) as interrupted. Without
+    """What finish and skip drop: runs nobody can claim any more (slot and end both older than ``keep_ms``) beyond
+    ``history_size`` or ``history_ttl_ms``, after closing abandoned runs (lease expired and slot both older than
+    ``keep_ms``) as interrupted. Without
     ``history_ttl_ms``, only once the finished runs are a tenth over ``history_size`` (at least one)."""
     slack = max(1, policy.history_size // 10)
     finished_before = sum(1 for _, r in store.runs if not r.running)
@@ -147,12 +154,13 @@ def trim(store: LeaseStore, now: int, policy: JobPolicy) -> LeaseStore:
     if abandoned and len(active) > ABANDONED_SAMPLE:
         raise Unpredictable(f"trim closes the abandoned runs among {ABANDONED_SAMPLE} random active ones")
     for slot, r in abandoned:
-        store = store.put(slot, replace(r, status="interrupted"))
-    finished = [slot for slot, r in store.runs if not r.running]  # ZRANGEBYSCORE order: by slot
+        store = store.put(slot, r.close("interrupted", slot, now))
+    # ZRANGEBYSCORE order: by score, then by member (run ids of one length: by slot)
+    finished = sorted((r.closed, slot) for slot, r in store.runs if not r.running)
     dropped: list[int] = []
     excess = len(finished) - policy.history_size
     if excess > 0:
-        dropped += [slot for slot in finished if slot < horizon][: min(excess, 100)]
+        dropped += [slot for closed, slot in finished if closed < horizon][: min(excess, 100)]
     if policy.history_ttl_ms:
-        dropped += [slot for slot in finished if slot < min(now - policy.history_ttl_ms, horizon)][:100]
+        dropped += [slot for closed, slot in finished if closed < min(now - policy.history_ttl_ms, horizon)][:100]
     return store.drop(dropped)

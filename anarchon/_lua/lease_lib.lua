@@ -66,18 +66,20 @@ local function record_result(run, r, status, ended, message_json)
 end
 
 -- End a run for good: its final status in the state, out of the active set and into the slots set (from
--- where trim may drop it once no claim can ask for it), one history record.
+-- where trim may drop it once no claim can ask for it), one history record. Its score there is its slot, or the
+-- moment it ended if later: a backup that waited on a run longer than keep_ms asks for it after it ends, and must
+-- find it done, not gone.
 local function close_run(run, r, status, now, message_json)
   r.status = status
   save_run(run, r)
   redis.call('SREM', ACTIVE, run)
-  redis.call('ZADD', SLOTS, r.slot, run)
+  redis.call('ZADD', SLOTS, math.max(tonumber(r.slot), now), run)
   record_result(run, r, status, now, message_json)
 end
 
 -- Keep about history_size runs and history_ttl_ms of history. A run is dropped from the state only when it
--- is finished (then it is in the slots set) and older than keep_ms (the longest a late claim or a catch-up
--- could still ask for it).
+-- is finished (then it is in the slots set) and both its slot and its end are older than keep_ms (the longest a
+-- late claim or a catch-up could still ask for it after its slot, or a backup's next look after its end).
 -- A run left active by instances that all died is closed as interrupted once nobody can claim it any more.
 -- Without history_ttl_ms the work is done once the finished runs are a tenth over history_size (at least one):
 -- most finishes then cost one ZCARD here instead of five commands.
