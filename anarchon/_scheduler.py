@@ -70,6 +70,7 @@ CLAIM_LANES = 2
 # would wait behind each other with their leases kept, and stop() behind them.
 JOB_THREADS = 128
 STOPPED = "the scheduler stopped"  # why stop() interrupts the runs still going at its timeout
+LEASE_LOST = "lease lost"  # why the keeper interrupts a run whose lease it could not keep
 
 
 Kind: TypeAlias = Literal["scheduled", "backup", "retry"]
@@ -87,6 +88,13 @@ class _Running:
     request: RunRequest
     task: asyncio.Task[object] | None = None  # the task awaiting the job function, while it does
     reason: str | None = None  # why the job was interrupted
+    thread: concurrent.futures.Future[object] | None = None  # a sync job's call on its thread
+
+    @property
+    def thread_runs_on(self) -> bool:
+        """Whether a sync job's function still runs on its thread: cancelling the task that awaited it cannot
+        stop it."""
+        return self.thread is not None and not self.thread.done()
 
     def interrupt(self, reason: str) -> None:
         if self.reason is None:
@@ -697,7 +705,7 @@ class Scheduler(Generic[M]):
                 await self._hook(self.on_run_start, context)
             if running.reason is None:
                 running.task = task
-                await self._call(job, context)
+                await self._call(job, context, running)
             else:  # interrupted while the start hook ran: the job is not started
                 status, message = "interrupted", running.reason
         except asyncio.CancelledError as error:
@@ -717,8 +725,10 @@ class Scheduler(Generic[M]):
             if self._keeper is not None:
                 self._keeper.release(request.token)
             del self._running[request.token]
+        if running.thread_runs_on:
+            message = f"{message}; its function still runs on its thread (a sync function cannot be cancelled)"
         record = self._local_record(request, status, message, attempt=claim.attempt, fence=claim.fence, started=started)
-        record = await self._end(request, claim, record, extra)
+        record = await self._end(request, claim, record, extra, hand_back_allowed=not running.thread_runs_on)
         log.info("job %s slot %d attempt %d: %s", job.name, request.slot, claim.attempt, status, extra=extra)
         if self.on_run_end is not None:
             await self._hook(self.on_run_end, context, record)
@@ -731,19 +741,28 @@ class Scheduler(Generic[M]):
             return record
         return await self._end(request, claim, record, {"job": request.job, "slot": request.slot})
 
-    async def _end(self, request: RunRequest, claim: Claim, record: RunRecord, extra: dict[str, Any]) -> RunRecord:
+    async def _end(
+        self,
+        request: RunRequest,
+        claim: Claim,
+        record: RunRecord,
+        extra: dict[str, Any],
+        hand_back_allowed: bool = True,
+    ) -> RunRecord:
         """Record how an attempt ended, or hand it back to the other instances unfinished: a scheduled run that
-        stop() cut short, with attempts left, under leases. A backup takes it over at once, as it would after a
-        crash once the lease ran out; a manual run is not retried by backups, so it is recorded."""
+        stop() cut short, or whose lease this instance lost, with attempts left, under leases. A backup takes it
+        over when it next looks, as it would after a crash once the lease ran out. A manual run is not retried by
+        backups, and a sync job whose function still runs on its thread would run twice: those are recorded."""
         hand_back = (
-            record.status == "interrupted" and record.message == STOPPED and self.backend.leases
-            and not request.manual and claim.attempt < self._policies[request.job].max_attempts
+            hand_back_allowed and record.status == "interrupted" and self.backend.leases and not request.manual
+            and (record.message == STOPPED or (record.message or "").startswith(LEASE_LOST))
+            and claim.attempt < self._policies[request.job].max_attempts
         )  # fmt: skip
         if not hand_back:
             await self._finish(request, claim, record, extra)
             return record
         await self._release(request, extra)
-        return dataclasses.replace(record, message=f"{STOPPED}: handed back for attempt {claim.attempt + 1}")
+        return dataclasses.replace(record, message=f"{record.message}: handed back for attempt {claim.attempt + 1}")
 
     async def _release(self, request: RunRequest, extra: dict[str, Any]) -> None:
         try:
@@ -790,13 +809,14 @@ class Scheduler(Generic[M]):
                 )
             return
 
-    async def _call(self, job: Job, context: RunContext) -> object:
+    async def _call(self, job: Job, context: RunContext, running: _Running) -> object:
         if job.is_async:
             return await job.call(context)  # type: ignore[misc]
         if self._job_threads is None:
             self._job_threads = concurrent.futures.ThreadPoolExecutor(JOB_THREADS, thread_name_prefix="anarchon-job")
         call = functools.partial(contextvars.copy_context().run, job.call, context)  # the caller's contextvars
-        result = await asyncio.get_running_loop().run_in_executor(self._job_threads, call)
+        running.thread = self._job_threads.submit(call)
+        result = await asyncio.wrap_future(running.thread)
         if inspect.isawaitable(result):  # a sync function that returned a coroutine
             return await result
         return result
@@ -859,7 +879,7 @@ class Scheduler(Generic[M]):
             extra={"job": request.job, "slot": request.slot, "attempt": running.context.attempt},
         )
         running.context.lease_lost.set()
-        running.interrupt(f"lease lost: {reason}")
+        running.interrupt(f"{LEASE_LOST}: {reason}")
 
     async def _hook(self, hook: Callable[..., object], *args: Any) -> None:
         try:

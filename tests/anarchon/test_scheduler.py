@@ -356,6 +356,122 @@ def test_a_catch_up_claims_no_slot_that_left_catch_up_ms_meanwhile() -> None:
     assert {slot: names for slot, names in runners.items() if len(names) > 1} == {}
 
 
+@pytest.mark.parametrize("trimming", [{"history_ttl_ms": 1000}, {"history_size": 1}])
+def test_a_run_longer_than_keep_ms_is_not_run_again_by_its_backup(trimming: dict[str, int]) -> None:
+    """keep_ms covers late claims and catch-ups, counted from the slot; a backup waiting on a long run asks again
+    after the run ends, however long it ran. The run's finish trims history: it must not drop the state of the
+    run it just closed, or the backup's next claim finds none and runs the slot again as attempt 1."""
+
+    async def main() -> list[tuple[str, int, int]]:
+        server = fakeredis.FakeServer()
+        first = (VIRTUAL_EPOCH_S + 60) * 1000
+        ran: list[tuple[str, int, int]] = []
+        schedulers = []
+        for name in ("a", "b"):
+            backend = RedisBackend(redis=fakeredis.FakeAsyncRedis(server=server))
+            scheduler = Scheduler(backend, instance_id=name, lease_ms=1000, clock=SimClock(), **trimming)
+
+            async def work(run: RunContext, name: str = name) -> None:
+                ran.append((name, run.slot - first, run.attempt))
+                if run.slot == first:
+                    await asyncio.sleep(130)  # longer than keep_ms: 1 s lease + 1 s late + 60 s
+
+            scheduler.add_job("job", "0 * * * * *", work, max_attempts=1, max_late_ms=1000)
+            schedulers.append(scheduler)
+        for scheduler in schedulers:
+            await scheduler.start()
+        await asyncio.sleep(260)
+        for scheduler in schedulers:
+            await scheduler.stop()
+        return ran
+
+    ran = run_virtual(main(), epoch_s=VIRTUAL_EPOCH_S, seed=1)
+    assert [slot for _, slot, _ in ran].count(0) == 1, ran
+    assert (180_000, 1) in [(slot, attempt) for _, slot, attempt in ran]  # the schedule went on
+
+
+def test_a_run_whose_lease_its_winner_lost_is_taken_over_by_a_backup() -> None:
+    """The winner's heartbeats fail (its heartbeat connection is down, the store is up): it gives the lease up a
+    margin before its end and cancels the job, so that a backup takes the run over. Recording the attempt then
+    would close the run, which the store still let it do: the backup would find it done and the slot would never
+    complete, with attempts left. It is handed back instead."""
+    failing = True
+
+    async def main() -> tuple[list[tuple[str, int]], list[tuple[int, str, str]]]:
+        server = fakeredis.FakeServer()
+        first = (VIRTUAL_EPOCH_S + 60) * 1000
+        ran: list[tuple[str, int]] = []
+        schedulers = []
+        for name in ("a", "b"):
+            backend = RedisBackend(redis=fakeredis.FakeAsyncRedis(server=server))
+            scheduler = Scheduler(backend, instance_id=name, lease_ms=1000, clock=SimClock())
+
+            async def work(run: RunContext, name: str = name) -> None:
+                ran.append((name, run.attempt))
+                await asyncio.sleep(3)
+
+            scheduler.add_job("job", "0 * * * * *", work, max_attempts=3)
+            schedulers.append(scheduler)
+        for scheduler in schedulers:
+            await scheduler.start()
+            beat = scheduler.backend.strategy.heartbeat
+
+            async def failing_beat(store: Any, request: Any, policy: Any, beat: Any = beat) -> int:
+                if failing:
+                    raise StoreUnavailableError("store unavailable: the heartbeat connection is down")
+                return int(await beat(store, request, policy))
+
+            scheduler.backend.strategy.heartbeat = failing_beat  # type: ignore[method-assign]
+        await asyncio.sleep(61.5)
+        nonlocal failing
+        failing = False
+        await asyncio.sleep(20)
+        history = await schedulers[0].history("job", 5)
+        for scheduler in schedulers:
+            await scheduler.stop()
+        return ran, [(record.attempt, record.status, record.runner) for record in history if record.slot == first]
+
+    ran, history = run_virtual(main(), epoch_s=VIRTUAL_EPOCH_S, seed=1)
+    assert [attempt for _, attempt in ran] == [1, 2]
+    assert ran[0][0] != ran[1][0]
+    assert [(attempt, status) for attempt, status, _ in history] == [(2, "ok"), (1, "interrupted")]
+
+
+async def test_stop_does_not_hand_back_a_sync_job_whose_thread_runs_on(fake_target: StoreTarget) -> None:
+    """A sync job's thread cannot be cancelled: handed back at stop(), its run would start again on a backup while
+    the thread still runs it. It is recorded interrupted instead, and no backup runs it."""
+    starts: list[tuple[str, int]] = []
+    started = threading.Event()
+
+    def job_of(name: str) -> Callable[[RunContext], None]:
+        def job(run: RunContext) -> None:
+            starts.append((name, run.attempt))
+            started.set()
+            time.sleep(1.5)
+
+        return job
+
+    cron = second_from_now(1)
+    schedulers = {}
+    for name in ("a", "b"):
+        scheduler = Scheduler(fake_target.backend("lease"), instance_id=name, lease_ms=1000)
+        scheduler.add_job("job", cron, job_of(name), max_attempts=3)
+        await scheduler.start()
+        schedulers[name] = scheduler
+    await asyncio.to_thread(started.wait, 5)
+    [(winner, _)] = starts
+    await schedulers[winner].stop(timeout=0.1)
+    await asyncio.sleep(2.5)  # past the lease: a backup would have taken a handed-back run over
+    history = await schedulers["b" if winner == "a" else "a"].history("job", 5)
+    for scheduler in schedulers.values():
+        await scheduler.stop()
+    assert starts == [(winner, 1)]
+    [record] = history
+    assert (record.attempt, record.status) == (1, "interrupted")
+    assert record.message is not None
+    assert "still runs on its thread" in record.message
+
+
 def test_a_job_added_to_a_started_scheduler_catches_up_too() -> None:
     async def main() -> tuple[int, list[int]]:
         backend = RedisBackend(redis=fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer()))
