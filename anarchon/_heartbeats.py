@@ -117,8 +117,12 @@ class LeaseKeeper:
     async def _beat(self, due: list[_Held]) -> None:
         sent = self.clock.monotonic()
         beats = [self.strategy.heartbeat(self.store, run.request, run.policy) for run in due]
+        # Waited for no longer than the first deadline of every run held, not only of these: another run whose
+        # beat failed earlier must learn it lost its lease at its deadline, not when these beats end.
+        with self._lock:
+            held = list(self._held.values())
         try:
-            timeout = max(0.0, min(run.deadline for run in due) - sent)
+            timeout = max(0.0, min(run.deadline for run in (*due, *held)) - sent)
             answers: list[int | BaseException] = await asyncio.wait_for(
                 asyncio.gather(*beats, return_exceptions=True), timeout
             )

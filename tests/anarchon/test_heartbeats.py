@@ -119,3 +119,45 @@ def test_a_failed_heartbeat_of_a_short_lease_is_tried_again_before_the_lease_end
 
     beats, lost = run_virtual(main(), epoch_s=1_700_000_000, seed=1)
     assert (beats, lost) == ([1.0, 1.475, 2.475, 3.475], [])
+
+
+class OneFailsOneHangs:
+    """The first run's heartbeats fail at once; the second run's get no answer."""
+
+    def __init__(self, failing: RunRequest) -> None:
+        self.failing = failing
+
+    async def heartbeat(self, store: Store, request: RunRequest, policy: JobPolicy) -> int:
+        if request is self.failing:
+            raise StoreUnavailableError("connection reset")
+        await asyncio.sleep(3600)
+        return 0
+
+
+def test_a_run_learns_its_lease_is_lost_at_its_deadline_while_another_runs_beat_hangs() -> None:
+    # x's beat fails and waits for its retry; y's beat is sent and hangs. While the keeper waits for y, x's
+    # deadline (0.95 s: lease 1 s less 50 ms) passes: x must be told then, before a backup can take it over.
+    x = RunRequest("x", "1", 1, "token-x", "a")
+    y = RunRequest("y", "1", 1, "token-y", "a")
+
+    async def main() -> dict[str, float]:
+        clock = SimClock()
+        keeper = LeaseKeeper(
+            cast(Strategy, OneFailsOneHangs(x)), cast(Store, None), clock, heartbeat_ms=300, margin_ms=50
+        )
+        lost: dict[str, float] = {}
+        serving = asyncio.create_task(keeper.serve())
+        keeper.hold(
+            x, JobPolicy(lease_ms=1000), clock.monotonic(), 1000, lambda _: lost.setdefault("x", clock.monotonic())
+        )
+        await asyncio.sleep(0.25)
+        keeper.hold(
+            y, JobPolicy(lease_ms=1000), clock.monotonic(), 1000, lambda _: lost.setdefault("y", clock.monotonic())
+        )
+        await asyncio.sleep(3)
+        serving.cancel()
+        await asyncio.gather(serving, return_exceptions=True)
+        return lost
+
+    lost = run_virtual(main(), epoch_s=1_700_000_000, seed=1)
+    assert lost == {"x": 0.95, "y": 1.2}
