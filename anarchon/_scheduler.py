@@ -213,6 +213,7 @@ class Scheduler(Generic[M]):
         self._sleeper: asyncio.Task[None] | None = None
         self._naps: set[asyncio.Future[None]] = set()  # catch-ups' sleeps, which stop() ends
         self._stopping: asyncio.Future[None] | None = None
+        self._stop_deadline = float("inf")  # when stop() stops waiting for runs (this scheduler's monotonic clock)
         # Set while start() runs (a second start() is refused meanwhile), and set once it ends: stop() waits.
         self._starting: asyncio.Event | None = None
         self._keeper: LeaseKeeper | None = None
@@ -398,6 +399,7 @@ class Scheduler(Generic[M]):
 
     async def _stop(self, timeout: float) -> None:
         self._started = False
+        self._stop_deadline = self.clock.monotonic() + timeout
         for nap in self._naps:
             nap.cancel()
         if self._dispatcher is not None:
@@ -781,7 +783,7 @@ class Scheduler(Generic[M]):
         """Record how an attempt ended. While the store cannot be reached, try again every second, for as long as
         the attempt's lease could last: a result that reaches the store before the lease runs out keeps a backup
         from running the run again. Trying again is safe, the store takes a result only from the current attempt.
-        """
+        Once stop() has begun, only for as long as it waits for runs."""
         job, slot, attempt = request.job, request.slot, claim.attempt
         give_up = self.clock.monotonic() + self.lease_ms / 1000
         tried = False
@@ -792,7 +794,9 @@ class Scheduler(Generic[M]):
                 )
             except StoreError as error:
                 unreachable = isinstance(error, StoreUnavailableError)
-                if not (unreachable and self._started and self.clock.monotonic() + FINISH_RETRY_S < give_up):
+                # While stop() waits for runs, their results are tried again too, until it stops waiting.
+                retry_until = give_up if self._started else min(give_up, self._stop_deadline)
+                if not (unreachable and self.clock.monotonic() + FINISH_RETRY_S < retry_until):
                     log.warning("job %s slot %d: could not record the result: %s", job, slot, error, extra=extra)
                     return
                 log.warning(

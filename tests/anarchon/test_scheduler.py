@@ -472,6 +472,49 @@ async def test_stop_does_not_hand_back_a_sync_job_whose_thread_runs_on(fake_targ
     assert "still runs on its thread" in record.message
 
 
+def test_a_result_is_sent_again_while_stop_waits_for_its_run() -> None:
+    """A job ends while stop() waits for it, and its first try to record the result meets a dropped connection.
+    Given up at once, the result would be lost and a backup would run the finished slot again."""
+
+    async def main() -> tuple[list[tuple[str, int]], list[tuple[int, str, str]]]:
+        server = fakeredis.FakeServer()
+        ran: list[tuple[str, int]] = []
+        schedulers = {}
+        for name in ("a", "b"):
+            backend = RedisBackend(redis=fakeredis.FakeAsyncRedis(server=server))
+            scheduler = Scheduler(backend, instance_id=name, lease_ms=3000, clock=SimClock())
+
+            async def work(run: RunContext, name: str = name) -> None:
+                ran.append((name, run.attempt))
+                await asyncio.sleep(2)
+
+            scheduler.add_job("job", "0 * * * * *", work)
+            finish = scheduler.backend.strategy.finish
+            failures = [StoreUnavailableError("store unavailable: connection reset")]
+
+            async def failing_once(*args: Any, finish: Any = finish, failures: Any = failures) -> bool:
+                if failures:
+                    raise failures.pop()
+                return bool(await finish(*args))
+
+            scheduler.backend.strategy.finish = failing_once  # type: ignore[method-assign]
+            schedulers[name] = scheduler
+        for scheduler in schedulers.values():
+            await scheduler.start()
+        await asyncio.sleep(61)  # the slot at 60 s runs until 62 s
+        winner = ran[0][0]
+        await schedulers[winner].stop(timeout=10)
+        await asyncio.sleep(10)
+        history = await schedulers["b" if winner == "a" else "a"].history("job", 5)
+        for scheduler in schedulers.values():
+            await scheduler.stop()
+        return ran, [(record.attempt, record.status, record.runner) for record in history]
+
+    ran, history = run_virtual(main(), epoch_s=VIRTUAL_EPOCH_S, seed=1)
+    assert len(ran) == 1
+    assert history == [(1, "ok", ran[0][0])]
+
+
 def test_a_job_added_to_a_started_scheduler_catches_up_too() -> None:
     async def main() -> tuple[int, list[int]]:
         backend = RedisBackend(redis=fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer()))
