@@ -32,9 +32,14 @@ class Link:
         self.gate = gate
         self.cut_off = False
         self.lose_replies = False
+        self.dead = False
 
     def cut(self) -> None:
         self.cut_off = True
+
+    def kill(self) -> None:
+        """The process on this side was killed: cut for good, and no command waits for the gate any more."""
+        self.cut_off = self.dead = True
 
     def heal(self) -> None:
         self.cut_off = False
@@ -49,7 +54,7 @@ class Link:
         return StoreUnavailableError(f"{self.name}: the reply was lost")
 
     async def _pass(self, *, sent: bool) -> None:
-        if self.gate is not None:
+        if self.gate is not None and not self.dead:
             await self.gate()
         self._check(sent=sent)
 

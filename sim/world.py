@@ -246,9 +246,10 @@ class SimInstance:
             try:
                 await self.clock.sleep(job.work_s)  # the work: virtual time, ended at the resume if due in a pause
             finally:
-                execution.ended = self.world.now()
-                self.running_jobs.pop(run.token, None)
-            execution.completed = True
+                alive = self.running_jobs.pop(run.token, None) is not None  # a kill ended it already
+                if alive:
+                    execution.ended = self.world.now()
+            execution.completed = alive
 
         return work
 
@@ -258,12 +259,16 @@ class SimInstance:
             return
         self.kills += 1
         self.serving = False
-        self.link.cut()
-        self.clock.resume()  # a paused process can be killed too: its tasks must run to see the cut link
+        self.link.kill()
+        killed = self.world.now()
+        for execution in self.running_jobs.values():  # stopped where they are: no work of it ends after this
+            execution.ended = killed
+        self.running_jobs.clear()
         scheduler, self.scheduler = self.scheduler, None
+        # A paused process stays paused while it dies: its tasks are cancelled where they wait, and its commands
+        # fail at the dead link without waiting for a resume; no timer of it fires. Its next process starts
+        # paused while the pause lasts.
         await scheduler.stop(timeout=0)
-        if self.pauses:
-            self.clock.pause()  # the instance stays paused; its next process starts paused
 
     async def restart(self) -> bool:
         """Start a new process, again every START_RETRY_S while it cannot reach the store. False if there is
@@ -332,8 +337,11 @@ class World:
         for outcome in await asyncio.gather(*faults, return_exceptions=True):
             if isinstance(outcome, Exception):  # a fault that could not strike is a testbed bug: never silent
                 raise outcome
+        for instance in self.instances.values():  # the end: nothing after this moment is judged, or reaches the store
+            if instance.link is not None:
+                instance.link.kill()
         for instance in self.instances.values():
-            await instance.crash()  # the end: nothing after this moment is judged
+            await instance.crash()
         return self.history
 
     def _target(self, fault: FaultSpec) -> SimInstance | None:

@@ -221,7 +221,8 @@ def test_a_manual_run_on_a_partitioned_instance_fails_in_the_history_and_the_sim
     ]
     claim = [(e.kind, e.run[0]) for e in outcome.history.events if e.op == "claim" and e.t == 15.0]
     assert claim == [("invoke", "m"), ("fail", "m")]  # never sent: a failure, not an unknown outcome
-    assert max(e.started for e in outcome.history.executions) == 40.0  # the simulation ran to its end
+    # The simulation ran to its end: the slot at 30 s ran; the one at 40 s falls at the end, when every link dies.
+    assert max(e.started for e in outcome.history.executions) == 30.0
 
 
 def test_a_manual_run_on_a_down_instance_is_an_entry_in_the_history() -> None:
@@ -655,3 +656,50 @@ async def test_a_recorded_instance_reads_its_history_through_the_strategy_it_wra
         await scheduler.run_now("tick")
         history = await scheduler.history("tick")
     assert [record.status for record in history] == ["ok"]
+
+
+def _paused_then_killed(strategy: str, restart_after_s: float | None = None) -> Outcome:
+    """The winner of the slot at 40 s (work 6 s) is paused at 41 s for 20 s and killed at 50 s."""
+    crash: dict[str, object] = {"at_s": 50, "kind": "crash", "instance": "winner"}
+    if restart_after_s is not None:
+        crash["restart_after_s"] = restart_after_s
+    scenario = parse({
+        "name": "pause-then-kill", "duration_s": 120, "scheduler": {"lease_ms": 3000, "heartbeat_ms": 1000},
+        "instances": [{"name": "a"}, {"name": "b"}],
+        "jobs": [{"name": "tick", "cron": "*/20 * * * * *", "work_s": 6.0}],
+        "faults": [{"at_s": 41, "kind": "pause", "instance": "winner", "duration_s": 20}, crash],
+    })  # fmt: skip
+    return simulate(scenario, strategy, 1)
+
+
+@pytest.mark.parametrize("strategy", ["lease", "stream-id"])
+def test_a_process_killed_while_paused_does_nothing_after_the_kill(strategy: str) -> None:
+    """SIGSTOP then SIGKILL: its work due during the pause never ends, and it sends nothing more. Under a
+    claim-only strategy nobody else runs the slot: P2 sees it missed."""
+    outcome = _paused_then_killed(strategy)
+    [killed] = [e for e in outcome.history.events if e.kind == "fault" and "killed" in str(e.value)]
+    victim = str(killed.value).split()[1]
+    [execution] = [x for x in outcome.history.executions if x.instance == victim and x.slot == (EPOCH_S + 40) * 1000]
+    assert (execution.ended, execution.completed) == (50.0, False)
+    assert [e.t for e in outcome.history.events if e.process == victim and e.t > 50.0 and e.kind != "fault"] == []
+    if strategy == "stream-id":
+        assert outcome.judgement.verdicts["P2"].status == "invalid"
+
+
+def test_a_process_killed_while_paused_restarts_when_its_crash_says() -> None:
+    outcome = _paused_then_killed("lease", restart_after_s=5)
+    restarts = [e.t for e in outcome.history.events if e.kind == "fault" and "restarted" in str(e.value)]
+    assert restarts == [61.0]  # killed at 50, due back at 55, within the pause: it starts when the pause ends
+
+
+def test_nothing_reaches_the_store_after_the_end() -> None:
+    """Ending the run stops the instances one after another: the others must not go on meanwhile (a paused one
+    takes time to stop)."""
+    scenario = parse({
+        "name": "end", "duration_s": 100.5, "instances": [{"name": "a"}, {"name": "b"}],
+        "jobs": [{"name": "tick", "cron": "* * * * * *", "work_s": 0.2}],
+        "faults": [{"at_s": 90.1, "kind": "pause", "instance": "a", "duration_s": 30}],
+    })  # fmt: skip
+    outcome = simulate(scenario, "lease", 1)
+    assert [e for e in outcome.history.events if e.t > 100.5] == []
+    assert max(x.started for x in outcome.history.executions) <= 100.5
