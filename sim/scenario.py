@@ -133,69 +133,129 @@ def load_all() -> list[Scenario]:
     return [load(path) for path in sorted(SCENARIOS_DIR.glob("*.toml"))]
 
 
+TOP_LEVEL = ("name", "description", "duration_s", "scheduler", "instances", "jobs", "faults", "strategies", "expect")
+INSTANCE_KEYS = ("name", "offset_ms", "drift")
+# Fault settings that are numbers: (the least allowed, whether the least itself is allowed)
+FAULT_NUMBERS: dict[str, tuple[float, bool]] = {
+    "duration_s": (0.0, False), "restart_after_s": (0.0, False), "delay_ms": (0.0, False),
+    "lag_ms": (0.0, True), "offset_ms": (-float("inf"), False), "drift": (-1.0, False),
+}  # fmt: skip
+
+
 def parse(data: dict[str, Any], path: Path | None = None) -> Scenario:
+    """A scenario from its TOML data. A mistake is refused with what is wrong, rather than run as another
+    scenario: an unknown key, a name given twice, a fault outside the run, a setting of the wrong kind."""
     where = str(path or data.get("name", "scenario"))
+
+    def fail(problem: str) -> ScenarioError:
+        return ScenarioError(f"{where}: {problem}")
 
     def need(table: dict[str, Any], key: str, kind: type | tuple[type, ...], context: str) -> Any:
         if key not in table:
-            raise ScenarioError(f"{where}: {context} needs '{key}'")
-        if not isinstance(table[key], kind):
-            raise ScenarioError(f"{where}: {context}.{key} has the wrong type: {table[key]!r}")
-        return table[key]
+            raise fail(f"{context} needs '{key}'")
+        return kind_of(table, key, kind, context)
 
-    instances = tuple(
-        InstanceSpec(need(i, "name", str, "instances"), int(i.get("offset_ms", 0)), float(i.get("drift", 0.0)))
-        for i in data.get("instances", [])
-    )
+    def kind_of(table: dict[str, Any], key: str, kind: type | tuple[type, ...], context: str) -> Any:
+        value = table[key]
+        if isinstance(value, bool) or not isinstance(value, kind):  # TOML's true is no number
+            raise fail(f"{context}.{key} has the wrong type: {value!r}")
+        return value
+
+    def number(table: dict[str, Any], key: str, context: str, least: float, least_allowed: bool) -> float:
+        value = float(kind_of(table, key, (int, float), context))
+        if value < least or (value == least and not least_allowed):
+            raise fail(f"{context}.{key} = {value:g} must be {'at least' if least_allowed else 'above'} {least:g}")
+        return value
+
+    def table(value: object, context: str) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            raise fail(f"{context} must be a table, not {value!r}")
+        return value
+
+    def unique(names: list[str], context: str) -> None:
+        twice = sorted({name for name in names if names.count(name) > 1})
+        if twice:
+            raise fail(f"{context} named twice: {', '.join(twice)}")
+
+    unknown_keys = sorted(set(data) - set(TOP_LEVEL))
+    if unknown_keys:
+        raise fail(f"unknown keys {unknown_keys}; known: {', '.join(TOP_LEVEL)}")
+    duration_s = number(data, "duration_s", "the file", 0.0, False) if "duration_s" in data else None
+    if duration_s is None:
+        raise fail("the file needs 'duration_s'")
+    instances = []
+    for i in data.get("instances", []):
+        i = table(i, "[[instances]]")
+        if set(i) - set(INSTANCE_KEYS):
+            raise fail(f"[[instances]] does not take {sorted(set(i) - set(INSTANCE_KEYS))}; known: {INSTANCE_KEYS}")
+        offset = int(kind_of(i, "offset_ms", int, "instances")) if "offset_ms" in i else 0
+        drift = number(i, "drift", "instances", -1.0, False) if "drift" in i else 0.0
+        instances.append(InstanceSpec(need(i, "name", str, "instances"), offset, drift))
     if not instances:
-        raise ScenarioError(f"{where}: at least one [[instances]] is needed")
+        raise fail("at least one [[instances]] is needed")
+    unique([i.name for i in instances], "instances")
     names = {i.name for i in instances}
-    jobs = tuple(
-        JobSpec(
-            need(j, "name", str, "jobs"),
-            need(j, "cron", str, "jobs"),
-            float(need(j, "work_s", (int, float), "jobs")),
-            {k: v for k, v in j.items() if k not in ("name", "cron", "work_s")},
-        )
-        for j in data.get("jobs", [])
-    )
+    jobs = []
+    for j in data.get("jobs", []):
+        j = table(j, "[[jobs]]")
+        work_s = number(j, "work_s", "jobs", 0.0, True) if "work_s" in j else None
+        if work_s is None:
+            raise fail("jobs needs 'work_s'")
+        options = {k: v for k, v in j.items() if k not in ("name", "cron", "work_s")}
+        jobs.append(JobSpec(need(j, "name", str, "jobs"), need(j, "cron", str, "jobs"), work_s, options))
     if not jobs:
-        raise ScenarioError(f"{where}: at least one [[jobs]] is needed")
+        raise fail("at least one [[jobs]] is needed")
+    unique([j.name for j in jobs], "jobs")
     faults = []
     for f in data.get("faults", []):
+        f = table(f, "[[faults]]")
         kind = need(f, "kind", str, "faults")
         if kind not in FAULT_KINDS:
-            raise ScenarioError(f"{where}: unknown fault kind {kind!r}; known: {', '.join(FAULT_KINDS)}")
+            raise fail(f"unknown fault kind {kind!r}; known: {', '.join(FAULT_KINDS)}")
         required, optional = FAULT_KINDS[kind]
         settings = {k: v for k, v in f.items() if k not in ("at_s", "kind")}
         for key in required:
             need(f, key, (str, int, float), f"faults ({kind})")
         unknown = set(settings) - set(required) - set(optional)
         if unknown:
-            raise ScenarioError(f"{where}: fault {kind!r} does not take {sorted(unknown)}")
+            raise fail(f"fault {kind!r} does not take {sorted(unknown)}")
+        for key in settings.keys() & FAULT_NUMBERS.keys():
+            number(settings, key, f"faults ({kind})", *FAULT_NUMBERS[key])
+        for key in settings.keys() & {"instance", "job"}:
+            kind_of(settings, key, str, f"faults ({kind})")
         instance = settings.get("instance")
         if instance is not None and instance not in names and instance != "winner":
-            raise ScenarioError(f"{where}: fault {kind!r} names unknown instance {instance!r}")
-        faults.append(FaultSpec(float(need(f, "at_s", (int, float), "faults")), kind, settings))
-    expect: dict[str, dict[str, str]] = {}
-    for strategy, verdicts in data.get("expect", {}).items():
+            raise fail(f"fault {kind!r} names unknown instance {instance!r}")
+        if "job" in settings and settings["job"] not in {j.name for j in jobs}:
+            raise fail(f"fault {kind!r} names unknown job {settings['job']!r}")
+        at_s = number(f, "at_s", f"faults ({kind})", 0.0, True) if "at_s" in f else None
+        if at_s is None or at_s >= duration_s:
+            raise fail(f"fault {kind!r} needs an at_s from 0 to before the end ({duration_s:g} s), not {at_s!r}")
+        faults.append(FaultSpec(at_s, kind, settings))
+    strategies = {}
+    for strategy, settings in table(data.get("strategies", {}), "strategies").items():
         if strategy not in STRATEGIES:
-            raise ScenarioError(f"{where}: expect.{strategy} is not a strategy")
-        for checker, verdict in verdicts.items():
+            raise fail(f"strategies.{strategy} is not a strategy ({', '.join(STRATEGIES)})")
+        strategies[strategy] = dict(table(settings, f"strategies.{strategy}"))
+    expect: dict[str, dict[str, str]] = {}
+    for strategy, verdicts in table(data.get("expect", {}), "expect").items():
+        if strategy not in STRATEGIES:
+            raise fail(f"expect.{strategy} is not a strategy")
+        for checker, verdict in table(verdicts, f"expect.{strategy}").items():
             if checker not in CHECKERS:
-                raise ScenarioError(f"{where}: expect.{strategy}.{checker} is not a checker ({', '.join(CHECKERS)})")
+                raise fail(f"expect.{strategy}.{checker} is not a checker ({', '.join(CHECKERS)})")
             if verdict not in VERDICTS:
-                raise ScenarioError(f"{where}: expect.{strategy}.{checker} = {verdict!r} is not one of {VERDICTS}")
+                raise fail(f"expect.{strategy}.{checker} = {verdict!r} is not one of {VERDICTS}")
         expect[strategy] = dict(verdicts)
     return Scenario(
         name=need(data, "name", str, "the file"),
         description=str(data.get("description", "")),
-        duration_s=float(need(data, "duration_s", (int, float), "the file")),
-        instances=instances,
-        jobs=jobs,
+        duration_s=duration_s,
+        instances=tuple(instances),
+        jobs=tuple(jobs),
         faults=tuple(sorted(faults, key=lambda f: f.at_s)),
-        scheduler=dict(data.get("scheduler", {})),
-        strategies={k: dict(v) for k, v in data.get("strategies", {}).items()},
+        scheduler=dict(table(data.get("scheduler", {}), "scheduler")),
+        strategies=strategies,
         expect=expect,
         path=path,
     )

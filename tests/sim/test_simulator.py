@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import json
 import subprocess
@@ -24,7 +25,7 @@ from sim.checkers import judge, true_s
 from sim.history import Event, Execution, History, RecordingStrategy
 from sim.links import Link, NotSent
 from sim.run import Outcome, simulate
-from sim.scenario import ScenarioError, parse
+from sim.scenario import FaultSpec, ScenarioError, parse
 from sim.vtime import SimulationDeadlock, run_virtual
 from sim.world import EPOCH_S, FaultWindow, SimClock, SimStore
 
@@ -194,7 +195,10 @@ def test_a_fault_with_no_instance_to_strike_is_recorded_and_a_failing_fault_is_n
         (5.0, "pause", "no instance is up: nothing struck"),
     ]
     assert [(w.kind, w.start, w.end) for w in outcome.fault_windows] == [("crash", 2.0, 20.0)]
-    broken = parse({**base, "faults": [{"at_s": 2, "kind": "skew", "instance": "a", "offset_ms": "soon"}]})
+    # A file says so when it is parsed; a fault built past the parser still fails the run, loudly.
+    with pytest.raises(ScenarioError, match="soon"):
+        parse({**base, "faults": [{"at_s": 2, "kind": "skew", "instance": "a", "offset_ms": "soon"}]})
+    broken = dataclasses.replace(parse(base), faults=(FaultSpec(2.0, "skew", {"instance": "a", "offset_ms": "soon"}),))
     with pytest.raises(ValueError, match="soon"):
         simulate(broken, "lease", 1)
 
@@ -642,6 +646,33 @@ def test_bad_scenarios_are_refused_with_the_reason() -> None:
         parse({**base, "expect": {"lease": {"P1": 0.5}}})
     with pytest.raises(ScenarioError, match="needs 'work_s'"):
         parse({**base, "jobs": [{"name": "j", "cron": "* * * * *"}]})
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ({"fualts": []}, r"unknown keys \['fualts'\]"),  # run as written, it would have had no faults
+        ({"instances": [{"name": "a", "ofset_ms": 5}]}, "does not take"),
+        ({"instances": [{"name": "a"}, {"name": "a"}]}, "instances named twice: a"),
+        ({"jobs": [{"name": "j", "cron": "* * * * *", "work_s": 1}] * 2}, "jobs named twice: j"),
+        ({"instances": [{"name": "a", "drift": -1}]}, "drift = -1 must be above -1"),
+        ({"instances": [{"name": "a", "offset_ms": 1.5}]}, "offset_ms has the wrong type"),
+        ({"duration_s": -10}, "duration_s = -10 must be above 0"),
+        ({"duration_s": True}, "duration_s has the wrong type"),
+        ({"faults": [{"at_s": -5, "kind": "partition", "instance": "a", "duration_s": 3}]}, "at_s = -5"),
+        ({"faults": [{"at_s": 10, "kind": "store-restart"}]}, "before the end"),
+        ({"faults": [{"at_s": 1, "kind": "pause", "instance": "a", "duration_s": -3}]}, "duration_s = -3"),
+        ({"faults": [{"at_s": 1, "kind": "crash", "instance": "a", "restart_after_s": "soon"}]}, "wrong type"),
+        ({"faults": [{"at_s": 1, "kind": "manual", "instance": "a", "job": "k"}]}, "unknown job 'k'"),
+        ({"strategies": {"scrip": {"window_ms": 5}}}, "strategies.scrip is not a strategy"),
+        ({"expect": {"lease": "valid"}}, "expect.lease must be a table"),
+    ],
+)
+def test_a_scenario_with_a_mistake_is_refused_instead_of_run_as_another(change: dict[str, Any], reason: str) -> None:
+    base = {"name": "x", "duration_s": 10, "instances": [{"name": "a"}],
+            "jobs": [{"name": "j", "cron": "* * * * *", "work_s": 1}]}  # fmt: skip
+    with pytest.raises(ScenarioError, match=reason):
+        parse({**base, **change})
 
 
 async def test_a_recorded_instance_reads_its_history_through_the_strategy_it_wraps() -> None:
