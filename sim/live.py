@@ -29,7 +29,7 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -335,15 +335,17 @@ class LiveRun:
         for strategy in strategies:
             self.windows[strategy].append(FaultWindow(start, end, fault.kind, instance.name if instance else ""))
 
-    def _targets(self, fault: FaultSpec) -> list[Instance]:
-        """The fault's instance in every strategy's group ("winner": whoever is running a job there now)."""
-        chosen = []
+    def _targets(self, fault: FaultSpec) -> list[Instance | None]:
+        """The fault's instance in every strategy's group. "winner", as in virtual mode: of the instances up, the
+        one whose running job started first, else the first one up (None when every instance is down)."""
+        chosen: list[Instance | None] = []
         for group in self.groups.values():
             if fault.instance != "winner":
                 chosen.append(next(i for i in group if i.name == fault.instance))
                 continue
-            running = [(start, i) for i in group for start in _running_since(i.log)]
-            chosen.append(min(running, key=lambda pair: pair[0])[1] if running else group[0])
+            up = [i for i in group if i.process is not None]
+            running = [(start, i) for i in up for start in _running_since(i.log, i.killed_at)]
+            chosen.append(min(running, key=lambda pair: pair[0])[1] if running else next(iter(up), None))
         return chosen
 
     async def _strike(self, fault: FaultSpec) -> None:
@@ -372,10 +374,16 @@ class LiveRun:
             return
         await asyncio.gather(*(self._strike_instance(fault, target) for target in self._targets(fault)))
 
-    async def _strike_instance(self, fault: FaultSpec, target: Instance) -> None:
+    async def _strike_instance(self, fault: FaultSpec, target: Instance | None) -> None:
         start = self.now()
+        if target is None:
+            self._record(fault, "no instance is up: nothing struck")
+            return
         detail = f"{target.strategy} instance {target.name}"
         if fault.kind == "crash":
+            if target.process is None:  # as in virtual mode: nothing to kill, and nothing to restart
+                self._record(fault, f"{detail} is down already: nothing struck")
+                return
             self._record(fault, f"{detail} killed")
             await target.kill()
             restart = fault.settings.get("restart_after_s")
@@ -418,6 +426,7 @@ class LiveRun:
             await asyncio.sleep(fault.duration_s)
             target.offset_ms += delay
             await target.tell(f"offset {target.offset_ms}")
+            self._record(fault, f"{detail} back on time")
         elif fault.kind == "manual":
             await target.tell(f"run_now {fault.settings['job']}")
             self._record(fault, f"{detail} runs {fault.settings['job']} now")
@@ -461,14 +470,17 @@ def _read(path: Path) -> Iterator[dict[str, Any]]:
             yield json.loads(line)
 
 
-def _running_since(path: Path) -> list[float]:
+def _running_since(path: Path, killed_at: Sequence[tuple[int, float]] = ()) -> list[float]:
+    """When the jobs running now started: those started and not ended, after the last kill (a killed process
+    writes no end to the jobs it was running)."""
+    last_kill = max((t for _, t in killed_at), default=-float("inf"))
     started: dict[str, float] = {}
     for record in _read(path):
         if "start" in record:
             started[record["start"]["token"]] = record["start"]["t"]
         elif "end" in record:
             started.pop(record["end"]["token"], None)
-    return list(started.values())
+    return [t for t in started.values() if t > last_kill]
 
 
 def supported(strategy: str, server: RunningServer) -> bool:

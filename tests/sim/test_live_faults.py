@@ -1,0 +1,112 @@
+"""Live mode strikes faults as virtual mode does: the same scenario, the same faults. Processes are stand-ins
+here; the live matrix (scenarios/test_live.py) runs the real ones."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Any, cast
+
+from sim.live import Instance, LiveRun, Proxy
+from sim.scenario import FaultSpec, parse
+
+SCENARIO = parse({
+    "name": "live-faults", "duration_s": 1.0, "instances": [{"name": "a"}, {"name": "b"}, {"name": "c"}],
+    "jobs": [{"name": "tick", "cron": "*/2 * * * * *", "work_s": 0.1}],
+})  # fmt: skip
+
+
+class StandInProcess:
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+        self.stdin = None  # what it is told goes nowhere
+
+    def kill(self) -> None:
+        self.returncode = -9
+
+    async def wait(self) -> int | None:
+        return self.returncode
+
+
+class StandIn(Instance):
+    """An instance whose processes are stand-ins that start at once."""
+
+    spawned = 0
+
+    async def spawn(self) -> None:
+        StandIn.spawned += 1
+        self.process = cast(Any, StandInProcess(StandIn.spawned))
+
+    async def ready(self) -> bool:
+        return True
+
+
+def _run(tmp_path: Path, up: str = "abc") -> tuple[LiveRun, dict[str, StandIn]]:
+    run = LiveRun(SCENARIO, server=cast(Any, None), strategies=["lease"], workdir=tmp_path)
+    instances = {}
+    for name in "abc":
+        instance = StandIn(name, "lease", Proxy("127.0.0.1", 1), tmp_path / f"{name}.jsonl", {}, 0.0)
+        instance.log.write_text("")
+        if name in up:
+            instance.process = cast(Any, StandInProcess(0))
+        instances[name] = instance
+    run.groups["lease"] = list(instances.values())
+    run.t0 = time.monotonic()
+    return run, instances
+
+
+def _log(instance: Instance, *records: dict[str, Any]) -> None:
+    with instance.log.open("a") as log:
+        for record in records:
+            log.write(json.dumps(record) + "\n")
+
+
+def _started(token: str, t: float) -> dict[str, Any]:
+    return {"start": {"job": "tick", "slot": 0, "attempt": 1, "fence": 1, "manual": False, "token": token, "t": t}}
+
+
+def test_the_winner_is_the_instance_up_whose_running_job_started_first(tmp_path: Path) -> None:
+    run, instances = _run(tmp_path)
+    winner = FaultSpec(0.5, "pause", {"instance": "winner", "duration_s": 1})
+    # a started a job, was killed without writing its end, and came back idle; b runs one since after that.
+    now = time.monotonic()
+    _log(instances["a"], _started("A1", now - 10))
+    instances["a"].killed_at.append((1, now - 9))
+    _log(instances["b"], _started("B1", now - 5))
+    assert run._targets(winner) == [instances["b"]]
+    _log(instances["b"], {"end": {"token": "B1", "t": now - 1, "completed": True}})
+    instances["a"].process = None
+    assert run._targets(winner) == [instances["b"]]  # nobody runs a job: the first one up
+    for instance in instances.values():
+        instance.process = None
+    assert run._targets(winner) == [None]
+
+
+def test_a_crash_of_an_instance_down_already_strikes_nothing_and_restarts_nothing(tmp_path: Path) -> None:
+    run, _ = _run(tmp_path)
+    first = FaultSpec(0.0, "crash", {"instance": "a", "restart_after_s": 0.3})
+    again = FaultSpec(0.1, "crash", {"instance": "a", "restart_after_s": 0.05})
+
+    async def strike() -> None:
+        await asyncio.gather(run._strike(first), run._strike(again))
+
+    asyncio.run(strike())
+    assert [event.value for event in run.faults] == [
+        "lease instance a killed",
+        "lease instance a is down already: nothing struck",
+        "lease instance a restarted",
+    ]
+    assert run.faults[-1].t >= 0.3  # when the first crash says, not the second
+    assert [(w.kind, w.instance) for w in run.windows["lease"]] == [("crash", "a")]
+
+
+def test_a_late_instance_is_back_on_time_in_the_history(tmp_path: Path) -> None:
+    run, _ = _run(tmp_path)
+    asyncio.run(run._strike(FaultSpec(0.0, "late", {"instance": "a", "delay_ms": 100, "duration_s": 0.05})))
+    assert [event.value for event in run.faults] == [
+        "lease instance a claims 100 ms late",
+        "lease instance a back on time",
+    ]
