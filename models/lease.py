@@ -131,8 +131,12 @@ def release(store: LeaseStore, slot: int, token: str, now: int) -> tuple[LeaseSt
 
 def skip(store: LeaseStore, slot: int, token: str, now: int, policy: JobPolicy) -> tuple[LeaseStore, bool]:
     """Record a run claimed too late as skipped-late, unless it already has a state, or the store's clock says it
-    is not late yet or more than ``keep_ms`` past its slot (its state may have been trimmed)."""
-    if store.run(slot) is not None or not slot + policy.late_after_ms < now <= slot + policy.keep_ms:
+    is not late yet or more than ``keep_ms`` past its slot (its state may have been trimmed). A running attempt
+    of the caller's own token (its claim won, the answer was lost, the retry came late) is closed as skipped."""
+    r = store.run(slot)
+    if r is not None and r.running and r.token == token:
+        return trim(store.put(slot, r.close("skipped-late", slot, now)), now, policy), True
+    if r is not None or not slot + policy.late_after_ms < now <= slot + policy.keep_ms:
         return store, False
     return trim(
         store.put(slot, Run("skipped-late", 1, token, 0, 0).close("skipped-late", slot, now)), now, policy

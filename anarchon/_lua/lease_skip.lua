@@ -6,10 +6,19 @@
 -- returns 1 if the skip was recorded, 0 if the run already had a state (claimed, finished or skipped), if
 --   the server's clock is not yet late_after_ms past the slot (the caller's clock is ahead: the run is left to
 --   the instances whose clocks say it is due), or if it is more than keep_ms past it (the run's state may have
---   been trimmed: no record beats a skip recorded beside a run that did run)
+--   been trimmed: no record beats a skip recorded beside a run that did run).
+--   A run the caller's own token holds is the exception: its claim won, the answer was lost, and the retry
+--   came too late to start it. Nobody else will (no backup heard of it): it is recorded as skipped.
 local run = ARGV[1]
-if redis.call('HEXISTS', STATE, run) == 1 then
-  return 0
+local r = load_run(run)
+if r then
+  if r.status ~= 'running' or r.token ~= ARGV[2] then
+    return 0
+  end
+  local now = server_now()
+  close_run(run, r, ARGV[4], now, ARGV[5])
+  trim(now, tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8]))
+  return 1
 end
 local now = server_now()
 local slot, manual = run_slot(run)

@@ -260,6 +260,24 @@ async def test_a_late_skip_is_recorded_only_while_the_store_remembers_the_run(
         assert recorded is (slot == remembered or strategy == "stream-id"), slot - now
 
 
+async def test_lease_a_late_retry_of_a_won_claim_records_the_run_skipped(target: StoreTarget) -> None:
+    """A claim won, its answer lost, and the store out of reach until the run was too late to start: the retry
+    (same token) is a skip. The run is held by that token and no backup heard of it; left running, it would be
+    run by nobody and recorded by nobody until trimming found it abandoned. Another token's skip changes nothing."""
+    backend = await target.started_backend("lease")
+    policy = JobPolicy(late_after_ms=100, keep_ms=60_000)
+    slot = await target.server_ms() - 1_000
+    won = await claim_one(backend, RunRequest("sync", run_id(slot), slot, "lost-answer", "a"), policy)
+    assert won.outcome is Outcome.WON
+    other = RunRequest("sync", run_id(slot), slot, "other", "b")
+    assert not await backend.strategy.skip(backend.store, other, policy, "skipped-late", "too late")
+    retry = RunRequest("sync", run_id(slot), slot, "lost-answer", "a", retry=True)
+    assert await backend.strategy.skip(backend.store, retry, policy, "skipped-late", "too late")
+    [record] = [r for r in await backend.strategy.history(backend.store, "sync", 5) if r.slot == slot]
+    assert (record.status, record.attempt, record.fence) == ("skipped-late", 1, won.fence)
+    assert (await claim_one(backend, other, policy)).outcome is Outcome.DONE
+
+
 async def test_no_late_skip_is_recorded_beside_a_run_the_store_forgot(target: StoreTarget, strategy: str) -> None:
     if strategy not in ("script", "idmp"):
         pytest.skip(f"{strategy} does not forget a run within a test's time")
