@@ -9,24 +9,21 @@
 --   been trimmed: no record beats a skip recorded beside a run that did run).
 --   A run the caller's own token holds is the exception: its claim won, the answer was lost, and the retry
 --   came too late to start it. Nobody else will (no backup heard of it): it is recorded as skipped.
-local run = ARGV[1]
+local run, token = ARGV[1], ARGV[2]
+local now = server_now()
 local r = load_run(run)
 if r then
-  if r.status ~= 'running' or r.token ~= ARGV[2] then
+  if r.status ~= 'running' or r.token ~= token then
     return 0
   end
-  local now = server_now()
-  close_run(run, r, ARGV[4], now, ARGV[5])
-  trim(now, tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8]))
-  return 1
+else
+  local slot, manual = run_slot(run)
+  if now <= tonumber(slot) + tonumber(ARGV[9]) or now > tonumber(slot) + tonumber(ARGV[7]) then
+    return 0
+  end
+  r = { status = ARGV[4], attempt = 1, token = token, runner = ARGV[3], lease_end = 0, fence = 0, slot = slot,
+    manual = manual, started = now }
 end
-local now = server_now()
-local slot, manual = run_slot(run)
-if now <= tonumber(slot) + tonumber(ARGV[9]) or now > tonumber(slot) + tonumber(ARGV[7]) then
-  return 0
-end
-local skipped = { status = ARGV[4], attempt = 1, token = ARGV[2], runner = ARGV[3], lease_end = 0, fence = 0,
-  slot = slot, manual = manual, started = now }
-close_run(run, skipped, ARGV[4], now, ARGV[5])
+close_run(run, r, ARGV[4], now, ARGV[5])
 trim(now, tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8]))
 return 1
