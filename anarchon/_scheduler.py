@@ -727,10 +727,11 @@ class Scheduler(Generic[M]):
             if self._keeper is not None:
                 self._keeper.release(request.token)
             del self._running[request.token]
-        if running.thread_runs_on:
+        thread_runs_on = running.thread_runs_on  # read once: the message and the hand-back must agree
+        if thread_runs_on:
             message = f"{message}; its function still runs on its thread (a sync function cannot be cancelled)"
         record = self._local_record(request, status, message, attempt=claim.attempt, fence=claim.fence, started=started)
-        record = await self._end(request, claim, record, extra, hand_back_allowed=not running.thread_runs_on)
+        record = await self._end(request, claim, record, extra, hand_back_allowed=not thread_runs_on)
         log.info("job %s slot %d attempt %d: %s", job.name, request.slot, claim.attempt, status, extra=extra)
         if self.on_run_end is not None:
             await self._hook(self.on_run_end, context, record)
