@@ -162,7 +162,7 @@ def parse(data: dict[str, Any], path: Path | None = None) -> Scenario:
         return value
 
     def number(table: dict[str, Any], key: str, context: str, least: float, least_allowed: bool) -> float:
-        value = float(kind_of(table, key, (int, float), context))
+        value = float(need(table, key, (int, float), context))
         if value < least or (value == least and not least_allowed):
             raise fail(f"{context}.{key} = {value:g} must be {'at least' if least_allowed else 'above'} {least:g}")
         return value
@@ -180,9 +180,7 @@ def parse(data: dict[str, Any], path: Path | None = None) -> Scenario:
     unknown_keys = sorted(set(data) - set(TOP_LEVEL))
     if unknown_keys:
         raise fail(f"unknown keys {unknown_keys}; known: {', '.join(TOP_LEVEL)}")
-    duration_s = number(data, "duration_s", "the file", 0.0, False) if "duration_s" in data else None
-    if duration_s is None:
-        raise fail("the file needs 'duration_s'")
+    duration_s = number(data, "duration_s", "the file", 0.0, False)
     instances = []
     for i in data.get("instances", []):
         i = table(i, "[[instances]]")
@@ -198,9 +196,7 @@ def parse(data: dict[str, Any], path: Path | None = None) -> Scenario:
     jobs = []
     for j in data.get("jobs", []):
         j = table(j, "[[jobs]]")
-        work_s = number(j, "work_s", "jobs", 0.0, True) if "work_s" in j else None
-        if work_s is None:
-            raise fail("jobs needs 'work_s'")
+        work_s = number(j, "work_s", "jobs", 0.0, True)
         options = {k: v for k, v in j.items() if k not in ("name", "cron", "work_s")}
         jobs.append(JobSpec(need(j, "name", str, "jobs"), need(j, "cron", str, "jobs"), work_s, options))
     if not jobs:
@@ -228,9 +224,9 @@ def parse(data: dict[str, Any], path: Path | None = None) -> Scenario:
             raise fail(f"fault {kind!r} names unknown instance {instance!r}")
         if "job" in settings and settings["job"] not in {j.name for j in jobs}:
             raise fail(f"fault {kind!r} names unknown job {settings['job']!r}")
-        at_s = number(f, "at_s", f"faults ({kind})", 0.0, True) if "at_s" in f else None
-        if at_s is None or at_s >= duration_s:
-            raise fail(f"fault {kind!r} needs an at_s from 0 to before the end ({duration_s:g} s), not {at_s!r}")
+        at_s = number(f, "at_s", f"faults ({kind})", 0.0, True)
+        if at_s >= duration_s:
+            raise fail(f"fault {kind!r} at {at_s:g} s: faults strike before the end ({duration_s:g} s)")
         faults.append(FaultSpec(at_s, kind, settings))
     strategies = {}
     for strategy, settings in table(data.get("strategies", {}), "strategies").items():
