@@ -316,6 +316,13 @@ async def test_catch_up_runs_the_slots_missed_while_every_instance_was_down(targ
     assert len(caught_up) >= 4  # the slots of the 5 s when nobody ran
 
 
+def _virtual_instance(server: fakeredis.FakeServer, name: str, **options: Any) -> Scheduler[Any]:
+    """An instance for a test in virtual time (``run_virtual``), on the embedded store ``server``. Its jobs should
+    be coroutines: waiting for a sync job's thread lets virtual time jump on."""
+    return Scheduler(RedisBackend(redis=fakeredis.FakeAsyncRedis(server=server)), instance_id=name, clock=SimClock(),
+                     **options)  # fmt: skip
+
+
 def test_a_catch_up_claims_no_slot_that_left_catch_up_ms_meanwhile() -> None:
     """A catch-up runs its slots one after another, and long runs take it far past ``catch_up_ms``. The store
     keeps a run's state about that long: a later claim would find it trimmed and run again a slot that another
@@ -328,8 +335,7 @@ def test_a_catch_up_claims_no_slot_that_left_catch_up_ms_meanwhile() -> None:
         first = (VIRTUAL_EPOCH_S + 2) * 1000
 
         def instance(name: str, catch_up_ms: int = 0) -> Scheduler[Any]:
-            backend = RedisBackend(redis=fakeredis.FakeAsyncRedis(server=server))
-            scheduler = Scheduler(backend, instance_id=name, lease_ms=1000, history_size=1, clock=SimClock())
+            scheduler = _virtual_instance(server, name, lease_ms=1000, history_size=1)
 
             async def work(run: RunContext) -> None:
                 runners.setdefault(run.slot - first, []).append(name)
@@ -368,8 +374,7 @@ def test_a_run_longer_than_keep_ms_is_not_run_again_by_its_backup(trimming: dict
         ran: list[tuple[str, int, int]] = []
         schedulers = []
         for name in ("a", "b"):
-            backend = RedisBackend(redis=fakeredis.FakeAsyncRedis(server=server))
-            scheduler = Scheduler(backend, instance_id=name, lease_ms=1000, clock=SimClock(), **trimming)
+            scheduler = _virtual_instance(server, name, lease_ms=1000, **trimming)
 
             async def work(run: RunContext, name: str = name) -> None:
                 ran.append((name, run.slot - first, run.attempt))
@@ -403,8 +408,7 @@ def test_a_run_whose_lease_its_winner_lost_is_taken_over_by_a_backup() -> None:
         ran: list[tuple[str, int]] = []
         schedulers = []
         for name in ("a", "b"):
-            backend = RedisBackend(redis=fakeredis.FakeAsyncRedis(server=server))
-            scheduler = Scheduler(backend, instance_id=name, lease_ms=1000, clock=SimClock())
+            scheduler = _virtual_instance(server, name, lease_ms=1000)
 
             async def work(run: RunContext, name: str = name) -> None:
                 ran.append((name, run.attempt))
@@ -481,8 +485,7 @@ def test_a_result_is_sent_again_while_stop_waits_for_its_run() -> None:
         ran: list[tuple[str, int]] = []
         schedulers = {}
         for name in ("a", "b"):
-            backend = RedisBackend(redis=fakeredis.FakeAsyncRedis(server=server))
-            scheduler = Scheduler(backend, instance_id=name, lease_ms=3000, clock=SimClock())
+            scheduler = _virtual_instance(server, name, lease_ms=3000)
 
             async def work(run: RunContext, name: str = name) -> None:
                 ran.append((name, run.attempt))
@@ -517,11 +520,10 @@ def test_a_result_is_sent_again_while_stop_waits_for_its_run() -> None:
 
 def test_a_job_added_to_a_started_scheduler_catches_up_too() -> None:
     async def main() -> tuple[int, list[int]]:
-        backend = RedisBackend(redis=fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer()))
-        scheduler = Scheduler(backend, instance_id="a", clock=SimClock())
+        scheduler = _virtual_instance(fakeredis.FakeServer(), "a")
         ran: list[int] = []
 
-        async def later(run: RunContext) -> None:  # a coroutine: a thread's wait would let virtual time jump on
+        async def later(run: RunContext) -> None:
             if run.job == "later":
                 ran.append(run.slot)
 
