@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar, cast
 
 from ._errors import ConfigTypeError, StoreError, StoreReplyError, StoreUnavailableError
-from ._store import Arg, Command, Connection, Reply, ServerInfo, as_text, parse_info
+from ._store import Arg, Command, Connection, Reply, ServerInfo, detect_server
 
 T = TypeVar("T")
 
@@ -218,7 +218,7 @@ class RedisPyAsync:
 
     async def server_info(self) -> ServerInfo:
         fake = fake_server_info(self.client)
-        return fake or parse_info(as_text(await self.execute(["INFO", "server"])))
+        return fake or await detect_server(self.execute)
 
     async def close(self) -> None:
         await self.client.aclose(close_connection_pool=True)  # also a pool given to the client (see fork)
@@ -305,7 +305,7 @@ class RedisPySync:
 
     async def server_info(self) -> ServerInfo:
         fake = fake_server_info(self.client)
-        return fake or parse_info(as_text(await self.execute(["INFO", "server"])))
+        return fake or await detect_server(self.execute)
 
     async def close(self) -> None:
         await asyncio.to_thread(self.client.close)
@@ -480,7 +480,7 @@ class RedisPyCluster:
         return [decode_in_place(command.result) for command in sent]
 
     async def server_info(self) -> ServerInfo:
-        return parse_info(as_text(await self.execute(["INFO", "server"])))
+        return await detect_server(self.execute)
 
     async def close(self) -> None:
         if self.blocking:
@@ -515,18 +515,20 @@ class Glide:
 
     def _resp2_shape(self, command: Command, reply: Any) -> Any:
         """GLIDE reshapes some replies whichever protocol it speaks: stream entries come as {id: [[field, value],
-        …]}, and a cluster client answers a command it sent to every node with {node address: reply}. Back to
-        what the server sends under RESP2 (other maps, such as XINFO's, decode() flattens)."""
+        …]}, and a cluster client answers a command it sent to every node with {node address: reply} (HELLO
+        goes to one node, and comes as a map of its fields). Back to what the server sends under RESP2 (other
+        maps, such as XINFO's and HELLO's, decode() flattens)."""
         if not isinstance(reply, dict):
             return reply
-        if _command_name(command) in ("XRANGE", "XREVRANGE"):
+        name = _command_name(command)
+        if name in ("XRANGE", "XREVRANGE"):
             return [[entry_id, [item for pair in fields for item in pair]] for entry_id, fields in reply.items()]
-        if self.cluster and _command_key(command) is None:
+        if self.cluster and _command_key(command) is None and name != "HELLO":
             return list(reply.values())
         return reply
 
     async def server_info(self) -> ServerInfo:
-        return parse_info(as_text(await self.execute(["INFO", "server"])))
+        return await detect_server(self.execute)
 
     async def close(self) -> None:
         await _guard(self.client.close())
@@ -625,7 +627,7 @@ class SendAdapter:
         return results
 
     async def server_info(self) -> ServerInfo:
-        return parse_info(as_text(await self.execute(["INFO", "server"])))
+        return await detect_server(self.execute)
 
     async def close(self) -> None:
         close = getattr(self.client, "close", None)

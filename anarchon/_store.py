@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import re
-from collections.abc import Awaitable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any, Literal, NamedTuple, Protocol, TypeAlias
@@ -52,6 +52,36 @@ def parse_info(text: str) -> ServerInfo:
     if "valkey_version" in fields or fields.get("server_name") == "valkey":
         return ServerInfo("valkey", _version(fields.get("valkey_version", fields.get("redis_version", "0"))))
     return ServerInfo("redis", _version(fields.get("redis_version", "0")))
+
+
+def parse_hello(reply: Reply) -> ServerInfo:
+    """Read ``HELLO``'s answer: server, its name, version, its version… (a flat array in RESP2 and once decoded;
+    a cluster client may bring one from every node, which answer alike)."""
+    fields = as_list(reply)
+    if fields and isinstance(fields[0], list):
+        fields = fields[0]
+    pairs = {as_text(key): value for key, value in zip(fields[::2], fields[1::2], strict=True)}
+    server, version = pairs.get("server"), pairs.get("version")
+    if not isinstance(server, str) or not isinstance(version, str):
+        raise StoreError(f"unexpected reply from the store to HELLO: {reply!r:.200}")
+    return ServerInfo("valkey" if server == "valkey" else "redis", _version(version))
+
+
+async def detect_server(execute: Callable[[Command], Awaitable[Reply]]) -> ServerInfo:
+    """What the server is, from ``INFO server``. Where that is refused (INFO is in the ACL category @dangerous,
+    which locked-down users lack, or it was renamed away), from ``HELLO`` without arguments (Redis 6.2 and later,
+    Valkey), which answers as INFO would and leaves the connection's protocol as it is."""
+    try:
+        return parse_info(as_text(await execute(["INFO", "server"])))
+    except StoreReplyError as refused:
+        info_refused = refused
+    try:
+        return parse_hello(await execute(["HELLO"]))
+    except StoreReplyError as refused:
+        raise StoreReplyError(
+            f"{info_refused.reply} (to INFO server); {refused.reply} (to HELLO): anarchon reads the server's kind "
+            "and version with either; allow this user one of them"
+        ) from None
 
 
 def _version(text: str) -> tuple[int, ...]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any
 
 import fakeredis
@@ -273,6 +273,68 @@ async def test_every_client_drives_the_lease_strategy(client_on_server: ClientOn
 
     await backend.stop()  # the client was passed in: it stays open
     assert await RedisBackend(redis=client, prefix=f"{name}:").strategy.history(store, "sync", 1)
+
+
+@contextlib.contextmanager
+def _info_refused_to_default_user(running: RunningServer) -> Iterator[None]:
+    """The default user (every client of these tests) refused INFO on each primary, for the block."""
+    shards = running.shards or ((running.host, running.port),)
+    admins = [redis.Redis(host=host, port=port, protocol=2) for host, port in shards]
+    try:
+        for admin in admins:
+            admin.execute_command("ACL", "SETUSER", "default", "-info")
+        yield
+    finally:
+        for admin in admins:
+            admin.execute_command("ACL", "SETUSER", "default", "+@all")
+            admin.close()
+
+
+async def test_a_user_refused_info_is_detected_through_hello(client_on_server: ClientOnServer) -> None:
+    """INFO is in the ACL category @dangerous, which locked-down users lack: the server is then read from HELLO
+    (which no ACL refuses)."""
+    name, client, running = client_on_server
+    if running.target == "redis-5":
+        pytest.skip("Redis 5 has no ACL: every client may send INFO (one without INFO is tested below)")
+    with _info_refused_to_default_user(running):
+        backend = RedisBackend(redis=client, prefix=f"{name}:")
+        await backend.start(["sync"])
+        assert backend.server is not None
+        assert backend.server.kind == ("valkey" if running.is_valkey else "redis")
+        assert ".".join(map(str, backend.server.version)) == running.version
+        [claim] = await backend.strategy.claim(backend.store, [(req(SLOT, "a"), JobPolicy(lease_ms=5_000))])
+        assert isinstance(claim, Claim)
+        assert claim.outcome is Outcome.WON
+        await backend.stop()
+
+
+class InfoRenamed(SendClient):
+    """A client of a server where INFO was renamed away (``rename-command``, a hardening older than ACLs): its
+    INFO reaches the server under a name the server does not know."""
+
+    async def send(self, command: str, args: list[str]) -> Any:
+        return await super().send("INFO_RENAMED" if command == "INFO" else command, args)
+
+
+async def test_a_server_without_info_is_read_from_hello_or_says_what_to_allow(real_server: ServerUnderTest) -> None:
+    """Redis 6.2+ and Valkey are read from HELLO; Redis 5 has no HELLO, and the start fails saying so, having
+    written nothing."""
+    client = InfoRenamed(real_server.running)
+    backend = RedisBackend(redis=client, prefix="renamed:")
+    try:
+        if real_server.target == "redis-5":
+            with pytest.raises(StoreReplyError, match=r"^ERR unknown command .INFO.*; ERR unknown command .HELLO"):
+                await backend.start(["sync"])
+            assert not backend.started
+            assert client.sent == ["INFO_RENAMED", "HELLO"]
+            assert real_server.running.client().keys("renamed:*") == []
+            return
+        await backend.start(["sync"])
+        running = real_server.running
+        assert str(backend.server) == f"{'Valkey' if running.is_valkey else 'Redis'} {running.version}"
+        await backend.stop()
+    finally:
+        await client.close()
 
 
 @pytest.mark.parametrize("strategy", ["stream-id", "script", "idmp"])
