@@ -22,7 +22,7 @@ import random
 import signal
 import socket
 import threading
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Generic, Literal, TypeAlias, TypeVar, cast, overload
@@ -220,6 +220,7 @@ class Scheduler(Generic[M]):
         self._heartbeats: HeartbeatThread | None = None
         self._job_threads: concurrent.futures.ThreadPoolExecutor | None = None  # made for the first sync run
         self._started = False
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop of the last start()
 
     # --- jobs ----------------------------------------------------------------------------------------------
 
@@ -293,8 +294,14 @@ class Scheduler(Generic[M]):
         ``max_attempts`` (attempts per run, counting backups' takeovers), ``catch_up_ms`` (at start, or when
         added to a started scheduler, run the slots of this last period that no instance ran).
 
-        On a started scheduler, call it from the thread that runs the scheduler's event loop.
+        On a started scheduler it may be called from any thread (a sync app beside :meth:`run_in_thread`).
         """
+        loop = self._loop
+        if self._started and loop is not None and _running_loop() is not loop:
+            # The job's first slot goes into the dispatcher's queue and a catch-up starts a task: only the
+            # scheduler's own loop may touch those, so the job is added there, and errors come back here.
+            asyncio.run_coroutine_threadsafe(self._add_on_loop(name, cron, func, options), loop).result()
+            return
         known = ("overlap", "max_attempts", "catch_up_ms", "jitter_ms", "max_late_ms", "timezone")
         for option in options:
             if option not in known:
@@ -332,6 +339,9 @@ class Scheduler(Generic[M]):
             self._start_job(job, self.clock.wall_ms())
             self._wake()
 
+    async def _add_on_loop(self, name: str, cron: str, func: JobFunction, options: dict[str, Any]) -> None:
+        self.add_job(name, cron, func, **options)
+
     def _start_job(self, job: Job, now: int) -> None:
         """Schedule the job's next slot, and catch up (lease) the slots of its last ``catch_up_ms`` that no instance
         ran: at start, or when the job is added to a started scheduler."""
@@ -359,6 +369,7 @@ class Scheduler(Generic[M]):
         if self._started or (self._starting is not None and not self._starting.is_set()):
             raise SchedulerStateError("the scheduler is already started")
         starting = self._starting = asyncio.Event()
+        self._loop = asyncio.get_running_loop()
         try:
             await self.backend.start(list(self._jobs))
             try:
@@ -932,16 +943,22 @@ class SchedulerThread:
             self._end_loop()
             raise
 
-    def _call(self, coroutine: Awaitable[Any], timeout: float | None = None) -> Any:
-        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout)  # type: ignore[arg-type]
+    def _call(self, coroutine: Coroutine[Any, Any, S]) -> S:
+        if self._loop.is_closed():
+            coroutine.close()
+            raise SchedulerStateError("the scheduler's thread is stopped: start a new one with run_in_thread()")
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
 
     def run_now(self, name: str) -> RunRecord:
-        return self._call(self.scheduler.run_now(name))  # type: ignore[no-any-return]
+        return self._call(self.scheduler.run_now(name))
 
     def history(self, name: str, limit: int = 50) -> list[RunRecord]:
-        return self._call(self.scheduler.history(name, limit))  # type: ignore[no-any-return]
+        return self._call(self.scheduler.history(name, limit))
 
     def stop(self, timeout: float = 30.0) -> None:
+        """Stop the scheduler (see :meth:`Scheduler.stop`) and end its thread. Calling it again does nothing."""
+        if self._loop.is_closed():
+            return
         try:
             self._call(self.scheduler.stop(timeout))
         finally:
@@ -951,6 +968,13 @@ class SchedulerThread:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join()
         self._loop.close()
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
 
 
 def raise_if_cancelled() -> None:

@@ -23,6 +23,7 @@ import redis.asyncio.cluster
 import redis.exceptions
 
 from anarchon import (
+    ConfigError,
     JobNotFoundError,
     RedisBackend,
     RunContext,
@@ -1155,6 +1156,34 @@ def test_a_background_thread_serves_sync_apps(server: ServerUnderTest, caplog: p
     del thread, scheduler
     gc.collect()
     assert [r.getMessage() for r in caplog.records if "destroyed but it is pending" in r.getMessage()] == []
+
+
+def test_a_sync_app_adds_jobs_from_its_own_thread_and_stops_the_thread_once(real_server: ServerUnderTest) -> None:
+    """add_job called on the app's thread while the scheduler runs on its own: the job's first slot reaches the
+    dispatcher at once (it used to wait for the dispatcher's next wake-up, up to a minute later), a catch-up job
+    starts without an event loop on the caller's thread, and a refusal is raised to the caller. A second stop()
+    does nothing; the stopped thread refuses work with the scheduler's own error."""
+    ledger = Ledger()
+    scheduler = Scheduler(backend_for(real_server.target, real_server.url()))
+    scheduler.add_job("yearly", "0 0 1 1 *", ledger.job("a"))
+    thread = scheduler.run_in_thread()
+    try:
+        added_at = time.monotonic()
+        scheduler.add_job("tick", "* * * * * *", ledger.job("a"))
+        scheduler.add_job("catch-up", "0 0 1 1 *", ledger.job("a"), catch_up_ms=60_000)
+        with pytest.raises(ConfigError, match="already registered"):
+            scheduler.add_job("tick", "* * * * * *", ledger.job("a"))
+        while not ledger.of("tick") and time.monotonic() - added_at < 10:
+            time.sleep(0.05)
+        first_run_after_s = time.monotonic() - added_at
+    finally:
+        thread.stop()
+    assert scheduler.jobs == ("yearly", "tick", "catch-up")
+    assert ledger.of("tick")
+    assert first_run_after_s < 5  # the next second's slot, not the dispatcher's next wake-up
+    thread.stop()
+    with pytest.raises(SchedulerStateError, match="thread is stopped"):
+        thread.run_now("yearly")
 
 
 async def test_a_job_hogging_the_event_loop_keeps_its_lease(real_server: ServerUnderTest) -> None:
