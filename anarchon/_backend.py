@@ -148,6 +148,8 @@ class RedisBackend(Generic[M]):
         self._store: Store | None = None
         self._starting: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None = None  # see _start_lock
         self.server: ServerInfo | None = None
+        # The started scheduler it serves. One at a time: stopping either of two would close the other's store.
+        self.scheduler: object | None = None
 
     @property
     def leases(self) -> bool:

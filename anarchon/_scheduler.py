@@ -368,21 +368,29 @@ class Scheduler(Generic[M]):
         """Connect, check the store and the strategy, catch up missed runs (lease), and start scheduling."""
         if self._started or (self._starting is not None and not self._starting.is_set()):
             raise SchedulerStateError("the scheduler is already started")
+        if self.backend.scheduler is not None:
+            raise SchedulerStateError(
+                "the backend serves another started scheduler: give each scheduler a backend of its own "
+                "(they may share a client)"
+            )
         starting = self._starting = asyncio.Event()
         self._loop = asyncio.get_running_loop()
+        self.backend.scheduler = self
         try:
-            await self.backend.start(list(self._jobs))
             try:
+                await self.backend.start(list(self._jobs))
                 self._start_keeper()
                 now = self.clock.wall_ms()
             except BaseException:
                 await self._stop_keeper()
                 await self.backend.stop()
+                self.backend.scheduler = None
                 raise
             self._started = True
             for job in self._jobs.values():
                 self._start_job(job, now)
             self._dispatcher = asyncio.create_task(self._dispatch(), name="anarchon-dispatcher")
+            self._dispatcher.add_done_callback(self._dispatcher_ended)
         finally:
             starting.set()
         log.info("scheduler %s started with %d jobs on %s", self.instance_id, len(self._jobs), self.backend.server)
@@ -431,6 +439,7 @@ class Scheduler(Generic[M]):
             self._job_threads = None
         await self._stop_keeper()
         await self.backend.stop()
+        self.backend.scheduler = None
         log.info("scheduler %s stopped", self.instance_id)
 
     async def __aenter__(self) -> Scheduler[M]:
@@ -518,6 +527,13 @@ class Scheduler(Generic[M]):
             return
         jitter = self.random.randint(0, job.options.jitter_ms) if job.options.jitter_ms else 0
         self._push(slot + jitter, job.name, slot, "scheduled")
+
+    def _dispatcher_ended(self, task: asyncio.Task[None]) -> None:
+        """Only stop() ends the dispatcher. If anything else does, no job runs any more: say so, loudly."""
+        if not task.cancelled() and task.exception() is not None:
+            log.critical(
+                "scheduler %s stopped scheduling: its dispatcher failed", self.instance_id, exc_info=task.exception()
+            )
 
     def _wake(self) -> None:
         if self._sleeper is not None:

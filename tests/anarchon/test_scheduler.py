@@ -1186,6 +1186,41 @@ def test_a_sync_app_adds_jobs_from_its_own_thread_and_stops_the_thread_once(real
         thread.run_now("yearly")
 
 
+async def test_a_backend_serves_one_started_scheduler_at_a_time() -> None:
+    """Two schedulers on one backend: stopping one closed the other's store, whose dispatcher then died without a
+    word (and the second's jobs were never prepared). The second start is refused; once the first stops, the
+    backend serves another."""
+    backend = RedisBackend(redis=fakeredis.FakeAsyncRedis())
+    first, second = Scheduler(backend), Scheduler(backend)
+    for scheduler in (first, second):
+        scheduler.add_job("yearly", "0 0 1 1 *", lambda: None)
+    await first.start()
+    try:
+        with pytest.raises(SchedulerStateError, match="backend serves another started scheduler"):
+            await second.start()
+        assert (await first.run_now("yearly")).status == "ok"  # the refused start left the first one serving
+    finally:
+        await first.stop()
+    await second.start()
+    await second.stop()
+
+
+async def test_a_dispatcher_that_fails_says_so(caplog: pytest.LogCaptureFixture) -> None:
+    scheduler = Scheduler(RedisBackend(redis=fakeredis.FakeAsyncRedis()))
+    scheduler.add_job("tick", "* * * * * *", lambda: None)
+
+    async def broken(due: Any, now: int) -> None:
+        raise RuntimeError("a bug")
+
+    scheduler._claim = broken  # type: ignore[method-assign]
+    async with scheduler:
+        await eventually(lambda: any(r.levelno == logging.CRITICAL for r in caplog.records), 3)
+    [record] = [r for r in caplog.records if r.levelno == logging.CRITICAL]
+    assert "stopped scheduling" in record.getMessage()
+    assert record.exc_info is not None
+    assert "a bug" in str(record.exc_info[1])
+
+
 async def test_a_job_hogging_the_event_loop_keeps_its_lease(real_server: ServerUnderTest) -> None:
     """Heartbeats run on a thread of their own: a job that blocks its loop for 4 leases keeps the run."""
 
