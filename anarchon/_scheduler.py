@@ -59,6 +59,9 @@ RETRY_MIN_S = 0.5
 RETRY_MAX_S = 30.0
 MAX_SLEEP_S = 60.0  # wake at least this often, so a wall clock that jumps is noticed
 LEASE_MARGIN = 0.05  # share of the lease a winner gives up, so that it stops before the store's lease end
+# After stop()'s timeout, how long the runs it cut short (and claims in flight) may still wait for the store to
+# take their hand-back or result: a store that does not answer then is given up on, as after a crash.
+STOP_GRACE_S = 1.0
 FINISH_RETRY_S = 1.0  # a result the store could not take is sent again this often, while the lease lasts
 # Runs due together are claimed in pipelines of CLAIM_BATCH, CLAIM_LANES of them in flight at a time: the runs
 # of the first pipelines start while the store answers the next ones (instead of every run waiting for the
@@ -399,7 +402,8 @@ class Scheduler(Generic[M]):
         """Stop claiming; wait up to ``timeout`` seconds for running jobs, then cancel them; close the connections
         anarchon opened. Under leases, a scheduled run cancelled with attempts left is handed back: another instance
         takes it over as the next attempt (which records this one as interrupted). Any other run cancelled is
-        recorded as interrupted.
+        recorded as interrupted. Claims in flight, hand-backs and results get STOP_GRACE_S past ``timeout`` to reach
+        the store: stop() returns by then however the store behaves (a sync job's thread may run on).
 
         Stopping goes on if the caller is cancelled meanwhile; calling stop() again waits for it to end. Called
         while start() runs, it waits for the start to end, then stops."""
@@ -419,20 +423,29 @@ class Scheduler(Generic[M]):
     async def _stop(self, timeout: float) -> None:
         self._started = False
         self._stop_deadline = self.clock.monotonic() + timeout
+        loop = asyncio.get_running_loop()
+        interrupt_at = loop.time() + timeout
+        abandon_at = interrupt_at + STOP_GRACE_S
+        abandoned = 0
         for nap in self._naps:
             nap.cancel()
         if self._dispatcher is not None:
             self._dispatcher.cancel()
-            await asyncio.gather(self._dispatcher, return_exceptions=True)
+            abandoned = await _end_by(self._dispatcher, at=abandon_at)
             self._dispatcher = None
         # Runs and catch-ups (which stop between slots) go on, heartbeats included, for up to `timeout`.
         work = [task for task in self._tasks if task.get_name() != "anarchon-heartbeats"]
         if work:
-            await asyncio.wait(work, timeout=timeout)
+            await asyncio.wait(work, timeout=max(0.0, interrupt_at - loop.time()))
         for running in list(self._running.values()):
             running.interrupt(STOPPED)
-        if work:
-            await asyncio.gather(*work, return_exceptions=True)
+        abandoned += await _end_by(*work, at=abandon_at)
+        if abandoned:
+            log.warning(
+                "scheduler %s: the store did not answer in time for the claims or runs stop() ended (%d tasks "
+                "given up); runs it granted are taken over by backups when their leases run out",
+                self.instance_id, abandoned,
+            )  # fmt: skip
         self._queue.clear()
         if self._job_threads is not None:  # a sync job cancelled above may still run: its thread ends with it
             self._job_threads.shutdown(wait=False)
@@ -984,6 +997,18 @@ class SchedulerThread:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join()
         self._loop.close()
+
+
+async def _end_by(*tasks: asyncio.Task[Any], at: float) -> int:
+    """Let the tasks end until the loop's time ``at``, then cancel those still going (waiting for a store that
+    does not answer) and wait for them to end. Returns how many were cancelled."""
+    pending: set[asyncio.Task[Any]] = {task for task in tasks if not task.done()}
+    if pending:
+        _, pending = await asyncio.wait(pending, timeout=max(0.0, at - asyncio.get_running_loop().time()))
+    for task in pending:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    return len(pending)
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:

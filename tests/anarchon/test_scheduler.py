@@ -1221,6 +1221,44 @@ async def test_a_dispatcher_that_fails_says_so(caplog: pytest.LogCaptureFixture)
     assert "a bug" in str(record.exc_info[1])
 
 
+async def test_stop_ends_on_time_when_the_store_stops_answering(
+    real_target: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The store freezes (SIGSTOP) while a run goes on: stop(timeout) cuts the run at its timeout and gives the
+    hand-back the store cannot take STOP_GRACE_S, instead of waiting out the socket timeout once for the claims in
+    flight and once more for the hand-back (2 s became 21 s: past a container's grace period). Once the store
+    answers again, a backup takes the run over when its lease runs out, as after a crash."""
+    with start_server(real_target) as running:
+        ledger = Ledger()
+
+        def instance(name: str, seconds: float, catch_up_ms: int = 0) -> Scheduler[Any]:
+            scheduler = Scheduler(backend_for(real_target, running.url()), instance_id=name, lease_ms=2_000)
+            job = ledger.job(name, seconds=seconds)
+            scheduler.add_job("long", "* * * * * *", job, max_late_ms=60_000, catch_up_ms=catch_up_ms)
+            return scheduler
+
+        frozen = instance("frozen", seconds=30)
+        await frozen.start()
+        await eventually(lambda: bool(ledger.of("long")), 5)
+        [first] = ledger.of("long")
+        running.pause()
+        try:
+            began = time.monotonic()
+            await frozen.stop(timeout=0.5)
+            took_s = time.monotonic() - began
+        finally:
+            running.resume()
+        backup = instance("backup", seconds=0, catch_up_ms=20_000)  # asks for the slots it missed
+        async with backup:
+            await eventually(lambda: any(e.slot == first.slot and e.attempt == 2 for e in ledger.of("long")), 8)
+    assert took_s < 0.5 + scheduler_module.STOP_GRACE_S + 1  # the socket timeout is 10 s
+    assert "did not answer in time" in caplog.text
+    assert [(e.instance, e.attempt) for e in ledger.of("long") if e.slot == first.slot] == [
+        ("frozen", 1),
+        ("backup", 2),
+    ]
+
+
 async def test_a_job_hogging_the_event_loop_keeps_its_lease(real_server: ServerUnderTest) -> None:
     """Heartbeats run on a thread of their own: a job that blocks its loop for 4 leases keeps the run."""
 
