@@ -23,7 +23,15 @@ from ._config import (
     ValkeyClaimOnlyStrategy,
     parse_strategy,
 )
-from ._errors import ConfigError, ConfigTypeError, SchedulerStateError, StoreFormatError, UnknownOptionError
+from ._errors import (
+    ConfigError,
+    ConfigTypeError,
+    SchedulerStateError,
+    StoreError,
+    StoreFormatError,
+    StoreReplyError,
+    UnknownOptionError,
+)
 from ._keys import STORE_FORMAT, KeySpace, check_prefix
 from ._store import Connection, Script, ServerInfo, Store
 from ._strategies import Strategy, make_strategy
@@ -176,12 +184,20 @@ class RedisBackend(Generic[M]):
                 self.server = await store.server_info()
                 self.strategy.check_server(self.server)
                 await _check_format(store, self.keys.format)
+                if jobs:
+                    await _check_key_access(store, self._job_keys(jobs[0]), self.keys.prefix)
                 await self.strategy.prepare(store, jobs)
                 await store.load(self.strategy.scripts)
             except BaseException:
                 await store.close()
                 raise
             self._store = store
+
+    def _job_keys(self, job: str) -> tuple[str, ...]:
+        if self.leases:
+            return self.keys.lease(job).all()
+        claim = self.keys.claim(job)
+        return (claim.runs, claim.manual, claim.results)
 
     def _start_lock(self) -> asyncio.Lock:
         """Two start() at once open one connection. One lock per event loop: a lock serves the loop it was first
@@ -378,6 +394,20 @@ def _describe(spec: str | dict[str, Any] | Connection) -> str:
         return repr({k: ("***" if k == "password" else v) for k, v in spec.items()})
     client = getattr(spec, "client", spec)
     return f"<{type(client).__module__}.{type(client).__name__}>"
+
+
+async def _check_key_access(store: Store, keys: Sequence[str], prefix: str) -> None:
+    """An ACL user whose key patterns miss a job's keys (the lease keys begin with "{", for their hash tag) would
+    start, then have every claim refused and retried for ever. One job's keys are tried at start instead: jobs'
+    keys differ only by the job's name."""
+    for key, reply in zip(keys, await store.execute_many([("EXISTS", key) for key in keys]), strict=True):
+        if isinstance(reply, StoreReplyError) and reply.reply.startswith("NOPERM"):
+            raise StoreReplyError(
+                f"{reply.reply} ({key}): allow this user the prefix's keys in both forms anarchon uses: "
+                f"~{prefix}* ~{{{prefix}*"
+            )
+        if isinstance(reply, StoreError):
+            raise reply
 
 
 async def _check_format(store: Store, key: str) -> None:

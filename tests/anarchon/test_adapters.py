@@ -308,6 +308,34 @@ async def test_a_user_refused_info_is_detected_through_hello(client_on_server: C
         await backend.stop()
 
 
+@pytest.mark.parametrize("strategy", ["lease", "stream-id"])
+async def test_an_acl_user_without_the_lease_keys_pattern_is_refused_at_start(
+    real_server: ServerUnderTest, strategy: str
+) -> None:
+    """Lease keys begin with "{" (their hash tag): a user allowed only ``~cron:*`` used to start, then have every
+    claim refused and retried for ever. The start is refused, naming the patterns to allow; the claim-only
+    strategies' keys are all ``cron:…``."""
+    running = real_server.running
+    if running.target == "redis-5":
+        pytest.skip("Redis 5 has no ACL")
+    admin = real_server.client()
+    admin.execute_command("ACL", "SETUSER", "narrow", "reset", "on", ">pw", "~cron:*", "+@all")
+    try:
+        scheduler = Scheduler(
+            RedisBackend(redis=f"redis://narrow:pw@{running.host}:{running.port}/0", strategy=strategy)
+        )
+        scheduler.add_job("sync", "0 0 1 1 *", lambda: None)
+        if strategy == "lease":
+            with pytest.raises(StoreReplyError, match=r"^NOPERM .*\(\{cron:sync\}:state\).* ~cron:\* ~\{cron:\*$"):
+                await scheduler.start()
+            assert not scheduler.backend.started
+            return
+        async with scheduler:
+            assert (await scheduler.run_now("sync")).status == "ok"
+    finally:
+        admin.execute_command("ACL", "DELUSER", "narrow")
+
+
 class InfoRenamed(SendClient):
     """A client of a server where INFO was renamed away (``rename-command``, a hardening older than ACLs): its
     INFO reaches the server under a name the server does not know."""
