@@ -654,6 +654,9 @@ class Scheduler(Generic[M]):
         if claim.outcome is Outcome.RUNNING:
             log.debug("job %s slot %d: running elsewhere; standing by", name, slot, extra=extra)
             self._push(now + claim.lease_ms_left + 1, name, slot, "backup")
+        elif claim.outcome is Outcome.OVERLAP:  # a slot that will not run: as visible as a late one
+            log.info("job %s slot %d: skipped-overlap: an earlier run of the job is still going", name, slot,
+                     extra=extra)  # fmt: skip
         else:
             log.debug("job %s slot %d: %s", name, slot, claim.outcome.value, extra=extra)
 

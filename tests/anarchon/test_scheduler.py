@@ -363,6 +363,31 @@ def test_a_catch_up_claims_no_slot_that_left_catch_up_ms_meanwhile() -> None:
     assert {slot: names for slot, names in runners.items() if len(names) > 1} == {}
 
 
+def test_a_slot_skipped_for_overlap_is_logged_like_a_late_one(caplog: pytest.LogCaptureFixture) -> None:
+    """A slot that will not run, because the run before is still going, leaves a line in the log at INFO (it
+    was DEBUG: at the usual levels runs vanished with no trace but their history)."""
+    caplog.set_level(logging.INFO, logger="anarchon")
+
+    async def main() -> list[tuple[int, str]]:
+        scheduler = _virtual_instance(fakeredis.FakeServer(), "a", lease_ms=1000)
+
+        async def long(run: RunContext) -> None:
+            await asyncio.sleep(2.5)
+
+        scheduler.add_job("long", "* * * * * *", long)
+        async with scheduler:
+            await asyncio.sleep(4.2)
+            return [(r.slot, r.status) for r in await scheduler.history("long")]
+
+    history = run_virtual(main(), epoch_s=VIRTUAL_EPOCH_S, seed=1)
+    skipped = sorted(slot for slot, status in history if status == "skipped-overlap")
+    logged = [r.getMessage() for r in caplog.records if "skipped-overlap" in r.getMessage()]
+    assert len(skipped) >= 2
+    assert logged == [
+        f"job long slot {slot}: skipped-overlap: an earlier run of the job is still going" for slot in skipped
+    ]
+
+
 @pytest.mark.parametrize("trimming", [{"history_ttl_ms": 1000}, {"history_size": 1}])
 def test_a_run_longer_than_keep_ms_is_not_run_again_by_its_backup(trimming: dict[str, int]) -> None:
     """keep_ms covers late claims and catch-ups, counted from the slot; a backup waiting on a long run asks again
