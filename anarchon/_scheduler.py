@@ -682,7 +682,8 @@ class Scheduler(Generic[M]):
         Each claim is sent only while its slot is still within ``catch_up_ms`` by the clock of that moment: the
         store keeps a finished run's state about that long (``keep_ms``), and a claim that came later, after a
         long catch-up or a long wait for the store, could find it trimmed and run the slot a second time."""
-        for slot in job.schedule.slots_between(now - job.options.catch_up_ms, now):
+        since = await self._catch_up_since(job, now)
+        for slot in job.schedule.slots_between(max(now - job.options.catch_up_ms, since), now):
             if not self._started:  # stop() waits for the slot in progress, not for the ones left
                 return
             raise_if_cancelled()
@@ -706,6 +707,20 @@ class Scheduler(Generic[M]):
                     log.info("job %s: catching up slot %d", job.name, slot, extra={"job": job.name, "slot": slot})
                     await self._execute(job, request, claim, sent)
                 break
+
+    async def _catch_up_since(self, job: Job, now: int) -> int:
+        """The moment the job's catch-up period may reach back to: a new job (first deployed, or on a store that
+        lost its data) has no slot to catch up from before it was first started."""
+        while self._started:
+            try:
+                since = await self.backend.strategy.catch_up_since(self.backend.store, job.name, now)
+            except StoreUnavailableError:
+                await self._nap(RETRY_MIN_S)
+                continue
+            if since > now - job.options.catch_up_ms:
+                log.info("job %s: no catch-up before %d, when it was first started", job.name, since)
+            return since
+        return now
 
     async def _nap(self, seconds: float) -> None:
         """Sleep on the scheduler's clock until ``seconds`` have passed or stop() begins."""

@@ -153,6 +153,9 @@ class RecordingStrategy:
     async def skip(self, store: Store, request: RunRequest, policy: JobPolicy, status: Any, message: str) -> bool:
         return await self._call("skip", request, self.inner.skip(store, request, policy, status, message))
 
+    async def catch_up_since(self, store: Store, job: str, now: int) -> int:
+        return await self.inner.catch_up_since(store, job, now)
+
     async def history(self, store: Store, job: str, limit: int) -> list[RunRecord]:
         return await self.inner.history(store, job, limit)
 

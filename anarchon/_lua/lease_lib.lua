@@ -3,7 +3,8 @@
 --   state (hash), active (set), slots (sorted set), runs (stream), results (sorted set).
 -- The state hash holds one field per run, named by the run id, whose value is
 --   status|attempt|token|runner|lease_end|fence|slot|manual|started
--- (one field, so a claim reads and writes a run in one command), and the job-wide counter "fence".
+-- (one field, so a claim reads and writes a run in one command), the job-wide counter "fence", and "since"
+-- (lease_since.lua).
 
 -- TIME followed by writes needs effects replication, the default from Redis 5.0 (the oldest supported).
 

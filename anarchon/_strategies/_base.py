@@ -107,6 +107,11 @@ class Strategy(Protocol):
         """Record a run that was not claimed (too late); False if the run already has an outcome."""
         ...
 
+    async def catch_up_since(self, store: Store, job: str, now: int) -> int:
+        """The moment (ms) from which the job's slots may be caught up: none before the job first asked, unless
+        it ran before that. ``now`` where the strategy has no catch-up."""
+        ...
+
     async def history(self, store: Store, job: str, limit: int) -> list[RunRecord]:
         """Attempts newest first."""
         ...

@@ -75,6 +75,9 @@ class ClaimOnlyStrategy:
     async def release(self, store: Store, request: RunRequest) -> bool:
         return False  # no backups to take a run over
 
+    async def catch_up_since(self, store: Store, job: str, now: int) -> int:
+        return now  # no catch-up
+
     async def finish(
         self, store: Store, request: RunRequest, claim: Claim, policy: JobPolicy, record: RunRecord
     ) -> bool:

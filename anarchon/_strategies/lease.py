@@ -21,6 +21,7 @@ HEARTBEAT = Script.load("lease_heartbeat", prelude="lease_lib")
 FINISH = Script.load("lease_finish", prelude="lease_lib")
 RELEASE = Script.load("lease_release", prelude="lease_lib")
 SKIP = Script.load("lease_skip", prelude="lease_lib")
+SINCE = Script.load("lease_since")
 
 
 def _flag(value: bool) -> str:
@@ -41,7 +42,7 @@ def _parse_claim(reply: Reply | StoreError) -> Claim | StoreError:
 class LeaseStrategy:
     name = "lease"
     leases = True
-    scripts: tuple[Script, ...] = (CLAIM, HEARTBEAT, FINISH, RELEASE, SKIP)
+    scripts: tuple[Script, ...] = (CLAIM, HEARTBEAT, FINISH, RELEASE, SKIP, SINCE)
 
     def __init__(self, keys: KeySpace) -> None:
         self.keys = keys
@@ -92,6 +93,9 @@ class LeaseStrategy:
         keys = self.job_keys(request.job)
         args = (request.run, request.token, request.runner, status, json.dumps(message))
         return await store.run(SKIP, keys, (*args, *_trim_args(policy), policy.late_after_ms)) == 1
+
+    async def catch_up_since(self, store: Store, job: str, now: int) -> int:
+        return int(as_text(await store.run(SINCE, (self.keys.lease(job).state,), (now,))))
 
     async def history(self, store: Store, job: str, limit: int) -> list[RunRecord]:
         return await read_history(store, job, self.keys.lease(job).results, limit)

@@ -355,7 +355,7 @@ async def test_a_server_without_info_is_read_from_hello_or_says_what_to_allow(re
                 await backend.start(["sync"])
             assert not backend.started
             assert client.sent == ["INFO_RENAMED", "HELLO"]
-            assert real_server.running.client().keys("renamed:*") == []
+            assert real_server.client().keys("renamed:*") == []
             return
         await backend.start(["sync"])
         running = real_server.running

@@ -142,6 +142,21 @@ async def test_a_released_run_with_no_attempts_left_is_closed_by_the_next_claim(
     assert (entry.attempt, entry.status, entry.token) == (1, "interrupted", "first")
 
 
+async def test_catch_up_reaches_back_to_a_new_jobs_first_start_or_all_the_way_for_a_job_that_ran(
+    target: StoreTarget,
+) -> None:
+    """The first catch-up of a job no instance ever claimed fixes the moment it was first started; later ones get
+    the same answer. A job that ran before any catch-up asked may have missed any slot: 0."""
+    backend = await target.started_backend("lease")
+    since = backend.strategy.catch_up_since
+    assert await since(backend.store, "new", SLOT) == SLOT
+    assert await since(backend.store, "new", SLOT + 60_000) == SLOT
+    await claim_one(backend, request(SLOT, "a", job="ran"), JobPolicy())
+    assert await since(backend.store, "ran", SLOT + 60_000) == 0
+    assert await since(backend.store, "ran", SLOT + 120_000) == 0
+    assert await target.raw("HGET", "{cron:new}:state", "since") == str(SLOT)  # beside the fence, in the state
+
+
 @pytest.mark.parametrize("claim_only", ["stream-id", "script"])  # idmp's is theirs (ClaimOnlyStrategy)
 async def test_claim_only_strategies_have_nothing_to_release(target: StoreTarget, claim_only: str) -> None:
     backend = await target.started_backend(claim_only)

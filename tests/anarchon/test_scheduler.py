@@ -545,8 +545,11 @@ def test_a_result_is_sent_again_while_stop_waits_for_its_run() -> None:
 
 
 def test_a_job_added_to_a_started_scheduler_catches_up_too() -> None:
+    """b ran "later" until 10.5 s; a, started without it, adds it at 20.5 s and catches up the 10 slots since."""
+
     async def main() -> tuple[int, list[int]]:
-        scheduler = _virtual_instance(fakeredis.FakeServer(), "a")
+        server = fakeredis.FakeServer()
+        scheduler, earlier = _virtual_instance(server, "a"), _virtual_instance(server, "b")
         ran: list[int] = []
 
         async def later(run: RunContext) -> None:
@@ -554,8 +557,11 @@ def test_a_job_added_to_a_started_scheduler_catches_up_too() -> None:
                 ran.append(run.slot)
 
         scheduler.add_job("before", "* * * * * *", later)
+        earlier.add_job("later", "* * * * * *", later)
         await scheduler.start()
-        await asyncio.sleep(20.5)
+        async with earlier:
+            await asyncio.sleep(10.5)
+        await asyncio.sleep(10)
         added = scheduler.clock.wall_ms()
         scheduler.add_job("later", "* * * * * *", later, catch_up_ms=10_000, overlap=True)
         await asyncio.sleep(3)
@@ -563,8 +569,46 @@ def test_a_job_added_to_a_started_scheduler_catches_up_too() -> None:
         return added, ran
 
     added, ran = run_virtual(main(), epoch_s=VIRTUAL_EPOCH_S, seed=1)
-    assert sorted(slot for slot in ran if slot <= added) == list(range(added // 1000 * 1000 - 9000, added, 1000))
+    assert sorted(slot for slot in ran if added - 10_000 < slot <= added) == list(
+        range(added // 1000 * 1000 - 9000, added, 1000)
+    )
     assert len(ran) == len(set(ran))
+
+
+def test_a_new_job_catches_up_nothing_from_before_it_was_first_started() -> None:
+    """catch_up_ms reaches back to when the job was first started (on this store), not before: a job deployed
+    for the first time with an hour of catch-up ran every slot of the hour before it existed. The instance
+    that starts next catches up what was missed since, and no more."""
+
+    async def main() -> tuple[int, int, dict[str, list[int]]]:
+        server = fakeredis.FakeServer()
+        ran: dict[str, list[int]] = {"a": [], "b": []}
+
+        def instance(name: str) -> Scheduler[Any]:
+            scheduler = _virtual_instance(server, name)
+
+            async def work(run: RunContext) -> None:
+                ran[name].append(run.slot)
+
+            scheduler.add_job("sync", "* * * * * *", work, catch_up_ms=3_600_000)
+            return scheduler
+
+        await asyncio.sleep(0.5)
+        first_started = int(time.time() * 1000)
+        async with instance("a"):
+            await asyncio.sleep(3)
+        await asyncio.sleep(5)  # slots no instance ran
+        second_started = int(time.time() * 1000)
+        async with instance("b"):
+            await asyncio.sleep(0.4)
+        return first_started, second_started, ran
+
+    first_started, second_started, ran = run_virtual(main(), epoch_s=VIRTUAL_EPOCH_S, seed=1)
+    assert min(ran["a"]) > first_started
+    assert len(ran["a"]) == 3
+    missed = set(range(first_started // 1000 * 1000 + 1000, second_started, 1000)) - set(ran["a"])
+    assert len(missed) == 5
+    assert ran["b"] == sorted(missed)
 
 
 @pytest.mark.parametrize("overlap", [False, True])
@@ -1473,6 +1517,7 @@ async def test_stop_ends_a_catch_up_that_waits_for_another_instances_lease(fake_
     for scheduler in schedulers:
         scheduler.add_job("daily", "0 0 * * *", long_job, catch_up_ms=2 * 86_400_000)
     holder, waiter = schedulers
+    await _ran_before(fake_target, "daily")
     await holder.start()
     try:
         await asyncio.wait_for(started.wait(), 5)  # the holder catches up the oldest missed slot
@@ -1483,6 +1528,17 @@ async def test_stop_ends_a_catch_up_that_waits_for_another_instances_lease(fake_
         assert time.monotonic() - began < 2
     finally:
         await holder.stop(timeout=0.5)
+
+
+async def _ran_before(target: StoreTarget, job: str) -> None:
+    """An instance claimed a run of ``job`` long ago: the store knows the job, and a catch-up may reach back its
+    whole period."""
+    backend = target.backend("lease")
+    await backend.start([job])
+    policy = JobPolicy(lease_ms=10, max_attempts=1)  # its lease long over: it holds nothing up
+    await backend.strategy.claim(backend.store, [(RunRequest(job, run_id(1000), 1000, "old", "old"), policy)])
+    await backend.stop()
+    await asyncio.sleep(0.05)
 
 
 @pytest.mark.parametrize("strategy", ["lease", "stream-id"])

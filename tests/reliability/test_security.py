@@ -43,7 +43,8 @@ WRONG_PASSWORD = "wr0ng-Guess-pw"
 # alice may touch the keys of prefix "a:", bob those of "b:" (claim-only keys "a:…", lease keys "{a:…}").
 ACL_RULES = ["+@read", "+@write", "+@scripting", "+@connection", "-@dangerous", "+info", "+time"]
 SCRIPTS = (
-    FORMAT, lease.CLAIM, lease.HEARTBEAT, lease.FINISH, lease.RELEASE, lease.SKIP, script.CLAIM, TRIM_STREAM
+    FORMAT, lease.CLAIM, lease.HEARTBEAT, lease.FINISH, lease.RELEASE, lease.SKIP, lease.SINCE, script.CLAIM,
+    TRIM_STREAM,
 )  # fmt: skip
 
 

@@ -1,0 +1,18 @@
+-- lease since: the moment from which the job's slots count for catch-up, kept in the job's state hash (field
+-- "since"). Set by the first catch-up that asks: to the caller's now for a job no instance ever claimed (a new
+-- job has missed nothing; nor can a store that lost its data tell what ran), else to 0 (the job ran before
+-- catch-up asked: any slot of the period may have been missed).
+-- KEYS[1]  the job's state key
+-- ARGV[1]  now, ms since the epoch (the caller's clock, as its catch-up period is)
+-- returns the moment, ms since the epoch
+local since = redis.call('HGET', KEYS[1], 'since')
+if since then
+  return tonumber(since)
+end
+if redis.call('HEXISTS', KEYS[1], 'fence') == 1 then
+  since = 0
+else
+  since = tonumber(ARGV[1])
+end
+redis.call('HSET', KEYS[1], 'since', since)
+return since
