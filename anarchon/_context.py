@@ -14,10 +14,10 @@ class RunContext:
     ``slot`` is the scheduled time in epoch ms (the same on every instance); ``fence`` grows with every attempt
     the store accepts for this job, so a downstream system can refuse writes from an older attempt. (Under the
     claim-only strategies it grows among the job's scheduled runs, from their entries' ids; a manual run takes
-    its fence from the job's manual stream, which is not ordered against the scheduled runs.) Under the
-    lease strategy ``lease_lost`` is set, and the job cancelled, when this instance can no longer be sure it holds
-    the run (a backup took over, or the store was unreachable past the lease end); a job running in a thread
-    cannot be cancelled and should check :attr:`lease_is_lost` between steps.
+    its fence from the job's manual stream, which is not ordered against the scheduled runs.) ``lease_lost`` is
+    set, and the job cancelled, when this instance can no longer be sure it holds the run (lease strategy: a
+    backup took over, or the store was unreachable past the lease end), or when stop() stops waiting for it; a
+    job running in a thread cannot be cancelled and should check :attr:`lease_is_lost` between steps.
     """
 
     job: str

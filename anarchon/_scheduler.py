@@ -100,8 +100,11 @@ class _Running:
         return self.thread is not None and not self.thread.done()
 
     def interrupt(self, reason: str) -> None:
+        """End the attempt here: cancel the job, and tell it (a sync job's thread cannot be cancelled; it can
+        look at ``run.lease_is_lost`` between steps)."""
         if self.reason is None:
             self.reason = reason
+        self.context.lease_lost.set()
         if self.task is not None:
             self.task.cancel()
 
@@ -941,7 +944,6 @@ class Scheduler(Generic[M]):
             reason,
             extra={"job": request.job, "slot": request.slot, "attempt": running.context.attempt},
         )
-        running.context.lease_lost.set()
         running.interrupt(f"{LEASE_LOST}: {reason}")
 
     async def _hook(self, hook: Callable[..., object], *args: Any) -> None:

@@ -467,6 +467,32 @@ def test_a_run_whose_lease_its_winner_lost_is_taken_over_by_a_backup() -> None:
     assert [(attempt, status) for attempt, status, _ in history] == [(2, "ok"), (1, "interrupted")]
 
 
+async def test_stop_tells_a_sync_job_that_it_stopped_waiting(fake_target: StoreTarget) -> None:
+    """A sync job cannot be cancelled; run.lease_is_lost is how it learns that stop() gave up on it (it stayed
+    False, and such a job held the process up until it ended on its own)."""
+    seen: list[tuple[bool, bool]] = []  # (told, when the job stopped looking)
+    started = threading.Event()
+
+    def careful(run: RunContext) -> None:
+        started.set()
+        for _ in range(200):  # 10 s unless told
+            if run.lease_is_lost:
+                break
+            time.sleep(0.05)
+        seen.append((run.lease_is_lost, True))
+
+    scheduler = Scheduler(fake_target.backend("lease"), lease_ms=5_000)
+    scheduler.add_job("careful", "0 0 1 1 *", careful)
+    await scheduler.start()
+    manual = asyncio.ensure_future(scheduler.run_now("careful"))
+    await asyncio.to_thread(started.wait, 5)
+    await scheduler.stop(timeout=0.2)
+    await eventually(lambda: bool(seen), 2)
+    record = await manual
+    assert seen == [(True, True)]  # told, and it stopped well before its 10 s
+    assert record.status == "interrupted"
+
+
 async def test_stop_does_not_hand_back_a_sync_job_whose_thread_runs_on(fake_target: StoreTarget) -> None:
     """A sync job's thread cannot be cancelled: handed back at stop(), its run would start again on a backup while
     the thread still runs it. It is recorded interrupted instead, and no backup runs it."""
