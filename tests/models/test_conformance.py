@@ -2,7 +2,8 @@
 
 One Hypothesis state machine per strategy, run against every target of the `server` fixture (fakeredis and
 the real servers). A mismatch fails with the shrunk program of operations. Each operation on the store is
-compared with the model fed the server's clock of that moment (see tests/models/support.py).
+compared with the model fed the server's clock of that moment (see tests/models/support.py). The lease machine
+also compares the store's finished runs with the model's after each call that closes one.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from hypothesis.stateful import (
     MultipleResults,
     RuleBasedStateMachine,
     initialize,
+    invariant,
     multiple,
     precondition,
     rule,
@@ -28,6 +30,7 @@ from hypothesis.stateful import (
 
 from anarchon import RunRecord
 from anarchon._records import Status
+from anarchon._store import as_list, as_text
 from anarchon._strategies import Claim, JobPolicy, Outcome, RunRequest
 from models import idmp, lease, script, stream_id
 from tests.models.support import SLOT, FenceMap, Harness, assert_same_claim, bind, one_claim
@@ -104,6 +107,7 @@ class LeaseMachine(StoreMachine):
         self.model = lease.LeaseStore()
         self.policy = JobPolicy()
         self.skips = 0
+        self.closed = False  # the last call closed a run (and so may have trimmed others)
 
     @initialize(
         overlap=st.booleans(),
@@ -139,10 +143,33 @@ class LeaseMachine(StoreMachine):
         ``settle`` when the call set a 1 ms lease or ended one, which must be over by then. And when it closed a
         run: its score is the server's clock of the call, which the model knows only to within the call's time, and
         a later trim compares it with its own clock less keep_ms (or history_ttl_ms), 0 (or 1) ms."""
-        closed = any(r.closed and r != self.model.run(slot) for slot, r in model.runs)
-        if settle or closed:
+        self.closed = any(r.closed and r != self.model.run(slot) for slot, r in model.runs)
+        if settle or self.closed:
             self.harness.settle()
         self.model = model
+
+    @invariant()
+    def same_finished_runs(self) -> None:
+        """After a call that closed a run, and so may have trimmed, the store's slots set (each finished run,
+        scored with its slot or the moment it ended if later) holds the model's finished runs and scores. Answers
+        show a wrong score, a wrong drop or a wrong close only once some claim asks for that run, if ever."""
+        if not self.closed:
+            return
+        self.closed = False
+        key = self.backend.strategy.keys.lease(self.job).slots
+        real = {int(as_text(run)): self.score(key, run) for run in as_list(self.raw("ZRANGE", key, 0, -1))}
+        expected = {slot: r.closed for slot, r in self.model.runs if not r.running}
+        assert real.keys() == expected.keys(), f"finished runs: store {sorted(real)}, model {sorted(expected)}"
+        for slot, closed in expected.items():
+            # A moment of closing differs by up to a call's time; a slot, not at all.
+            assert abs(real[slot] - closed) <= self.slack_ms, f"run {slot} scored {real[slot]}, in the model {closed}"
+
+    def raw(self, *command: Any) -> Any:
+        return self.harness.run(self.harness.target.raw(*command))
+
+    def score(self, key: str, run: Any) -> int:
+        # One ZSCORE per run: fakeredis and the servers shape a ZRANGE WITHSCORES reply differently.
+        return int(float(as_text(self.raw("ZSCORE", key, run))))
 
     @rule(slot=slots, token=TOKENS, short=st.booleans())
     def claim(self, slot: int, token: str, short: bool) -> None:
