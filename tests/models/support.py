@@ -3,7 +3,8 @@
 Every real call is timed with the server's clock: ``TIME`` before (``t0``) and after (``t1``). The model is fed
 ``t0`` as the server's clock, so answers that count time (lease ms left) may differ by the time a call takes;
 rules keep every lease, window and duration either far longer than a test or over by the next call (1 ms ones,
-with a sleep in between), so no outcome depends on which side of a boundary the server's clock fell.
+with a sleep in between), and slots that the lease scripts compare with the clock far from each boundary, so no
+outcome depends on which side of a boundary the server's clock fell.
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 One Hypothesis state machine per strategy, run against every target of the `server` fixture (fakeredis and
 the real servers). A mismatch fails with the shrunk program of operations. Each operation on the store is
-compared with the model fed the server's clock of that moment (see tests/models/support.py).
+compared with the model fed the server's clock of that moment (see tests/models/support.py). The lease machine
+also compares the store's finished runs with the model's after each call that closes one.
 """
 
 from __future__ import annotations
@@ -15,10 +16,21 @@ from typing import Any, ClassVar, TypeVar
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule, run_state_machine_as_test
+from hypothesis.stateful import (
+    Bundle,
+    MultipleResults,
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    multiple,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
 from anarchon import RunRecord
 from anarchon._records import Status
+from anarchon._store import as_list, as_text
 from anarchon._strategies import Claim, JobPolicy, Outcome, RunRequest
 from models import idmp, lease, script, stream_id
 from tests.models.support import SLOT, FenceMap, Harness, assert_same_claim, bind, one_claim
@@ -32,11 +44,26 @@ SETTINGS = settings(
     max_examples=20, stateful_step_count=25, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 TOKENS = st.sampled_from(["a", "b"])
-# Three lease slots: trim looks at 3 random active runs, so with at most 3 it looks at them all.
-LEASE_SLOTS = st.sampled_from([SLOT, SLOT + 60_000, SLOT + 120_000])
 SLOTS = st.sampled_from([SLOT, SLOT + 60_000, SLOT + 120_000, SLOT + 180_000])
 LONG_MS = 600_000  # never over during a test
 SHORT_MS = 1  # over by the next operation: a sleep follows the call that set it
+
+# The lease scripts compare a run's slot with the server's clock: skip with late_after_ms and keep_ms, the closed
+# score max(slot, now), and trim (its drops, its abandoned check) with now - keep_ms. So the lease machine's slots
+# lie around the server's clock at the start of each example, at these ages (now - slot): two ahead of it (scored by
+# their slots when closed, never abandoned; two, so that one is often in progress while another closes), 2 minutes
+# and a day past. Ages and the durations below are at least 30 s apart, far more than an example lasts: each
+# comparison comes out the same all through it, for the model and the store alike.
+LEASE_AGES = [-120_000, -30_000, 120_000, 86_400_000]
+# A skip 2 minutes past the slot: late with 0 or 1 minute, not yet late with 5.
+LATE_AFTER_MS = st.sampled_from([0, 60_000, 300_000])
+# 0: a run closed during the test is past keep_ms by the next call (a sleep follows each call that closes one): trim
+# drops it and closes abandoned runs, and skip records nothing. 1 hour: trim keeps every run closed during the test,
+# and skip records a run 2 minutes past (if late) but not one a day past.
+KEEP_MS = st.sampled_from([0, 3_600_000])
+# None: trim waits for history_size to be exceeded. 1 (a sleep follows each close): it drops every run past keep_ms
+# at once. 10 minutes: it does its work on every call, with keep_ms's cut-off.
+HISTORY_TTL_MS = st.sampled_from([None, SHORT_MS, LONG_MS])
 
 
 @pytest.fixture
@@ -56,13 +83,10 @@ class StoreMachine(RuleBasedStateMachine):
         self.job = self.harness.new_job()
         self.slowest_ms = 0
 
-    def timed(self, coroutine: Coroutine[Any, Any, T], *, settle: bool = False) -> tuple[int, T]:
-        """The server's clock before the call, and the call's result. ``settle``: sleep after the call, until a
-        1 ms lease it set is over."""
+    def timed(self, coroutine: Coroutine[Any, Any, T]) -> tuple[int, T]:
+        """The server's clock before the call, and the call's result."""
         before, result, after = self.harness.timed(coroutine)
         self.slowest_ms = max(self.slowest_ms, after - before)
-        if settle:
-            self.harness.settle()
         return before, result
 
     @property
@@ -75,35 +99,89 @@ class StoreMachine(RuleBasedStateMachine):
 
 
 class LeaseMachine(StoreMachine):
+    slots = Bundle("slots")
+    # Slots a claim won: heartbeats, finishes and releases go mostly to runs in progress, where each changes
+    # something (on the others, they are refused alike); refusals still come from a wrong token or a run since ended.
+    won = Bundle("won")
+
     def __init__(self) -> None:
         super().__init__()
         self.backend = self.harness.backend("lease")
         self.model = lease.LeaseStore()
         self.policy = JobPolicy()
         self.skips = 0
+        self.closed = False  # the last call closed a run (and so may have trimmed others)
 
     @initialize(
         overlap=st.booleans(),
         max_attempts=st.integers(1, 3),
         history_size=st.integers(1, 3),
-        keep_ms=st.sampled_from([0, 3_600_000]),
-        ttl_ms=st.sampled_from([None, 86_400_000]),
+        keep_ms=KEEP_MS,
+        ttl_ms=HISTORY_TTL_MS,
+        late_after_ms=LATE_AFTER_MS,
     )
     def choose_policy(
-        self, overlap: bool, max_attempts: int, history_size: int, keep_ms: int, ttl_ms: int | None
+        self,
+        overlap: bool,
+        max_attempts: int,
+        history_size: int,
+        keep_ms: int,
+        ttl_ms: int | None,
+        late_after_ms: int,
     ) -> None:
         self.policy = JobPolicy(
             overlap=overlap, max_attempts=max_attempts, history_size=history_size, keep_ms=keep_ms,
-            history_ttl_ms=ttl_ms,
+            history_ttl_ms=ttl_ms, late_after_ms=late_after_ms,
         )  # fmt: skip
 
-    @rule(slot=LEASE_SLOTS, token=TOKENS, short=st.booleans())
-    def claim(self, slot: int, token: str, short: bool) -> None:
+    # Four slots: trim runs in the call that closed a run, so it finds at most three active ones, and it looks at
+    # 3 random active runs: at them all.
+    @initialize(target=slots)
+    def place_slots(self) -> MultipleResults[int]:
+        now = self.harness.run(self.harness.target.server_ms())
+        return multiple(*(now - age for age in LEASE_AGES))
+
+    def update(self, model: lease.LeaseStore, *, settle: bool = False) -> None:
+        """Take the model's state after a call, and sleep until the next call if it must come 1 ms or more later:
+        ``settle`` when the call set a 1 ms lease or ended one, which must be over by then. And when it closed a
+        run: its score is the server's clock of the call, which the model knows only to within the call's time, and
+        a later trim compares it with its own clock less keep_ms (or history_ttl_ms), 0 (or 1) ms."""
+        self.closed = any(r.closed and r != self.model.run(slot) for slot, r in model.runs)
+        if settle or self.closed:
+            self.harness.settle()
+        self.model = model
+
+    @invariant()
+    def same_finished_runs(self) -> None:
+        """After a call that closed a run, and so may have trimmed, the store's slots set (each finished run,
+        scored with its slot or the moment it ended if later) holds the model's finished runs and scores. Answers
+        show a wrong score, a wrong drop or a wrong close only once some claim asks for that run, if ever."""
+        if not self.closed:
+            return
+        self.closed = False
+        key = self.backend.strategy.keys.lease(self.job).slots
+        real = {int(as_text(run)): self.score(key, run) for run in as_list(self.raw("ZRANGE", key, 0, -1))}
+        expected = {slot: r.closed for slot, r in self.model.runs if not r.running}
+        assert real.keys() == expected.keys(), f"finished runs: store {sorted(real)}, model {sorted(expected)}"
+        for slot, closed in expected.items():
+            # A moment of closing differs by up to a call's time; a slot, not at all.
+            assert abs(real[slot] - closed) <= self.slack_ms, f"run {slot} scored {real[slot]}, in the model {closed}"
+
+    def raw(self, *command: Any) -> Any:
+        return self.harness.run(self.harness.target.raw(*command))
+
+    def score(self, key: str, run: Any) -> int:
+        # One ZSCORE per run: fakeredis and the servers shape a ZRANGE WITHSCORES reply differently.
+        return int(float(as_text(self.raw("ZSCORE", key, run))))
+
+    @rule(target=won, slot=slots, token=TOKENS, short=st.booleans())
+    def claim(self, slot: int, token: str, short: bool) -> MultipleResults[int]:
         policy = replace(self.policy, lease_ms=SHORT_MS if short else LONG_MS)
         strategy, store = self.backend.strategy, self.backend.store
-        now, results = self.timed(strategy.claim(store, [(self.request(slot, token), policy)]), settle=short)
+        now, results = self.timed(strategy.claim(store, [(self.request(slot, token), policy)]))
         before = self.model
-        self.model, expected = lease.claim(self.model, slot, token, now, policy)
+        model, expected = lease.claim(self.model, slot, token, now, policy)
+        self.update(model, settle=short and expected.outcome is Outcome.WON)
         real = one_claim(results)
         if expected.outcome is Outcome.OVERLAP and self.harness.target.is_fake:
             # fakeredis lists a set in hash order, where a server's set of integers comes sorted (the model's
@@ -112,6 +190,7 @@ class LeaseMachine(StoreMachine):
             closest = min(lefts, key=lambda left: abs(left - real.lease_ms_left))
             expected = expected._replace(lease_ms_left=closest)
         assert_same_claim(expected, real, self.slack_ms)
+        return multiple(slot) if real.outcome is Outcome.WON else multiple()
 
     def token_for(self, slot: int, token: str, holder: bool) -> str:
         """``holder``: the token of the run's current attempt (as the model has it), so that heartbeats and
@@ -119,16 +198,17 @@ class LeaseMachine(StoreMachine):
         run = self.model.run(slot)
         return run.token if holder and run is not None else token
 
-    @rule(slot=LEASE_SLOTS, token=TOKENS, holder=st.booleans(), short=st.booleans())
+    @rule(slot=won, token=TOKENS, holder=st.booleans(), short=st.booleans())
     def heartbeat(self, slot: int, token: str, holder: bool, short: bool) -> None:
         token = self.token_for(slot, token, holder)
         policy = replace(self.policy, lease_ms=SHORT_MS if short else LONG_MS)
         beat = self.backend.strategy.heartbeat(self.backend.store, self.request(slot, token), policy)
-        now, left = self.timed(beat, settle=short)
-        self.model, expected = lease.heartbeat(self.model, slot, token, now, policy)
+        now, left = self.timed(beat)
+        model, expected = lease.heartbeat(self.model, slot, token, now, policy)
+        self.update(model, settle=short and expected > 0)
         assert left == expected, f"heartbeat: store {left}, model {expected}"
 
-    @rule(slot=LEASE_SLOTS, token=TOKENS, holder=st.booleans(), status=st.sampled_from(["ok", "error", "interrupted"]))
+    @rule(slot=won, token=TOKENS, holder=st.booleans(), status=st.sampled_from(["ok", "error", "interrupted"]))
     def finish(self, slot: int, token: str, holder: bool, status: Status) -> None:
         token = self.token_for(slot, token, holder)
         request = self.request(slot, token)
@@ -139,29 +219,34 @@ class LeaseMachine(StoreMachine):
         claim = Claim(Outcome.WON, 1)  # lease's finish goes by the token alone
         strategy, store = self.backend.strategy, self.backend.store
         now, accepted = self.timed(strategy.finish(store, request, claim, self.policy, record))
-        self.model, expected = lease.finish(self.model, slot, token, status, now, self.policy)
+        model, expected = lease.finish(self.model, slot, token, status, now, self.policy)
+        self.update(model)
         assert accepted == expected, f"finish: store {accepted}, model {expected}"
 
-    @rule(slot=LEASE_SLOTS, token=TOKENS, holder=st.booleans())
+    @rule(slot=won, token=TOKENS, holder=st.booleans())
     def release(self, slot: int, token: str, holder: bool) -> None:
         token = self.token_for(slot, token, holder)
-        # Settled: a lease ended at the server's moment of the call, which the model knows only to within the call's
-        # time, is over for both by the next operation.
         releasing = self.backend.strategy.release(self.backend.store, self.request(slot, token))
-        now, released = self.timed(releasing, settle=True)
-        self.model, expected = lease.release(self.model, slot, token, now)
+        now, released = self.timed(releasing)
+        model, expected = lease.release(self.model, slot, token, now)
+        # Settled when a live lease was cut: it ended at the server's moment of the call, which the model knows only
+        # to within the call's time, and is over for both by the next operation.
+        self.update(model, settle=model != self.model)
         assert released == expected, f"release: store {released}, model {expected}"
 
-    # A recorded skip ends a run for good; with a few runs, more skips would leave little else to compare.
+    # A recorded skip ends a run (until trimmed); with a few runs, more would leave little else to compare. A refused
+    # one changes nothing, and each refusal has its reason: those are not counted.
     @precondition(lambda self: self.skips < 2)
-    @rule(slot=LEASE_SLOTS, token=TOKENS)
-    def skip(self, slot: int, token: str) -> None:
-        self.skips += 1
+    @rule(slot=slots, token=TOKENS, holder=st.booleans())
+    def skip(self, slot: int, token: str, holder: bool) -> None:
+        token = self.token_for(slot, token, holder)
         skipping = self.backend.strategy.skip(
             self.backend.store, self.request(slot, token), self.policy, "skipped-late", "too late"
         )
         now, recorded = self.timed(skipping)
-        self.model, expected = lease.skip(self.model, slot, token, now, self.policy)
+        model, expected = lease.skip(self.model, slot, token, now, self.policy)
+        self.update(model)
+        self.skips += expected
         assert recorded == expected, f"skip: store {recorded}, model {expected}"
 
 
@@ -232,7 +317,10 @@ def needs_idmp(harness: Harness) -> None:
 
 
 def test_lease(harness: Harness) -> None:
-    run_state_machine_as_test(bind(LeaseMachine, harness), settings=settings(SETTINGS, max_examples=40))
+    # Longer programs than the other machines': what trim decides by a slot takes several steps to set up (a run
+    # ahead of the clock claimed, its lease lapsed, another run finished).
+    lease_settings = settings(SETTINGS, max_examples=40, stateful_step_count=50)
+    run_state_machine_as_test(bind(LeaseMachine, harness), settings=lease_settings)
 
 
 def test_script(harness: Harness) -> None:
