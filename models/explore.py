@@ -70,8 +70,9 @@ S = TypeVar("S", bound=Hashable)
 
 
 class StoreModel(Generic[S]):
-    """One strategy's store in the explorer's units. The claim-only strategies have no leases; their finish and
-    skip only write history, which no claim reads."""
+    """One strategy's store in the explorer's units. The claim-only strategies have no leases; their finish only
+    writes history, which no claim reads, and their skip claims the run first (as ClaimOnlyStrategy.skip does),
+    so that no claim after it wins."""
 
     leases = False
 
@@ -88,7 +89,7 @@ class StoreModel(Generic[S]):
         return store
 
     def skip(self, store: S, slot: int, token: str, now: int) -> S:
-        return store
+        return self.claim(store, slot, token, now)[0]
 
 
 class LeaseModel(StoreModel[lease.LeaseStore]):
