@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any
 
@@ -546,7 +547,9 @@ def _move_keys_of_slot(
 
 
 def _move_empty_slot(running: RunningServer, slot: int, source: tuple[str, int], target: tuple[str, int]) -> None:
-    """Hand an empty slot from one primary to another the way a resharding does, and tell every primary."""
+    """Hand an empty slot from one primary to another the way a resharding does, tell every primary, and return
+    once every node, the replica too, maps the slot to its new owner: a client that reads the map from any of them
+    then reads the new one."""
     nodes = {node: redis.Redis(*node, protocol=2, decode_responses=True) for node in running.shards}
     try:
         target_id = nodes[target].execute_command("CLUSTER", "MYID")
@@ -556,9 +559,30 @@ def _move_empty_slot(running: RunningServer, slot: int, source: tuple[str, int],
         nodes[source].execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", target_id)
         for node in (target, source, *(n for n in running.shards if n not in (source, target))):
             nodes[node].execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
+        every_node = [
+            (host, int(port.split("@")[0]))
+            for line in nodes[target].execute_command("CLUSTER", "NODES").splitlines()
+            for host, _, port in [line.split()[1].rpartition(":")]
+        ]
+        for node in every_node:
+            _wait_until_owner(node, slot, target)
     finally:
         for client in nodes.values():
             client.close()
+
+
+def _wait_until_owner(node: tuple[str, int], slot: int, owner: tuple[str, int]) -> None:
+    """Until ``node``'s map of slots gives ``slot`` to ``owner`` (a replica learns of a move by gossip)."""
+    client = redis.Redis(*node, protocol=2, decode_responses=True)
+    try:
+        for _ in range(100):
+            for first, last, primary, *_ in client.execute_command("CLUSTER", "SLOTS"):
+                if int(first) <= slot <= int(last) and int(primary[1]) == owner[1]:
+                    return
+            time.sleep(0.05)
+        raise AssertionError(f"{node} still maps slot {slot} elsewhere after 5 s")
+    finally:
+        client.close()
 
 
 @pytest.mark.parametrize("name", RESP2_CLUSTER_CLIENTS)
