@@ -185,19 +185,14 @@ class RedisBackend(Generic[M]):
                 self.strategy.check_server(self.server)
                 await _check_format(store, self.keys.format)
                 if jobs:
-                    await _check_key_access(store, self._job_keys(jobs[0]), self.keys.prefix)
+                    keys = self.keys.lease(jobs[0]) if self.leases else self.keys.claim(jobs[0])
+                    await _check_key_access(store, keys.all(), self.keys.prefix)
                 await self.strategy.prepare(store, jobs)
                 await store.load(self.strategy.scripts)
             except BaseException:
                 await store.close()
                 raise
             self._store = store
-
-    def _job_keys(self, job: str) -> tuple[str, ...]:
-        if self.leases:
-            return self.keys.lease(job).all()
-        claim = self.keys.claim(job)
-        return (claim.runs, claim.manual, claim.results)
 
     def _start_lock(self) -> asyncio.Lock:
         """Two start() at once open one connection. One lock per event loop: a lock serves the loop it was first

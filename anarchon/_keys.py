@@ -65,6 +65,9 @@ class ClaimKeys:
     manual: str
     results: str
 
+    def all(self) -> tuple[str, str, str]:
+        return (self.runs, self.manual, self.results)
+
 
 @dataclass(frozen=True, slots=True)
 class KeySpace:

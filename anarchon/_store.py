@@ -56,10 +56,8 @@ def parse_info(text: str) -> ServerInfo:
 
 def parse_hello(reply: Reply) -> ServerInfo:
     """Read ``HELLO``'s answer: server, its name, version, its version… (a flat array in RESP2 and once decoded;
-    a cluster client may bring one from every node, which answer alike)."""
+    cluster clients send it to one node)."""
     fields = as_list(reply)
-    if fields and isinstance(fields[0], list):
-        fields = fields[0]
     pairs = {as_text(key): value for key, value in zip(fields[::2], fields[1::2], strict=True)}
     server, version = pairs.get("server"), pairs.get("version")
     if not isinstance(server, str) or not isinstance(version, str):
