@@ -406,7 +406,9 @@ class Scheduler(Generic[M]):
         anarchon opened. Under leases, a scheduled run cancelled with attempts left is handed back: another instance
         takes it over as the next attempt (which records this one as interrupted). Any other run cancelled is
         recorded as interrupted. Claims in flight, hand-backs and results get STOP_GRACE_S past ``timeout`` to reach
-        the store: stop() returns by then however the store behaves (a sync job's thread may run on).
+        the store; what still waits then is cancelled, and given STOP_GRACE_S more to end. stop() returns by then
+        however the store or a job behaves: a sync job's thread, or an async job that ignores cancellation, may run
+        on (logged), and its run's lease runs out as after a crash.
 
         Stopping goes on if the caller is cancelled meanwhile; calling stop() again waits for it to end. Called
         while start() runs, it waits for the start to end, then stops."""
@@ -434,7 +436,7 @@ class Scheduler(Generic[M]):
             nap.cancel()
         if self._dispatcher is not None:
             self._dispatcher.cancel()
-            abandoned = await _end_by(self._dispatcher, at=abandon_at)
+            abandoned, _ = await _end_by(self._dispatcher, at=abandon_at)
             self._dispatcher = None
         # Runs and catch-ups (which stop between slots) go on, heartbeats included, for up to `timeout`.
         work = [task for task in self._tasks if task.get_name() != "anarchon-heartbeats"]
@@ -442,13 +444,22 @@ class Scheduler(Generic[M]):
             await asyncio.wait(work, timeout=max(0.0, interrupt_at - loop.time()))
         for running in list(self._running.values()):
             running.interrupt(STOPPED)
-        abandoned += await _end_by(*work, at=abandon_at)
+        given_up, left = await _end_by(*work, at=abandon_at)
+        abandoned += given_up
         if abandoned:
             log.warning(
-                "scheduler %s: the store did not answer in time for the claims or runs stop() ended (%d tasks "
-                "given up); runs it granted are taken over by backups when their leases run out",
-                self.instance_id, abandoned,
+                "scheduler %s: %d claims or runs had not ended %.0f s after stop()'s timeout (a store that does not "
+                "answer, or a job that ignores cancellation) and were cancelled; runs they held are taken over by "
+                "backups when their leases run out",
+                self.instance_id, abandoned, STOP_GRACE_S,
             )  # fmt: skip
+        for running in self._running.values():
+            if running.task in left:
+                log.error(
+                    "job %s slot %d attempt %d: the job ignores cancellation; stop() returns and leaves it running "
+                    "(its lease runs out, and a backup may run the run again beside it)",
+                    running.request.job, running.request.slot, running.context.attempt,
+                )  # fmt: skip
         self._queue.clear()
         if self._job_threads is not None:  # a sync job cancelled above may still run: its thread ends with it
             self._job_threads.shutdown(wait=False)
@@ -801,8 +812,6 @@ class Scheduler(Generic[M]):
     async def _not_started(self, request: RunRequest, claim: Claim) -> RunRecord:
         """A run won after stop() began: not started, but handed back or recorded as interrupted."""
         record = self._local_record(request, "interrupted", STOPPED, attempt=claim.attempt, fence=claim.fence)
-        if not self.backend.started:  # stop() closes the connection last; by then nothing can be sent
-            return record
         return await self._end(request, claim, record, {"job": request.job, "slot": request.slot})
 
     async def _end(
@@ -817,6 +826,8 @@ class Scheduler(Generic[M]):
         stop() cut short, or whose lease this instance lost, with attempts left, under leases. A backup takes it
         over when it next looks, as it would after a crash once the lease ran out. A manual run is not retried by
         backups, and a sync job whose function still runs on its thread would run twice: those are recorded."""
+        if not self.backend.started:  # stop() has closed the connection (it gave up on this run): nothing can be
+            return record  # sent, and the lease runs out as after a crash
         hand_back = (
             hand_back_allowed and record.status == "interrupted" and self.backend.leases and not request.manual
             and (record.message == STOPPED or (record.message or "").startswith(LEASE_LOST))
@@ -1019,16 +1030,22 @@ class SchedulerThread:
         self._loop.close()
 
 
-async def _end_by(*tasks: asyncio.Task[Any], at: float) -> int:
+async def _end_by(*tasks: asyncio.Task[Any], at: float) -> tuple[int, set[asyncio.Task[Any]]]:
     """Let the tasks end until the loop's time ``at``, then cancel those still going (waiting for a store that
-    does not answer) and wait for them to end. Returns how many were cancelled."""
+    does not answer, or running a job) and give them STOP_GRACE_S more to end. Returns how many were cancelled,
+    and those that did not end even then (a job that ignores cancellation): they are left running."""
     pending: set[asyncio.Task[Any]] = {task for task in tasks if not task.done()}
     if pending:
         _, pending = await asyncio.wait(pending, timeout=max(0.0, at - asyncio.get_running_loop().time()))
-    for task in pending:
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
-    return len(pending)
+    left: set[asyncio.Task[Any]] = set()
+    if pending:
+        for task in pending:
+            task.cancel()
+        _, left = await asyncio.wait(pending, timeout=STOP_GRACE_S)
+    for task in tasks:
+        if task.done() and not task.cancelled():
+            task.exception()  # retrieved: a failure was logged where it happened
+    return len(pending), left
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:

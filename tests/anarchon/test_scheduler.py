@@ -1347,11 +1347,63 @@ async def test_stop_ends_on_time_when_the_store_stops_answering(
         async with backup:
             await eventually(lambda: any(e.slot == first.slot and e.attempt == 2 for e in ledger.of("long")), 8)
     assert took_s < 0.5 + scheduler_module.STOP_GRACE_S + 1  # the socket timeout is 10 s
-    assert "did not answer in time" in caplog.text
+    assert "had not ended 1 s after stop()'s timeout" in caplog.text
     assert [(e.instance, e.attempt) for e in ledger.of("long") if e.slot == first.slot] == [
         ("frozen", 1),
         ("backup", 2),
     ]
+
+
+async def test_stop_ends_on_time_when_an_async_job_ignores_cancellation(
+    real_target: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An async job catches stop()'s cancellation, and the second one, and goes on: stop() gives it STOP_GRACE_S
+    after cancelling it again, then returns and names it in an error (before, stop() waited for it for ever). Its
+    lease runs out and a backup takes the run over; the job, let go later, ends without a word to the closed
+    store."""
+    with start_server(real_target) as running:
+        ledger = Ledger()
+        let_go = asyncio.Event()
+        cancellations: list[int] = []
+
+        async def ignore_cancellation(run: RunContext) -> None:
+            while not let_go.is_set():
+                try:
+                    await asyncio.sleep(0.05)
+                except asyncio.CancelledError:
+                    cancellations.append(run.slot)
+
+        def instance(name: str, catch_up_ms: int = 0) -> Scheduler[Any]:
+            scheduler = Scheduler(backend_for(real_target, running.url()), instance_id=name, lease_ms=2_000)
+            job = ledger.job(name, before=ignore_cancellation if name == "stubborn" else None)
+            scheduler.add_job("long", "* * * * * *", job, max_late_ms=60_000, catch_up_ms=catch_up_ms)
+            return scheduler
+
+        stubborn = instance("stubborn")
+        await stubborn.start()
+        await eventually(lambda: bool(ledger.of("long")), 5)
+        [first] = ledger.of("long")
+        began = time.monotonic()
+        await stubborn.stop(timeout=0.5)
+        took_s = time.monotonic() - began
+        told = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+        async with instance("backup", catch_up_ms=20_000):  # asks for the slots it missed
+            await eventually(lambda: any(e.slot == first.slot and e.attempt == 2 for e in ledger.of("long")), 8)
+        caplog.clear()
+        let_go.set()
+        await eventually(lambda: first.ended_ms is not None, 2)
+        await asyncio.sleep(0.1)  # the run's task ends after the job: it must not reach for the closed store
+    assert cancellations == [first.slot, first.slot]
+    assert told == [
+        f"job long slot {first.slot} attempt 1: the job ignores cancellation; stop() returns and leaves "
+        "it running (its lease runs out, and a backup may run the run again beside it)"
+    ]
+    assert took_s < 0.5 + 2 * scheduler_module.STOP_GRACE_S + 1
+    assert [(e.instance, e.attempt) for e in ledger.of("long") if e.slot == first.slot] == [
+        ("stubborn", 1),
+        ("backup", 2),
+    ]
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
 
 
 async def test_a_job_hogging_the_event_loop_keeps_its_lease(real_server: ServerUnderTest) -> None:
