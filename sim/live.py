@@ -100,7 +100,7 @@ class Proxy:
         self.upstream = (host, port)
         self.cuts = 0  # partitions in force: overlapping ones end when the last does
         self.refused = 0  # connections refused while cut off
-        self._pairs: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = set()
+        self._pairs: set[tuple[asyncio.StreamWriter, ...]] = set()
         self._server: asyncio.Server | None = None
 
     async def start(self) -> int:
@@ -112,19 +112,16 @@ class Proxy:
         return self.cuts > 0
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if self.cut_off:
-            self.refused += 1
-            writer.transport.abort()
-            return
-        try:
-            up_reader, up_writer = await asyncio.open_connection(*self.upstream)
-        except OSError:
-            writer.transport.abort()
-            return
-        pair = (writer, up_writer)
-        self._pairs.add(pair)
-        try:
-            await asyncio.gather(_pump(reader, up_writer), _pump(up_reader, writer))
+        pair: tuple[asyncio.StreamWriter, ...] = (writer,)
+        try:  # every way out closes what is open: refused, upstream down, or cancelled as the run's loop ends
+            if self.cut_off:
+                self.refused += 1
+                return
+            with contextlib.suppress(OSError):
+                up_reader, up_writer = await asyncio.open_connection(*self.upstream)
+                pair = (writer, up_writer)
+                self._pairs.add(pair)
+                await asyncio.gather(_pump(reader, up_writer), _pump(up_reader, writer))
         finally:
             self._pairs.discard(pair)
             for side in pair:

@@ -4,7 +4,10 @@ here; the live matrix (scenarios/test_live.py) runs the real ones."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import json
+import socket
 import time
 from pathlib import Path
 from typing import Any, cast
@@ -110,3 +113,28 @@ def test_a_late_instance_is_back_on_time_in_the_history(tmp_path: Path) -> None:
         "lease instance a claims 100 ms late",
         "lease instance a back on time",
     ]
+
+
+def test_a_connection_whose_upstream_does_not_answer_is_closed_when_the_run_ends() -> None:
+    """An instance connects to its proxy while the server does not answer the proxy's connect (its accept queue
+    is full): the run's loop ends meanwhile, and the connection the proxy accepted is closed, not left for the
+    garbage collector to warn about in a later test."""
+    with contextlib.ExitStack() as stack:
+        upstream = stack.enter_context(socket.socket())
+        upstream.bind(("127.0.0.1", 0))
+        upstream.listen(0)
+        stack.enter_context(socket.create_connection(upstream.getsockname()))  # fills the accept queue
+
+        async def connect_through_the_proxy() -> int:
+            proxy = Proxy(*upstream.getsockname())
+            port = await proxy.start()
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+            await asyncio.sleep(0.2)  # the proxy accepted it and waits on the upstream's connect
+            waiting = len([t for t in asyncio.all_tasks() if t is not asyncio.current_task()])
+            writer.close()
+            await proxy.close()
+            return waiting
+
+        with asyncio.Runner() as runner:  # as the live run's loop ends: what still waits is cancelled
+            assert runner.run(connect_through_the_proxy()) == 1
+        gc.collect()  # an unclosed transport would warn here (warnings are errors in the suite)
