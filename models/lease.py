@@ -1,8 +1,9 @@
 """lease: the job's run states, as lease_claim/heartbeat/finish/skip.lua keep them.
 
-The state hash holds one run per run id plus the job's fence counter. The scripts keep the ACTIVE set equal to
-the runs whose status is ``running`` and the SLOTS set equal to the others, so the model keeps only the runs and
-the counter. It covers scheduled runs (run id = slot); a manual run differs only in never being retried.
+The state hash holds one run per run id plus the job's fence counter and its "forgotten" slot (the latest slot
+of a run trim dropped). The scripts keep the ACTIVE set equal to the runs whose status is ``running`` and the
+SLOTS set equal to the others, so the model keeps only the runs, the counter and the forgotten slot. It covers
+scheduled runs (run id = slot); a manual run differs only in never being retried.
 History (the runs stream, the results set) is not modelled: no answer depends on it.
 """
 
@@ -42,6 +43,7 @@ class Run:
 class LeaseStore:
     runs: tuple[tuple[int, Run], ...] = ()  # (slot, run), sorted by slot
     fence: int = 0  # the job's fence counter: the fence of the latest attempt started
+    forgotten: int = 0  # the latest slot of a run that trim dropped: a claim for it or an earlier one is "done"
 
     def run(self, slot: int) -> Run | None:
         for s, r in self.runs:
@@ -51,17 +53,20 @@ class LeaseStore:
 
     def put(self, slot: int, run: Run, fence: int | None = None) -> LeaseStore:
         runs = sorted((*(pair for pair in self.runs if pair[0] != slot), (slot, run)), key=lambda pair: pair[0])
-        return LeaseStore(tuple(runs), self.fence if fence is None else fence)
+        return LeaseStore(tuple(runs), self.fence if fence is None else fence, self.forgotten)
 
     def drop(self, slots: Iterable[int]) -> LeaseStore:
         gone = set(slots)
-        return LeaseStore(tuple(pair for pair in self.runs if pair[0] not in gone), self.fence)
+        kept = tuple(pair for pair in self.runs if pair[0] not in gone)
+        return LeaseStore(kept, self.fence, max(self.forgotten, *gone) if gone else self.forgotten)
 
 
 def claim(store: LeaseStore, slot: int, token: str, now: int, policy: JobPolicy) -> tuple[LeaseStore, Claim]:
     r = store.run(slot)
     other_end = _live_other(store, slot, now, policy)
     if r is None:
+        if slot <= store.forgotten:  # trimmed long ago: a claim this late must not run it again
+            return store, Claim(Outcome.DONE)
         if other_end is not None:
             skipped = Run("skipped-overlap", 1, token, 0, 0).close("skipped-overlap", slot, now)
             return store.put(slot, skipped), Claim(Outcome.OVERLAP, 0, 0, other_end - now)

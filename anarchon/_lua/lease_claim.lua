@@ -10,7 +10,8 @@
 --   "running"  another attempt holds a live lease, or (overlap forbidden) the run's lease expired but another
 --              run of the job holds a live one; lease_ms_left says when to try again (the caller is a backup)
 --   "overlap"  another run of the job holds a live lease and overlap is forbidden: recorded as skipped-overlap
---   "done"     the run finished, was skipped, or used up its attempts (then it was recorded as interrupted)
+--   "done"     the run finished, was skipped, or used up its attempts (then it was recorded as interrupted),
+--              or trim has forgotten it: its slot is not after the job's "forgotten" slot (attempt and fence 0)
 local run, token, runner = ARGV[1], ARGV[2], ARGV[3]
 local lease_ms, max_attempts, overlap_allowed = tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6] == '1'
 local slot, manual = run_slot(run)
@@ -22,7 +23,7 @@ local function reply(answer, attempt, fence, lease_ms_left)
   return answer .. ' ' .. attempt .. ' ' .. fence .. ' ' .. lease_ms_left
 end
 
-local r, job_fence = load_run(run, true)
+local r, job_fence, forgotten = load_run(run, true)
 
 -- The lease end of another run of the job that is live now (nil if none, or if overlap is allowed). An older
 -- run still going blocks this one, and so does a newer one when this claim comes late or takes a run over.
@@ -52,6 +53,9 @@ local function start_attempt(attempt)
 end
 
 if not r then
+  if tonumber(slot) <= forgotten then -- ended long ago and forgotten: this claim comes later than keep_ms allows
+    return reply('done', 0, 0, 0)
+  end
   local other, other_end = live_other()
   if other then
     local skipped = { status = 'skipped-overlap', attempt = 1, token = token, runner = runner, lease_end = 0,

@@ -3,8 +3,8 @@
 --   state (hash), active (set), slots (sorted set), runs (stream), results (sorted set).
 -- The state hash holds one field per run, named by the run id, whose value is
 --   status|attempt|token|runner|lease_end|fence|slot|manual|started
--- (one field, so a claim reads and writes a run in one command), the job-wide counter "fence", and "since"
--- (lease_since.lua).
+-- (one field, so a claim reads and writes a run in one command), the job-wide counter "fence", "since"
+-- (lease_since.lua), and "forgotten": the latest slot of a run that trim dropped (see trim).
 
 -- TIME followed by writes needs effects replication, the default from Redis 5.0 (the oldest supported).
 
@@ -22,21 +22,21 @@ local function server_now()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
--- A run's state as a table (nil when the store has none), and with `with_fence`, the job's fence counter:
--- read in the same command, so that a claim costs one read.
+-- A run's state as a table (nil when the store has none), and with `with_fence`, the job's fence counter and
+-- its "forgotten" slot: read in the same command, so that a claim costs one read.
 local function load_run(run, with_fence)
-  local value, fence_counter
+  local value, fence_counter, forgotten
   if with_fence then
-    local both = redis.call('HMGET', STATE, run, 'fence')
-    value, fence_counter = both[1], tonumber(both[2] or '0')
+    local fields = redis.call('HMGET', STATE, run, 'fence', 'forgotten')
+    value, fence_counter, forgotten = fields[1], tonumber(fields[2] or '0'), tonumber(fields[3] or '0')
   else
     value = redis.call('HGET', STATE, run)
   end
-  if not value then return nil, fence_counter end
+  if not value then return nil, fence_counter, forgotten end
   local status, attempt, token, runner, lease_end, fence, slot, manual, started = string.match(value, RUN_PATTERN)
   return { status = status, attempt = tonumber(attempt), token = token, runner = runner,
     lease_end = tonumber(lease_end), fence = tonumber(fence), slot = slot, manual = manual, started = started },
-    fence_counter
+    fence_counter, forgotten
 end
 
 -- Write a run's state; `fence_counter`, when given, is the job's new fence counter, written in the same command.
@@ -81,6 +81,9 @@ end
 -- Keep about history_size runs and history_ttl_ms of history. A run is dropped from the state only when it
 -- is finished (then it is in the slots set) and both its slot and its end are older than keep_ms (the longest a
 -- late claim or a catch-up could still ask for it after its slot, or a backup's next look after its end).
+-- The latest slot dropped is kept as "forgotten": a claim that comes later still (a backup cut off from the
+-- store, or paused, for longer than keep_ms) finds the run gone, and is answered "done" instead of winning it
+-- again. No other claim can ask for that slot: it is older than keep_ms.
 -- A run left active by instances that all died is closed as interrupted once nobody can claim it any more.
 -- Without history_ttl_ms the work is done once the finished runs are a tenth over history_size (at least one):
 -- most finishes then cost one ZCARD here instead of five commands.
@@ -110,10 +113,14 @@ local function trim(now, history_size, keep_ms, ttl_ms)
       'LIMIT', 0, 100)
     for _, run in ipairs(expired) do candidates[#candidates + 1] = run end
   end
+  local forgotten, forgotten_slot = tonumber(redis.call('HGET', STATE, 'forgotten') or '0'), nil
   for _, run in ipairs(candidates) do
     redis.call('HDEL', STATE, run)
     redis.call('ZREM', SLOTS, run)
+    local slot = run_slot(run)
+    if tonumber(slot) > forgotten then forgotten, forgotten_slot = tonumber(slot), slot end
   end
+  if forgotten_slot then redis.call('HSET', STATE, 'forgotten', forgotten_slot) end
   redis.call('ZREMRANGEBYRANK', RESULTS, 0, -(history_size + 1))
   redis.call('XTRIM', RUNS, 'MAXLEN', '~', history_size)
   if ttl_ms > 0 then

@@ -468,6 +468,31 @@ async def test_history_is_trimmed_but_never_a_running_or_claimable_run(target: S
         assert history_size <= runs_len <= history_size + node - 1, runs_len
 
 
+async def test_lease_a_claim_for_a_run_trim_dropped_is_done_not_won_again(target: StoreTarget) -> None:
+    """A claim may come after trim dropped its run: a backup cut off from the store, or paused, for longer than
+    keep_ms. The state keeps the latest slot trim dropped ("forgotten"), and a claim for it or an earlier slot
+    without a state is "done" (it won a new first attempt before: the slot ran twice). Later slots are claimed
+    as ever."""
+    backend = await target.started_backend("lease")
+    keep_none = JobPolicy(lease_ms=60_000, history_size=1, keep_ms=0)
+    now = int(await target.server_ms())
+    slots = [now - 3_600_000 + i * 1000 for i in range(4)]
+    for slot in slots:
+        req = request(slot, "a")
+        won = await claim_one(backend, req, keep_none)
+        assert await backend.strategy.finish(backend.store, req, won, keep_none, record(req, won))
+        await asyncio.sleep(0.002)  # each run ends in a ms of its own: trim drops the runs that ended before it
+    # The third finish found 3 finished runs, more than history_size plus its tenth (at least one): it dropped
+    # the two that had ended before it. The fourth found 2.
+    assert await target.raw("HGET", "{cron:sync}:state", "forgotten") == str(slots[1])
+    for slot in (slots[0] - 1000, slots[0], slots[1]):
+        assert not await target.raw("HEXISTS", "{cron:sync}:state", str(slot))
+        assert await claim_one(backend, request(slot, "late"), keep_none) == Claim(Outcome.DONE, 0, 0, 0)
+    kept = await claim_one(backend, request(slots[2], "late"), keep_none)
+    assert (kept.outcome, kept.attempt) == (Outcome.DONE, 1)  # still in the state: done as it ended
+    assert (await claim_one(backend, request(now, "new"), keep_none)).outcome is Outcome.WON
+
+
 async def test_script_deletes_entries_older_than_its_window_and_keeps_newer_ones(target: StoreTarget) -> None:
     """Over history_size, the script drops entries a claim no longer reads (older than window_ms) and keeps
     every entry inside the window, however many."""

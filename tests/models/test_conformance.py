@@ -154,7 +154,8 @@ class LeaseMachine(StoreMachine):
     @invariant()
     def same_finished_runs(self) -> None:
         """After a call that closed a run, and so may have trimmed, the store's slots set (each finished run,
-        scored with its slot or the moment it ended if later) holds the model's finished runs and scores. Answers
+        scored with its slot or the moment it ended if later) holds the model's finished runs and scores, and the
+        state's "forgotten" field the model's latest slot dropped. Answers
         show a wrong score, a wrong drop or a wrong close only once some claim asks for that run, if ever."""
         if not self.closed:
             return
@@ -166,6 +167,8 @@ class LeaseMachine(StoreMachine):
         for slot, closed in expected.items():
             # A moment of closing differs by up to a call's time; a slot, not at all.
             assert abs(real[slot] - closed) <= self.slack_ms, f"run {slot} scored {real[slot]}, in the model {closed}"
+        forgotten = self.raw("HGET", self.backend.strategy.keys.lease(self.job).state, "forgotten")
+        assert int(as_text(forgotten) if forgotten else 0) == self.model.forgotten, "the latest slot trim dropped"
 
     def raw(self, *command: Any) -> Any:
         return self.harness.run(self.harness.target.raw(*command))

@@ -734,3 +734,24 @@ def test_nothing_reaches_the_store_after_the_end() -> None:
     outcome = simulate(scenario, "lease", 1)
     assert [e for e in outcome.history.events if e.t > 100.5] == []
     assert max(x.started for x in outcome.history.executions) <= 100.5
+
+
+def test_a_backup_cut_off_for_longer_than_keep_ms_does_not_run_a_forgotten_run_again() -> None:
+    """b stands by as the backup of the slots a runs, then is cut off from the store for 100 s, longer than the
+    job's keep_ms (5 s late + 3 leases of 2 s + 60 s), while a's finishes trim the history to about 5 runs. Back,
+    b's backups ask for runs the store has dropped: the store answers "done" for every slot up to the latest it
+    dropped. Before, each such backup won a new first attempt and ran its slot a second time."""
+    scenario = parse({
+        "name": "forgotten", "duration_s": 200,
+        "scheduler": {"lease_ms": 2000, "heartbeat_ms": 500, "history_size": 5},
+        "instances": [{"name": "a"}, {"name": "b"}],
+        "jobs": [{"name": "tick", "cron": "* * * * * *", "work_s": 1.5, "max_late_ms": 5000}],
+        "faults": [{"at_s": 20, "kind": "partition", "instance": "b", "duration_s": 100}],
+    })  # fmt: skip
+    outcome = simulate(scenario, "lease", 1)
+    p1 = outcome.judgement.verdict("P1")
+    assert p1.status == "valid", p1.witness
+    back = [e for e in outcome.history.events if (e.process, e.op, e.kind) == ("b", "claim", "ok") and e.t >= 120]
+    forgotten = {int(e.run) for e in back if e.value.startswith("done attempt=0 ")}
+    assert forgotten, "no backup asked for a forgotten run: the test no longer tests it"
+    assert max(forgotten) < (EPOCH_S + 120 - 71) * 1000  # older than keep_ms when b came back
