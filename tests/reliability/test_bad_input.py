@@ -320,7 +320,8 @@ def test_jobs_raise_nothing_but_anarchon_errors(
 
 # --- valid input is accepted -------------------------------------------------------------------------------
 
-ZONES = sorted(zoneinfo.available_timezones())
+# Where the zone database has them, "localtime" and "posixrules" name the machine's own zone, which is refused
+ZONES = sorted(zoneinfo.available_timezones() - {"localtime", "posixrules"})
 valid_names = st.from_regex(r"[A-Za-z0-9_.\-/@+=]{1,200}", fullmatch=True)
 valid_prefixes = st.from_regex(r"[A-Za-z0-9_.\-/@+=:]{0,100}", fullmatch=True)
 
