@@ -62,6 +62,11 @@ LEASE_MARGIN = 0.05  # share of the lease a winner gives up, so that it stops be
 # After stop()'s timeout, how long the runs it cut short (and claims in flight) may still wait for the store to
 # take their hand-back or result: a store that does not answer then is given up on, as after a crash.
 STOP_GRACE_S = 1.0
+# Why a lease claim answered that the store has forgotten the run (Claim.forgotten) does not run it.
+FORGOTTEN = (
+    "the store's history no longer reaches back to this run (it ended more than keep_ms ago, or this clock is far "
+    "behind the store's)"
+)
 FINISH_RETRY_S = 1.0  # a result the store could not take is sent again this often, while the lease lasts
 # Runs due together are claimed in pipelines of CLAIM_BATCH, CLAIM_LANES of them in flight at a time: the runs
 # of the first pipelines start while the store answers the next ones (instead of every run waiting for the
@@ -519,6 +524,8 @@ class Scheduler(Generic[M]):
         [claim] = await self.backend.strategy.claim(self.backend.store, [(request, self._policies[job.name])])
         if isinstance(claim, StoreError):
             raise claim
+        if claim.forgotten:  # a new run id, at a moment the store has forgotten: this clock is far behind
+            return self._local_record(request, "skipped-late", FORGOTTEN)
         if claim.outcome is not Outcome.WON:
             return self._local_record(request, "skipped-overlap", "another run of the job was still running")
         if not self._started:  # stop() began while the claim was on its way: the job is not started
@@ -668,6 +675,8 @@ class Scheduler(Generic[M]):
         if claim.outcome is Outcome.RUNNING:
             log.debug("job %s slot %d: running elsewhere; standing by", name, slot, extra=extra)
             self._push(now + claim.lease_ms_left + 1, name, slot, "backup")
+        elif claim.forgotten:  # a backup that was cut off or paused for longer than keep_ms
+            log.info("job %s slot %d: not run: %s", name, slot, FORGOTTEN, extra=extra)
         elif claim.outcome is Outcome.OVERLAP:  # a slot that will not run: as visible as a late one
             log.info("job %s slot %d: skipped-overlap: an earlier run of the job is still going", name, slot,
                      extra=extra)  # fmt: skip
@@ -720,6 +729,8 @@ class Scheduler(Generic[M]):
                 if claim.outcome is Outcome.WON:
                     log.info("job %s: catching up slot %d", job.name, slot, extra={"job": job.name, "slot": slot})
                     await self._execute(job, request, claim, sent)
+                elif claim.forgotten:  # only with a longer catch_up_ms than another instance's trim allows for
+                    log.info("job %s: slot %d not caught up: %s", job.name, slot, FORGOTTEN)
                 break
 
     async def _catch_up_since(self, job: Job, now: int) -> int:

@@ -83,7 +83,8 @@ end
 -- late claim or a catch-up could still ask for it after its slot, or a backup's next look after its end).
 -- The latest slot dropped is kept as "forgotten": a claim that comes later still (a backup cut off from the
 -- store, or paused, for longer than keep_ms) finds the run gone, and is answered "done" instead of winning it
--- again. No other claim can ask for that slot: it is older than keep_ms.
+-- again. No other claim can ask for that slot: it is older than keep_ms (when every instance gives the job the
+-- same keep_ms; one with a longer keep_ms is refused the slots between, though they never ran).
 -- A run left active by instances that all died is closed as interrupted once nobody can claim it any more.
 -- Without history_ttl_ms the work is done once the finished runs are a tenth over history_size (at least one):
 -- most finishes then cost one ZCARD here instead of five commands.

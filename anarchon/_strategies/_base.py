@@ -32,6 +32,12 @@ class Claim(NamedTuple):
     fence: int = 0
     lease_ms_left: int = 0  # lease: how long the holder's lease lasts from the server's point of view
 
+    @property
+    def forgotten(self) -> bool:
+        """lease: the run is older than anything the store still remembers (trim dropped it, or a later one): it
+        ran or was decided long ago, and is not run again."""
+        return self.outcome is Outcome.DONE and self.attempt == 0
+
 
 CLAIM_MARGIN_MS = 60_000  # kept beyond a job's claim horizon, for clock differences between instances
 

@@ -487,9 +487,11 @@ async def test_lease_a_claim_for_a_run_trim_dropped_is_done_not_won_again(target
     assert await target.raw("HGET", "{cron:sync}:state", "forgotten") == str(slots[1])
     for slot in (slots[0] - 1000, slots[0], slots[1]):
         assert not await target.raw("HEXISTS", "{cron:sync}:state", str(slot))
-        assert await claim_one(backend, request(slot, "late"), keep_none) == Claim(Outcome.DONE, 0, 0, 0)
+        late = await claim_one(backend, request(slot, "late"), keep_none)
+        assert late == Claim(Outcome.DONE, 0, 0, 0)
+        assert late.forgotten
     kept = await claim_one(backend, request(slots[2], "late"), keep_none)
-    assert (kept.outcome, kept.attempt) == (Outcome.DONE, 1)  # still in the state: done as it ended
+    assert (kept.outcome, kept.attempt, kept.forgotten) == (Outcome.DONE, 1, False)  # done as it ended
     assert (await claim_one(backend, request(now, "new"), keep_none)).outcome is Outcome.WON
 
 

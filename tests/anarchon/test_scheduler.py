@@ -660,6 +660,21 @@ async def test_run_now_while_a_scheduled_run_is_going(target: StoreTarget, overl
     assert history[0].status == record.status
 
 
+async def test_run_now_on_a_clock_behind_what_the_store_remembers_is_skipped_late(target: StoreTarget) -> None:
+    """An instance whose clock is 200 s behind asks run_now for a moment older than the latest slot trim dropped:
+    the store answers that its history no longer reaches back that far, and the manual run is recorded
+    skipped-late, saying so (it was recorded skipped-overlap, "another run of the job was still running")."""
+    ledger = Ledger()
+    scheduler = Scheduler(target.backend("lease"), instance_id="behind", clock=OffsetClock(-200_000))
+    scheduler.add_job("report", "0 0 1 1 *", ledger.job("behind"))
+    async with scheduler:
+        dropped = int(await target.server_ms()) - 100_000  # as if trim had dropped a run of 100 s ago
+        await target.raw("HSET", "{cron:report}:state", "forgotten", dropped)
+        record = await scheduler.run_now("report")
+    assert (record.manual, record.status, record.message) == (True, "skipped-late", scheduler_module.FORGOTTEN)
+    assert not ledger.executions
+
+
 async def test_run_now_with_claim_only_strategies_runs_and_is_recorded(target: StoreTarget) -> None:
     for strategy in strategies_for(target)[1:]:
         ledger = Ledger()
