@@ -93,22 +93,27 @@ class StoreModel(Generic[S]):
 
 
 class LeaseModel(StoreModel[lease.LeaseStore]):
+    """``policy``: POLICY keeps every run; a small history_size and keep_ms let finishes trim (see the tests)."""
+
     leases = True
+
+    def __init__(self, policy: JobPolicy = POLICY) -> None:
+        self.policy = policy
 
     def initial(self) -> lease.LeaseStore:
         return lease.LeaseStore()
 
     def claim(self, store: lease.LeaseStore, slot: int, token: str, now: int) -> tuple[lease.LeaseStore, Claim]:
-        return lease.claim(store, slot, token, now, POLICY)
+        return lease.claim(store, slot, token, now, self.policy)
 
     def heartbeat(self, store: lease.LeaseStore, slot: int, token: str, now: int) -> tuple[lease.LeaseStore, int]:
-        return lease.heartbeat(store, slot, token, now, POLICY)
+        return lease.heartbeat(store, slot, token, now, self.policy)
 
     def finish(self, store: lease.LeaseStore, slot: int, token: str, now: int) -> lease.LeaseStore:
-        return lease.finish(store, slot, token, "ok", now, POLICY)[0]
+        return lease.finish(store, slot, token, "ok", now, self.policy)[0]
 
     def skip(self, store: lease.LeaseStore, slot: int, token: str, now: int) -> lease.LeaseStore:
-        return lease.skip(store, slot, token, now, POLICY)[0]
+        return lease.skip(store, slot, token, now, self.policy)[0]
 
 
 class StreamIdModel(StoreModel[stream_id.StreamIdStore]):

@@ -4,10 +4,12 @@ guarantees in a small scope."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import pytest
 
-from models.explore import MODELS, PROPERTIES, Explorer, Result, main
+from models import lease
+from models.explore import MODELS, POLICY, PROPERTIES, Explorer, LeaseModel, Result, main
 
 
 def explore(
@@ -77,6 +79,30 @@ def test_a_lease_takeover_waits_for_another_live_run() -> None:
     explorer found this when the takeover checked no other run): now it waits, and no overlap is reachable."""
     result = explore("lease", ["crash"], slots=3, check="P3")
     assert result.problems == []
+
+
+class ForgetfulLeaseModel(LeaseModel):
+    """The lease store as it was before it kept the latest slot trim dropped."""
+
+    def finish(self, store: lease.LeaseStore, slot: int, token: str, now: int) -> lease.LeaseStore:
+        return replace(super().finish(store, slot, token, now), forgotten=0)
+
+    def skip(self, store: lease.LeaseStore, slot: int, token: str, now: int) -> lease.LeaseStore:
+        return replace(super().skip(store, slot, token, now), forgotten=0)
+
+
+def test_lease_never_runs_a_slot_again_that_trim_forgot() -> None:
+    """A history trimmed to one run, each kept for 1 quantum after it ends, and claims that may come at any time
+    after their slot (as a backup cut off for longer than keep_ms asks): a claim for a dropped run is done, and
+    no slot runs twice. Without the forgotten slot, the same exploration finds the slot run again."""
+    trimmed = replace(POLICY, history_size=1, keep_ms=1)
+    checks = ["P1", "P3", "P4", "P6"]
+    result = Explorer(LeaseModel(trimmed), 2, 3, ["late"], checks).run(10)
+    assert result.problems == []
+    assert result.states > 50_000
+    forgetful = Explorer(ForgetfulLeaseModel(trimmed), 2, 3, ["late"], checks).run(10)
+    assert violated(forgetful) == {"P1"}
+    assert sum("claims slot 0: won attempt 1" in line for line in forgetful.trace) == 2  # the late claim won it
 
 
 def test_the_command_line_reports_states_and_the_verdict(capsys: pytest.CaptureFixture[str]) -> None:
