@@ -58,7 +58,7 @@ class LeaseStore:
     def drop(self, slots: Iterable[int]) -> LeaseStore:
         gone = set(slots)
         kept = tuple(pair for pair in self.runs if pair[0] not in gone)
-        return LeaseStore(kept, self.fence, max(self.forgotten, *gone) if gone else self.forgotten)
+        return LeaseStore(kept, self.fence, max((self.forgotten, *gone)))
 
 
 def claim(store: LeaseStore, slot: int, token: str, now: int, policy: JobPolicy) -> tuple[LeaseStore, Claim]:

@@ -114,14 +114,16 @@ local function trim(now, history_size, keep_ms, ttl_ms)
       'LIMIT', 0, 100)
     for _, run in ipairs(expired) do candidates[#candidates + 1] = run end
   end
-  local forgotten, forgotten_slot = tonumber(redis.call('HGET', STATE, 'forgotten') or '0'), nil
-  for _, run in ipairs(candidates) do
-    redis.call('HDEL', STATE, run)
-    redis.call('ZREM', SLOTS, run)
-    local slot = run_slot(run)
-    if tonumber(slot) > forgotten then forgotten, forgotten_slot = tonumber(slot), slot end
+  if #candidates > 0 then -- most trims drop nothing: they read no "forgotten" either
+    local forgotten, forgotten_slot = tonumber(redis.call('HGET', STATE, 'forgotten') or '0'), nil
+    for _, run in ipairs(candidates) do
+      redis.call('HDEL', STATE, run)
+      redis.call('ZREM', SLOTS, run)
+      local slot = run_slot(run)
+      if tonumber(slot) > forgotten then forgotten, forgotten_slot = tonumber(slot), slot end
+    end
+    if forgotten_slot then redis.call('HSET', STATE, 'forgotten', forgotten_slot) end
   end
-  if forgotten_slot then redis.call('HSET', STATE, 'forgotten', forgotten_slot) end
   redis.call('ZREMRANGEBYRANK', RESULTS, 0, -(history_size + 1))
   redis.call('XTRIM', RUNS, 'MAXLEN', '~', history_size)
   if ttl_ms > 0 then
