@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import re
 import socket
 import subprocess
@@ -24,12 +25,14 @@ from sim.servers import (
     TARGETS,
     ProvisionError,
     RunningServer,
+    ServerError,
     installed,
     provision,
     provisioned_targets,
     start_server,
 )
 from sim.servers import _provision as provisioning
+from sim.servers._local import pick_port
 from sim.servers.testing import ServerUnderTest, resolve_selection
 
 SERIES = {"redis-5": "5.0.", "redis-7": "7.0.", "redis-8.6": "8.6.", "valkey-9": "9."}
@@ -246,6 +249,53 @@ def test_kill_pause_and_restart(real_target: str) -> None:
             assert server.pid is None
         finally:
             client.close()
+
+
+# A process that picks a port with every draw rigged to the one given; prints the port or the error's name.
+_PICK_RIGGED = """
+import random, sys
+from sim.servers._local import pick_port
+class Rigged(random.Random):
+    def randrange(self, *args):
+        return int(sys.argv[1])
+try:
+    print(pick_port(rng=Rigged()))
+except Exception as error:
+    print(type(error).__name__)
+"""
+
+
+def _picked_elsewhere(port: int) -> str:
+    done = subprocess.run(
+        [sys.executable, "-c", _PICK_RIGGED, str(port)], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+class _Rigged(random.Random):
+    def __init__(self, port: int) -> None:
+        super().__init__()
+        self.port = port
+
+    def randrange(self, *_: Any, **__: Any) -> int:
+        return self.port
+
+
+def test_a_killed_nodes_ports_stay_its_own_until_it_is_gone(real_target: str) -> None:
+    """A killed cluster node frees its port and its bus port. No other server may start there before the node
+    restarts: cluster clients would reconnect to that stranger and send it the lost node's commands."""
+    with start_server(real_target, cluster=True) as server:
+        port = server.port
+        server.kill()
+        assert not _port_answers(port)
+        assert _picked_elsewhere(port) == "ServerError"  # another process (a test worker) skips it
+        assert _picked_elsewhere(port + 10000) == "ServerError"
+        with pytest.raises(ServerError):
+            pick_port(rng=_Rigged(port))  # and so does this one
+        server.restart()
+    assert _picked_elsewhere(port) == str(port)  # gone for good: free for anyone
+    assert _picked_elsewhere(port + 10000) == str(port + 10000)
 
 
 # --- provisioning and the command line

@@ -11,7 +11,7 @@ from typing import Literal
 
 from sim.servers._docker import docker_engine_answers, docker_host, start_docker
 from sim.servers._errors import ServerError
-from sim.servers._local import ServerProcess, register_dir, release_dir, start_process
+from sim.servers._local import ServerProcess, register_dir, release_dir, release_port, start_process
 from sim.servers._ops import (
     base_args,
     form_cluster,
@@ -145,6 +145,7 @@ def _start_local(
     finally:
         for handle in reversed(handles):
             handle.kill()
+            release_port(handle.port)
         release_dir(root)
 
 

@@ -14,7 +14,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from sim.servers._errors import ServerError
-from sim.servers._local import pick_port
+from sim.servers._local import pick_port, release_port
 from sim.servers._ops import base_args, pings, reported_version, wait_replica_link, wait_until
 from sim.servers._running import RunningServer
 from sim.servers._targets import TargetSpec
@@ -108,10 +108,12 @@ def _container(spec: TargetSpec, args: Sequence[str]) -> Iterator[tuple[Any, str
     binary = "valkey-server" if spec.flavour == "valkey" else "redis-server"
     command = [binary, "--save", "", "--appendonly", "no", *args]
     container = DockerContainer(spec.docker_image).with_command(command)
-    container.with_bind_ports(CONTAINER_PORT, pick_port())
+    published = pick_port()
+    container.with_bind_ports(CONTAINER_PORT, published)
     try:
         container.start()
     except Exception as exc:
+        release_port(published)
         raise ServerError(f"{spec.name}: could not start container {spec.docker_image}: {exc}") from exc
     try:
         host = container.get_container_host_ip()
@@ -120,6 +122,7 @@ def _container(spec: TargetSpec, args: Sequence[str]) -> Iterator[tuple[Any, str
         yield container, host, port
     finally:
         container.stop()
+        release_port(published)
 
 
 @contextlib.contextmanager

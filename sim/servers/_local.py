@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import fcntl
 import os
 import random
 import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -60,15 +62,74 @@ def _bindable(port: int) -> bool:
     return True
 
 
+class _PortBook:
+    """Ports held for servers of this process, from the moment they are picked until `release_port`.
+
+    A killed or stopped server frees its port, and its port stays free until the server starts again. Another
+    process picking a port meanwhile (another test worker) must not start a server there: a cluster client would
+    reconnect to that stranger and send it the lost node's commands. Each held port is a POSIX lock on one byte
+    (at the port's offset) of a file every process on the machine shares; the kernel drops a process's locks
+    when it exits, however it exits. POSIX locks do not exclude their own process, hence the map beside them.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._fd: int | None = None  # opened once: closing any descriptor of the file drops all our locks
+        self._held: dict[int, tuple[int, ...]] = {}  # a server's port -> every port held for it
+        self._lock = threading.Lock()
+
+    def take(self, ports: tuple[int, ...]) -> bool:
+        """Hold all of `ports` for the server on `ports[0]`, or none of them if anyone holds one already."""
+        with self._lock:
+            held = {each for group in self._held.values() for each in group}
+            if held.intersection(ports):
+                return False
+            if self._fd is None:
+                self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o666)
+            taken: list[int] = []
+            for port in ports:
+                try:
+                    fcntl.lockf(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, port)
+                except OSError:
+                    self._unlock(taken)
+                    return False
+                taken.append(port)
+            self._held[ports[0]] = ports
+            return True
+
+    def give_back(self, port: int) -> None:
+        """Release every port held for the server on `port`."""
+        with self._lock:
+            self._unlock(self._held.pop(port, ()))
+
+    def _unlock(self, ports: Sequence[int]) -> None:
+        assert self._fd is not None
+        for port in ports:
+            fcntl.lockf(self._fd, fcntl.LOCK_UN, 1, port)
+
+
+_ports = _PortBook(Path(tempfile.gettempdir()) / "anarchon-ports.lock")
+
+
 def pick_port(*, cluster_bus: bool = False, rng: random.Random | None = None) -> int:
-    """A loopback port that is free now (and port + 10000 too, for a cluster node's bus)."""
+    """A loopback port that is free now (and port + 10000 too, for a cluster node's bus), held for this process
+    until `release_port`: other processes that pick ports here skip it even while its server is down."""
     chooser = rng or random.SystemRandom()
     low, high = _port_range()
     for _ in range(200):
         port = chooser.randrange(low, high)
-        if _bindable(port) and (not cluster_bus or _bindable(port + 10000)):
+        wanted = (port, port + 10000) if cluster_bus else (port,)
+        if not _ports.take(wanted):
+            continue
+        if all(_bindable(each) for each in wanted):
             return port
+        _ports.give_back(port)
     raise ServerError(f"no free loopback port found in {low}..{high}")
+
+
+def release_port(port: int) -> None:
+    """Let other servers have `port` (and its cluster bus port) again, once its server is gone for good."""
+    _ports.give_back(port)
 
 
 def _pdeathsig_prefix() -> list[str]:
@@ -300,6 +361,7 @@ def start_process(
             handle.start()
         except BindError as exc:
             last = exc
+            release_port(handle.port)
             for stale in ("server.log", "stdout.log", "nodes.conf"):
                 (directory / stale).unlink(missing_ok=True)
             continue

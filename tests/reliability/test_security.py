@@ -32,7 +32,7 @@ from anarchon._store import Command, Connection, Reply, ServerInfo
 from anarchon._strategies import lease, script
 from anarchon._strategies._claim_only import TRIM_STREAM
 from sim.servers import start_server
-from sim.servers._local import pick_port
+from sim.servers._local import pick_port, release_port
 from sim.servers._running import RunningServer
 from sim.servers.testing import resolve_selection
 from tests.support import Ledger, eventually, second_from_now
@@ -94,17 +94,20 @@ def tls_server(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Co
     tls_port = pick_port()
     tls = ["--tls-port", str(tls_port), "--tls-cert-file", str(cert), "--tls-key-file", str(key)]
     tls += ["--tls-ca-cert-file", str(ca), "--tls-auth-clients", "no"]
-    with start_server(TARGET, extra_args=tls) as server:
-        admin = server.client(socket_timeout=10)
-        try:
-            for user, prefix in (("alice", "a:"), ("bob", "b:")):
-                patterns = [f"~{prefix}*", f"~{{{prefix}*"]
-                admin.execute_command(
-                    "ACL", "SETUSER", user, "reset", "on", f">{PASSWORDS[user]}", *patterns, *ACL_RULES
-                )
-        finally:
-            admin.close()
-        yield TlsServer(server, tls_port, ca)
+    try:
+        with start_server(TARGET, extra_args=tls) as server:
+            admin = server.client(socket_timeout=10)
+            try:
+                for user, prefix in (("alice", "a:"), ("bob", "b:")):
+                    patterns = [f"~{prefix}*", f"~{{{prefix}*"]
+                    admin.execute_command(
+                        "ACL", "SETUSER", user, "reset", "on", f">{PASSWORDS[user]}", *patterns, *ACL_RULES
+                    )
+            finally:
+                admin.close()
+            yield TlsServer(server, tls_port, ca)
+    finally:
+        release_port(tls_port)
 
 
 @pytest.fixture
