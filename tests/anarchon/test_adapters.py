@@ -636,12 +636,24 @@ async def test_while_a_primary_is_down_the_others_answer_their_part_of_a_batch(r
         try:
             running.control.kill()  # the first primary: no replica takes its slots over
             lost = [running.shard_of(KeySpace().lease(job).state) == running.shards[0] for job in jobs]
+            whole_batch_timeouts = 0
             for step in range(3):  # again and again: the map of slots is read again in between
                 slot = SLOT + step * 1000
                 requests = [
                     (RunRequest(job, str(slot), slot, f"t{step}", "r"), JobPolicy(overlap=True)) for job in jobs
                 ]
-                claims = await backend.strategy.claim(backend.store, requests)
+                while True:
+                    try:
+                        claims = await backend.strategy.claim(backend.store, requests)
+                        break
+                    except StoreUnavailableError:
+                        # GLIDE times a whole batch out (after its request_timeout, 250 ms by default) when it
+                        # sent part of it to the lost node before noticing the node was gone, and again while
+                        # it waits to reconnect there. The scheduler sends such a batch again, with the same
+                        # tokens: the claims the first try won on the other primaries are won again.
+                        whole_batch_timeouts += 1
+                        assert name == "glide-cluster"
+                        assert whole_batch_timeouts <= 4
                 assert [isinstance(claim, StoreUnavailableError) for claim in claims] == lost, claims
                 assert all(claim.outcome is Outcome.WON for claim in claims if isinstance(claim, Claim))
         finally:
