@@ -16,6 +16,7 @@ from anarchon._strategies import Claim, JobPolicy, Outcome
 
 RUNNING = "running"
 ABANDONED_SAMPLE = 3  # trim looks at SRANDMEMBER(active, 3)
+HANDED_BACK = 0  # the lease end of a running attempt that gave its run back
 
 
 class Unpredictable(Exception):
@@ -27,7 +28,7 @@ class Run:
     status: str  # running | ok | error | interrupted | skipped-late | skipped-overlap
     attempt: int
     token: str
-    lease_end: int  # server ms; 0 for a run that never ran
+    lease_end: int  # server ms; 0 for a run that never ran, or HANDED_BACK
     fence: int
     closed: int = 0  # a finished run's score in the SLOTS set: its slot, or the moment it ended if later
 
@@ -112,7 +113,7 @@ def heartbeat(store: LeaseStore, slot: int, token: str, now: int, policy: JobPol
     """The lease ms left after the extension, 0 if refused. An expired lease is extended all the same when
     nobody took the run over."""
     r = store.run(slot)
-    if r is None or not r.running or r.token != token:
+    if r is None or not r.running or r.token != token or r.lease_end == HANDED_BACK:
         return store, 0
     return store.put(slot, replace(r, lease_end=now + policy.lease_ms)), policy.lease_ms
 
@@ -126,12 +127,13 @@ def finish(
     return trim(store.put(slot, r.close(status, slot, now)), now, policy), True
 
 
-def release(store: LeaseStore, slot: int, token: str, now: int) -> tuple[LeaseStore, bool]:
-    """The current attempt gives its run back unfinished: its lease ends now (if not already over)."""
+def release(store: LeaseStore, slot: int, token: str) -> tuple[LeaseStore, bool]:
+    """The current attempt gives its run back unfinished: its lease end becomes HANDED_BACK (over), and a
+    heartbeat of the attempt that arrives afterwards is refused."""
     r = store.run(slot)
     if r is None or not r.running or r.token != token:
         return store, False
-    return store.put(slot, replace(r, lease_end=min(r.lease_end, now))), True
+    return store.put(slot, replace(r, lease_end=HANDED_BACK)), True
 
 
 def skip(store: LeaseStore, slot: int, token: str, now: int, policy: JobPolicy) -> tuple[LeaseStore, bool]:

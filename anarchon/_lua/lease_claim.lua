@@ -95,5 +95,6 @@ local _, other_end = live_other()
 if other_end then -- taking the run over now would run it beside another one: wait for that one's lease
   return reply('running', r.attempt, r.fence, other_end - now)
 end
-record_result(run, r, 'interrupted', now, '"lease expired; taken over by attempt ' .. (r.attempt + 1) .. '"')
+local ended = r.lease_end == 0 and 'handed back' or 'lease expired'
+record_result(run, r, 'interrupted', now, '"' .. ended .. '; taken over by attempt ' .. (r.attempt + 1) .. '"')
 return start_attempt(r.attempt + 1)

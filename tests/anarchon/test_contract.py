@@ -121,6 +121,9 @@ async def test_a_released_run_is_taken_over_at_once_by_the_next_attempt(target: 
     assert not await backend.strategy.release(backend.store, backup)  # not the backup's to give back
     assert await backend.strategy.release(backend.store, first)
     assert await backend.strategy.release(backend.store, first)  # again: a hand-back whose answer was lost
+    # A heartbeat sent before the hand-back (the heartbeat thread has a connection of its own) that arrives after
+    # it does not take the lease back for another minute.
+    assert await backend.strategy.heartbeat(backend.store, first, policy) == 0
     taken = await claim_one(backend, backup, policy)  # no wait for the minute's lease
     assert (taken.outcome, taken.attempt) == (Outcome.WON, 2)
     assert taken.fence > won.fence
@@ -129,6 +132,7 @@ async def test_a_released_run_is_taken_over_at_once_by_the_next_attempt(target: 
     assert await backend.strategy.finish(backend.store, backup, taken, policy, record(backup, taken))
     history = await backend.strategy.history(backend.store, "sync", 10)
     assert [(r.attempt, r.status, r.token) for r in history] == [(2, "ok", "backup"), (1, "interrupted", "first")]
+    assert history[1].message == "handed back; taken over by attempt 2"
 
 
 async def test_a_released_run_with_no_attempts_left_is_closed_by_the_next_claim(target: StoreTarget) -> None:
@@ -493,6 +497,25 @@ async def test_lease_a_claim_for_a_run_trim_dropped_is_done_not_won_again(target
     kept = await claim_one(backend, request(slots[2], "late"), keep_none)
     assert (kept.outcome, kept.attempt, kept.forgotten) == (Outcome.DONE, 1, False)  # done as it ended
     assert (await claim_one(backend, request(now, "new"), keep_none)).outcome is Outcome.WON
+
+
+async def test_lease_a_handed_back_run_nobody_took_over_is_closed_by_trim_saying_so(target: StoreTarget) -> None:
+    """A run handed back when no instance was left to take it over stays claimable for as long as a claim could
+    ask for it. Then trim closes it as interrupted, and its record says it was handed back, not that its lease
+    ran out."""
+    backend = await target.started_backend("lease")
+    keep_none = JobPolicy(lease_ms=60_000, history_size=1, keep_ms=0)
+    now = int(await target.server_ms())
+    handed = request(now - 3_600_000, "gone")
+    await claim_one(backend, handed, keep_none)
+    assert await backend.strategy.release(backend.store, handed)
+    for i in range(3):  # the third finish finds more finished runs than history_size and its tenth: it trims
+        req = request(now - 7_200_000 + i * 1000, "a")
+        won = await claim_one(backend, req, keep_none)
+        assert await backend.strategy.finish(backend.store, req, won, keep_none, record(req, won))
+    [entry] = await backend.strategy.history(backend.store, "sync", 10)  # the newest slot's record is kept
+    assert (entry.slot, entry.attempt, entry.status, entry.token) == (handed.slot, 1, "interrupted", "gone")
+    assert entry.message == "abandoned: handed back and no instance claimed the run again"
 
 
 async def test_script_deletes_entries_older_than_its_window_and_keeps_newer_ones(target: StoreTarget) -> None:
