@@ -7,7 +7,8 @@ a scenario run side by side on one server, each with its own instances and key p
 - crash: SIGKILL (and a new process on restart); pause: SIGSTOP / SIGCONT;
 - partition: each instance reaches the server through its own TCP proxy, owned here, which drops the instance's
   connections and refuses new ones while the partition lasts;
-- clock skew, drift and late claims: the instance's clock offset and rate, changed through its stdin;
+- clock skew, drift and late claims: the instance's clock offset and rate, changed through its stdin and kept
+  by a process restarted after a crash (the drift gathered so far included);
 - failover: the server has a replica; ``lag_ms`` before the failover the replica is detached (REPLICAOF NO ONE),
   so it deterministically misses what the primary acknowledges meanwhile; then the primary is killed and every
   proxy sends its instance to the former replica;
@@ -36,6 +37,7 @@ from typing import Any
 
 from sim.checkers import Judgement, judge
 from sim.history import Event, Execution, History
+from sim.live_instance import SkewedClock
 from sim.run import Outcome
 from sim.scenario import FaultSpec, JobSpec, Scenario, ScenarioError
 from sim.servers import RunningServer, start_server
@@ -167,8 +169,7 @@ class Instance:
     proxy: Proxy
     log: Path
     config: dict[str, Any]
-    offset_ms: float
-    drift: float = 0.0
+    clock: SkewedClock  # the run's copy of the instance's clocks, which its processes take on
     process: asyncio.subprocess.Process | None = None
     killed_at: list[tuple[int, float]] = field(default_factory=list)  # (pid, monotonic time)
     # Pauses in force. They strike the instance, not one process of it: a process restarted within one starts
@@ -177,8 +178,7 @@ class Instance:
     restarting: bool = False
 
     async def spawn(self) -> None:
-        self.config["offset_ms"] = self.offset_ms
-        self.config["drift"] = self.drift
+        self.config["clock"] = self.clock.state()
         stderr = await asyncio.to_thread(open, self.log.with_suffix(".stderr"), "ab")  # its own log records
         with stderr:
             self.process = await asyncio.create_subprocess_exec(
@@ -259,6 +259,9 @@ class Instance:
         await self.process.wait()
         self.process = None
 
+    async def tell_clock(self) -> None:
+        await self.tell(f"clock {json.dumps(self.clock.state())}")
+
     async def tell(self, line: str) -> None:
         if self.process is not None and self.process.stdin is not None:
             self.process.stdin.write((line + "\n").encode())
@@ -292,7 +295,8 @@ class LiveRun:
                     "prefix": f"{strategy}:", "valkey": self.server.is_valkey,
                     "url": f"redis://127.0.0.1:{port}/0?socket_timeout=2&socket_connect_timeout=2",
                 }  # fmt: skip
-                group.append(Instance(spec.name, strategy, proxy, log, config, float(spec.offset_ms), spec.drift))
+                clock = SkewedClock(float(spec.offset_ms), spec.drift)
+                group.append(Instance(spec.name, strategy, proxy, log, config, clock))
             self.groups[strategy] = group
         everyone = [i for group in self.groups.values() for i in group]
         for instance in everyone:
@@ -405,24 +409,24 @@ class LiveRun:
             target.proxy.heal()
             self._record(fault, f"{detail} reconnected")
         elif fault.kind == "skew":
-            target.offset_ms += float(fault.settings["offset_ms"])
-            await target.tell(f"offset {target.offset_ms}")
+            target.clock.offset_ms += float(fault.settings["offset_ms"])
+            await target.tell_clock()
             self._record(fault, f"{detail} clock jumps {fault.settings['offset_ms']} ms")
             self._window(fault, start, start, target)
         elif fault.kind == "drift":
-            target.drift = float(fault.settings["drift"])
-            await target.tell(f"drift {target.drift}")
-            self._record(fault, f"{detail} clock drifts {target.drift:+g}")
+            target.clock.set_drift(float(fault.settings["drift"]))
+            await target.tell_clock()
+            self._record(fault, f"{detail} clock drifts {target.clock.drift:+g}")
             self._window(fault, start, start, target)
         elif fault.kind == "late":
             delay = float(fault.settings["delay_ms"])
-            target.offset_ms -= delay
-            await target.tell(f"offset {target.offset_ms}")
+            target.clock.offset_ms -= delay
+            await target.tell_clock()
             self._record(fault, f"{detail} claims {delay:.0f} ms late")
             self._window(fault, start, start + fault.duration_s, target)
             await asyncio.sleep(fault.duration_s)
-            target.offset_ms += delay
-            await target.tell(f"offset {target.offset_ms}")
+            target.clock.offset_ms += delay
+            await target.tell_clock()
             self._record(fault, f"{detail} back on time")
         elif fault.kind == "manual":
             await target.tell(f"run_now {fault.settings['job']}")

@@ -2,9 +2,9 @@
 
 Started by :mod:`sim.live` as ``python -m sim.live_instance --config JSON``. It writes what it does as JSON lines
 (claims and their answers, job starts and ends) stamped with the machine's monotonic clock, which every process
-shares, prints ``ready`` once its scheduler has started, and takes commands on stdin: ``offset MS`` (its wall
-clock jumps to MS ahead of the machine's), ``drift RATE`` (its clocks run 1 + RATE times as fast from now on),
-``run_now JOB``.
+shares, prints ``ready`` once its scheduler has started, and takes commands on stdin: ``clock JSON`` (its clocks
+take the state that :meth:`SkewedClock.state` gave, from the run's copy of them, after a jump or a change of
+drift), ``run_now JOB``.
 """
 
 from __future__ import annotations
@@ -26,13 +26,25 @@ from sim.scenario import load
 
 class SkewedClock(SystemClock):
     """The machine's clocks, ``offset_ms`` ahead (negative: behind) and running ``1 + drift`` times as fast, timers
-    included; both can change while running, without the clocks jumping when the drift does."""
+    included; both can change while running, without the clocks jumping when the drift does.
 
-    def __init__(self, offset_ms: float, drift: float = 0.0) -> None:
+    An instance's clocks outlive its processes, as in virtual mode: the live run keeps a copy of each instance's
+    clock, changes it with the faults, and hands its :meth:`state` to every process it starts and tells. The
+    machine's monotonic clock, which the drift counts from, is the same in every process."""
+
+    def __init__(self, offset_ms: float = 0.0, drift: float = 0.0) -> None:
         self.offset_ms = offset_ms
         self.drift = drift
         self._gained_s = 0.0  # what the drift had added by _since (machine monotonic seconds)
         self._since = time.monotonic()
+
+    def state(self) -> dict[str, float]:
+        return {"offset_ms": self.offset_ms, "drift": self.drift, "gained_s": self._gained_s, "since": self._since}
+
+    def take(self, state: dict[str, float]) -> None:
+        """Go on from another copy's :meth:`state`."""
+        self.offset_ms, self.drift = state["offset_ms"], state["drift"]
+        self._gained_s, self._since = state["gained_s"], state["since"]
 
     def _gain_s(self) -> float:
         return self._gained_s + (time.monotonic() - self._since) * self.drift
@@ -76,7 +88,8 @@ async def serve(config: dict[str, Any]) -> None:
     scenario = load(config["scenario"])  # already scaled to live time by sim.live
     name, strategy = config["instance"], config["strategy"]
     history = JsonLines(config["log"])
-    clock = SkewedClock(config["offset_ms"], config.get("drift", 0.0))
+    clock = SkewedClock()
+    clock.take(config["clock"])
     options: dict[str, Any] = {"strategy": scenario.strategy_option(strategy), "prefix": config["prefix"]}
     backend: RedisBackend[Any] = (
         ValkeyBackend(valkey=config["url"], **options)
@@ -94,7 +107,7 @@ async def serve(config: dict[str, Any]) -> None:
                     "token": run.token, "manual": run.manual}  # fmt: skip
             history.write({"start": {**base, "t": time.monotonic()}})
             try:
-                await asyncio.sleep(seconds)
+                await clock.sleep(seconds)  # the instance's seconds, as in virtual mode: a fast clock works faster
             except asyncio.CancelledError:
                 history.write({"end": {"token": run.token, "t": time.monotonic(), "completed": False}})
                 raise
@@ -110,10 +123,8 @@ async def serve(config: dict[str, Any]) -> None:
 
     def command(line: str) -> None:
         word, _, argument = line.strip().partition(" ")
-        if word == "offset":
-            clock.offset_ms = float(argument)
-        elif word == "drift":
-            clock.set_drift(float(argument))
+        if word == "clock":
+            clock.take(json.loads(argument))
         elif word == "run_now":
             task = asyncio.ensure_future(scheduler.run_now(argument))
             manual.add(task)

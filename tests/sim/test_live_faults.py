@@ -12,7 +12,10 @@ import time
 from pathlib import Path
 from typing import Any, cast
 
+import pytest
+
 from sim.live import Instance, LiveRun, Proxy
+from sim.live_instance import SkewedClock
 from sim.scenario import FaultSpec, parse
 
 SCENARIO = parse({
@@ -51,7 +54,7 @@ def _run(tmp_path: Path, up: str = "abc") -> tuple[LiveRun, dict[str, StandIn]]:
     run = LiveRun(SCENARIO, server=cast(Any, None), strategies=["lease"], workdir=tmp_path)
     instances = {}
     for name in "abc":
-        instance = StandIn(name, "lease", Proxy("127.0.0.1", 1), tmp_path / f"{name}.jsonl", {}, 0.0)
+        instance = StandIn(name, "lease", Proxy("127.0.0.1", 1), tmp_path / f"{name}.jsonl", {}, SkewedClock())
         instance.log.write_text("")
         if name in up:
             instance.process = cast(Any, StandInProcess(0))
@@ -138,3 +141,28 @@ def test_a_connection_whose_upstream_does_not_answer_is_closed_when_the_run_ends
         with asyncio.Runner() as runner:  # as the live run's loop ends: what still waits is cancelled
             assert runner.run(connect_through_the_proxy()) == 1
         gc.collect()  # an unclosed transport would warn here (warnings are errors in the suite)
+
+
+async def test_a_restarted_process_reads_the_time_its_instance_clock_reads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As in virtual mode, an instance's clocks outlive its processes: one started after a crash goes on with the
+    instance's offset and the drift it had gathered, not with the scenario's starting offset."""
+    clock = SkewedClock(3000.0)
+    instance = Instance("a", "lease", Proxy("127.0.0.1", 1), tmp_path / "a.jsonl", {}, clock)
+    clock.set_drift(1.0)  # twice as fast from now on
+    await asyncio.sleep(0.2)
+    clock.offset_ms -= 1000  # a jump back
+    configs: list[dict[str, Any]] = []
+
+    async def start(*argv: str, **_: Any) -> StandInProcess:
+        configs.append(json.loads(argv[argv.index("--config") + 1]))
+        return StandInProcess(1)
+
+    monkeypatch.setattr(asyncio, "create_subprocess_exec", start)
+    await instance.spawn()
+    process_clock = SkewedClock()
+    process_clock.take(configs[0]["clock"])
+    assert abs(process_clock.wall_ms() - clock.wall_ms()) <= 2
+    ahead_ms = process_clock.wall_ms() - time.time_ns() // 1_000_000
+    assert 2000 + 200 <= ahead_ms <= 2000 + 200 + 150  # the 0.2 s the drift gained are kept
