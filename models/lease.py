@@ -16,7 +16,6 @@ from anarchon._strategies import Claim, JobPolicy, Outcome
 
 RUNNING = "running"
 ABANDONED_SAMPLE = 3  # trim looks at SRANDMEMBER(active, 3)
-HANDED_BACK = 0  # the lease end of a running attempt that gave its run back
 
 
 class Unpredictable(Exception):
@@ -28,7 +27,7 @@ class Run:
     status: str  # running | ok | error | interrupted | skipped-late | skipped-overlap
     attempt: int
     token: str
-    lease_end: int  # server ms; 0 for a run that never ran, or HANDED_BACK
+    lease_end: int  # server ms; 0 for a run that never ran, minus the moment of its hand-back for one handed back
     fence: int
     closed: int = 0  # a finished run's score in the SLOTS set: its slot, or the moment it ended if later
 
@@ -75,6 +74,8 @@ def claim(store: LeaseStore, slot: int, token: str, now: int, policy: JobPolicy)
     if not r.running:
         return store, Claim(Outcome.DONE, r.attempt, r.fence)
     if r.token == token:  # a retried claim: the caller already holds the run; an expired lease is renewed
+        if r.lease_end < 0:  # unless the caller handed the run back since: a copy of its claim came late
+            return store, Claim(Outcome.DONE, r.attempt, r.fence)
         if r.lease_end > now:
             return store, Claim(Outcome.WON, r.attempt, r.fence, r.lease_end - now)
         if other_end is not None:  # renewed, it would run beside another live run: the caller waits for it
@@ -113,7 +114,7 @@ def heartbeat(store: LeaseStore, slot: int, token: str, now: int, policy: JobPol
     """The lease ms left after the extension, 0 if refused. An expired lease is extended all the same when
     nobody took the run over."""
     r = store.run(slot)
-    if r is None or not r.running or r.token != token or r.lease_end == HANDED_BACK:
+    if r is None or not r.running or r.token != token or r.lease_end < 0:
         return store, 0
     return store.put(slot, replace(r, lease_end=now + policy.lease_ms)), policy.lease_ms
 
@@ -127,13 +128,13 @@ def finish(
     return trim(store.put(slot, r.close(status, slot, now)), now, policy), True
 
 
-def release(store: LeaseStore, slot: int, token: str) -> tuple[LeaseStore, bool]:
-    """The current attempt gives its run back unfinished: its lease end becomes HANDED_BACK (over), and a
-    heartbeat of the attempt that arrives afterwards is refused."""
+def release(store: LeaseStore, slot: int, token: str, now: int) -> tuple[LeaseStore, bool]:
+    """The current attempt gives its run back unfinished: its lease end becomes ``-now`` (over, and marked handed
+    back), and a heartbeat or a claim of that attempt that arrives afterwards is refused."""
     r = store.run(slot)
     if r is None or not r.running or r.token != token:
         return store, False
-    return store.put(slot, replace(r, lease_end=HANDED_BACK)), True
+    return store.put(slot, replace(r, lease_end=-now)), True
 
 
 def skip(store: LeaseStore, slot: int, token: str, now: int, policy: JobPolicy) -> tuple[LeaseStore, bool]:
@@ -161,7 +162,7 @@ def trim(store: LeaseStore, now: int, policy: JobPolicy) -> LeaseStore:
         return store
     horizon = now - policy.keep_ms
     active = [(slot, r) for slot, r in store.runs if r.running]
-    abandoned = [(slot, r) for slot, r in active if r.lease_end < horizon and slot < horizon]
+    abandoned = [(slot, r) for slot, r in active if abs(r.lease_end) < horizon and slot < horizon]
     if abandoned and len(active) > ABANDONED_SAMPLE:
         raise Unpredictable(f"trim closes the abandoned runs among {ABANDONED_SAMPLE} random active ones")
     for slot, r in abandoned:

@@ -11,7 +11,8 @@
 --              run of the job holds a live one; lease_ms_left says when to try again (the caller is a backup)
 --   "overlap"  another run of the job holds a live lease and overlap is forbidden: recorded as skipped-overlap
 --   "done"     the run finished, was skipped, or used up its attempts (then it was recorded as interrupted),
---              or trim has forgotten it: its slot is not after the job's "forgotten" slot (attempt and fence 0)
+--              or trim has forgotten it: its slot is not after the job's "forgotten" slot (attempt and fence 0),
+--              or the caller's own attempt has handed it back (this is a copy of its claim that came late)
 local run, token, runner = ARGV[1], ARGV[2], ARGV[3]
 local lease_ms, max_attempts, overlap_allowed = tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6] == '1'
 local slot, manual = run_slot(run)
@@ -74,6 +75,9 @@ if r.token == token then
   -- This attempt's own claim again (the answer to the first was lost). Nobody took the run over: a lease that ran
   -- out meanwhile is renewed, as a late heartbeat would renew it, so that the caller can run the job; unless
   -- another run of the job started meanwhile and is live (overlap forbidden): then the caller waits for it.
+  if r.lease_end < 0 then -- it handed the run back since: this is an old copy of its claim, come late
+    return reply('done', r.attempt, r.fence, 0)
+  end
   if r.lease_end <= now then
     local _, other_end = live_other()
     if other_end then
@@ -87,14 +91,14 @@ end
 if r.lease_end > now then
   return reply('running', r.attempt, r.fence, r.lease_end - now)
 end
+local ended = r.lease_end < 0 and 'handed back' or 'lease expired'
 if r.attempt >= max_attempts then
-  close_run(run, r, 'interrupted', now, '"lease expired; no attempts left"')
+  close_run(run, r, 'interrupted', now, '"' .. ended .. '; no attempts left"')
   return reply('done', r.attempt, r.fence, 0)
 end
 local _, other_end = live_other()
 if other_end then -- taking the run over now would run it beside another one: wait for that one's lease
   return reply('running', r.attempt, r.fence, other_end - now)
 end
-local ended = r.lease_end == 0 and 'handed back' or 'lease expired'
 record_result(run, r, 'interrupted', now, '"' .. ended .. '; taken over by attempt ' .. (r.attempt + 1) .. '"')
 return start_attempt(r.attempt + 1)

@@ -4,7 +4,8 @@
 -- The state hash holds one field per run, named by the run id, whose value is
 --   status|attempt|token|runner|lease_end|fence|slot|manual|started
 -- (one field, so a claim reads and writes a run in one command; lease_end is 0 for a run that never ran, and
--- for a running one whose attempt handed it back), the job-wide counter "fence", "since"
+-- minus the moment of the hand-back for a running one whose attempt handed it back), the job-wide counter
+-- "fence", "since"
 -- (lease_since.lua), and "forgotten": the latest slot of a run that trim dropped (see trim).
 
 -- TIME followed by writes needs effects replication, the default from Redis 5.0 (the oldest supported).
@@ -101,8 +102,8 @@ local function trim(now, history_size, keep_ms, ttl_ms)
     local r = load_run(run)
     if not r then
       redis.call('SREM', ACTIVE, run)
-    elseif r.lease_end < horizon and tonumber(r.slot) < horizon then
-      local ended = r.lease_end == 0 and 'handed back' or 'lease expired'
+    elseif math.abs(r.lease_end) < horizon and tonumber(r.slot) < horizon then
+      local ended = r.lease_end < 0 and 'handed back' or 'lease expired'
       close_run(run, r, 'interrupted', now, '"abandoned: ' .. ended .. ' and no instance claimed the run again"')
     end
   end

@@ -124,6 +124,8 @@ async def test_a_released_run_is_taken_over_at_once_by_the_next_attempt(target: 
     # A heartbeat sent before the hand-back (the heartbeat thread has a connection of its own) that arrives after
     # it does not take the lease back for another minute.
     assert await backend.strategy.heartbeat(backend.store, first, policy) == 0
+    late_copy = await claim_one(backend, first, policy)  # of its own claim: nor does it take the run back
+    assert (late_copy.outcome, late_copy.attempt) == (Outcome.DONE, 1)
     taken = await claim_one(backend, backup, policy)  # no wait for the minute's lease
     assert (taken.outcome, taken.attempt) == (Outcome.WON, 2)
     assert taken.fence > won.fence
@@ -144,6 +146,7 @@ async def test_a_released_run_with_no_attempts_left_is_closed_by_the_next_claim(
     assert (await claim_one(backend, request(SLOT, "backup"), policy)).outcome is Outcome.DONE
     [entry] = await backend.strategy.history(backend.store, "sync", 10)
     assert (entry.attempt, entry.status, entry.token) == (1, "interrupted", "first")
+    assert entry.message == "handed back; no attempts left"
 
 
 async def test_catch_up_reaches_back_to_a_new_jobs_first_start_or_all_the_way_for_a_job_that_ran(
@@ -509,6 +512,7 @@ async def test_lease_a_handed_back_run_nobody_took_over_is_closed_by_trim_saying
     handed = request(now - 3_600_000, "gone")
     await claim_one(backend, handed, keep_none)
     assert await backend.strategy.release(backend.store, handed)
+    await asyncio.sleep(0.002)  # the trims below come after the hand-back's moment plus keep_ms (0)
     for i in range(3):  # the third finish finds more finished runs than history_size and its tenth: it trims
         req = request(now - 7_200_000 + i * 1000, "a")
         won = await claim_one(backend, req, keep_none)
@@ -516,6 +520,23 @@ async def test_lease_a_handed_back_run_nobody_took_over_is_closed_by_trim_saying
     [entry] = await backend.strategy.history(backend.store, "sync", 10)  # the newest slot's record is kept
     assert (entry.slot, entry.attempt, entry.status, entry.token) == (handed.slot, 1, "interrupted", "gone")
     assert entry.message == "abandoned: handed back and no instance claimed the run again"
+
+
+async def test_lease_trim_leaves_a_handed_back_run_to_the_backups_for_keep_ms(target: StoreTarget) -> None:
+    """A hand-back gives the backups keep_ms from its moment, as a crash does from the end of its lease, however
+    old the run's slot (a long job): trim does not close the run meanwhile, and a backup takes it over."""
+    backend = await target.started_backend("lease")
+    policy = JobPolicy(lease_ms=60_000, history_size=1, keep_ms=60_000)
+    now = int(await target.server_ms())
+    handed = request(now - 3_600_000, "gone")  # a long job, an hour in
+    await claim_one(backend, handed, policy)
+    assert await backend.strategy.release(backend.store, handed)
+    for i in range(3):  # the third finish trims, and looks for abandoned runs among the active ones
+        req = request(now - 7_200_000 + i * 1000, "a")
+        won = await claim_one(backend, req, policy)
+        assert await backend.strategy.finish(backend.store, req, won, policy, record(req, won))
+    taken = await claim_one(backend, request(handed.slot, "backup"), policy)
+    assert (taken.outcome, taken.attempt) == (Outcome.WON, 2)
 
 
 async def test_script_deletes_entries_older_than_its_window_and_keeps_newer_ones(target: StoreTarget) -> None:

@@ -230,9 +230,11 @@ class LeaseMachine(StoreMachine):
     def release(self, slot: int, token: str, holder: bool) -> None:
         token = self.token_for(slot, token, holder)
         releasing = self.backend.strategy.release(self.backend.store, self.request(slot, token))
-        _, released = self.timed(releasing)
-        model, expected = lease.release(self.model, slot, token)
-        self.update(model)  # a handed-back lease ends at 0 in both: nothing depends on the call's moment
+        now, released = self.timed(releasing)
+        model, expected = lease.release(self.model, slot, token, now)
+        # Settled after a hand-back: it is stamped with the server's moment of the call, which the model knows only
+        # to within the call's time, and a later trim compares that moment with its own clock less keep_ms.
+        self.update(model, settle=model != self.model)
         assert released == expected, f"release: store {released}, model {expected}"
 
     # A recorded skip ends a run (until trimmed); with a few runs, more would leave little else to compare. A refused
