@@ -123,7 +123,7 @@ class StreamIdModel(StoreModel[stream_id.StreamIdStore]):
     def claim(
         self, store: stream_id.StreamIdStore, slot: int, token: str, now: int
     ) -> tuple[stream_id.StreamIdStore, Claim]:
-        return stream_id.claim(store, slot)
+        return stream_id.claim(store, slot, "")  # no retries here: tokens would only tell equal states apart
 
 
 class IdmpModel(StoreModel[idmp.IdmpStore]):

@@ -285,11 +285,13 @@ class StreamIdMachine(StoreMachine):
         self.backend = self.harness.backend("stream-id")
         self.model = stream_id.StreamIdStore()
 
-    @rule(slot=SLOTS, token=TOKENS)
-    def claim(self, slot: int, token: str) -> None:
+    @rule(slot=SLOTS, token=TOKENS, retry=st.booleans())
+    def claim(self, slot: int, token: str, retry: bool) -> None:
+        """``retry``: the claim is sent again after its answer was lost (whether or not its first try got there)."""
         strategy, store = self.backend.strategy, self.backend.store
-        _, results = self.timed(strategy.claim(store, [(self.request(slot, token), JobPolicy())]))
-        self.model, expected = stream_id.claim(self.model, slot)
+        request = replace(self.request(slot, token), retry=retry)
+        _, results = self.timed(strategy.claim(store, [(request, JobPolicy())]))
+        self.model, expected = stream_id.claim(self.model, slot, token, retry=retry)
         assert_same_claim(expected, one_claim(results), 0)
 
 
