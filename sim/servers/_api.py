@@ -144,8 +144,10 @@ def _start_local(
         )
     finally:
         for handle in reversed(handles):
-            handle.kill()
-            release_port(handle.port)
+            try:
+                handle.kill()
+            finally:
+                release_port(handle.port)
         release_dir(root)
 
 

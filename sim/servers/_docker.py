@@ -121,8 +121,10 @@ def _container(spec: TargetSpec, args: Sequence[str]) -> Iterator[tuple[Any, str
         wait_until(lambda: pings(host, port), f"PING on {spec.docker_image} at {host}:{port}")
         yield container, host, port
     finally:
-        container.stop()
-        release_port(published)
+        try:
+            container.stop()
+        finally:
+            release_port(published)
 
 
 @contextlib.contextmanager

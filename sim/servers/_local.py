@@ -365,6 +365,9 @@ def start_process(
             for stale in ("server.log", "stdout.log", "nodes.conf"):
                 (directory / stale).unlink(missing_ok=True)
             continue
+        except BaseException:  # no handle to tear down: the port would stay held until this process ends
+            release_port(handle.port)
+            raise
         return handle
     raise ServerError(f"{target}: could not bind a port after {attempts} attempts: {last}")
 
