@@ -178,7 +178,8 @@ class Instance:
     restarting: bool = False
 
     async def spawn(self) -> None:
-        self.config["clock"] = self.clock.state()
+        clock = self.clock.state()
+        self.config["clock"] = clock
         stderr = await asyncio.to_thread(open, self.log.with_suffix(".stderr"), "ab")  # its own log records
         with stderr:
             self.process = await asyncio.create_subprocess_exec(
@@ -186,6 +187,8 @@ class Instance:
                 cwd=REPO, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=stderr,
                 env={**os.environ, "PYTHONHASHSEED": "0"},
             )  # fmt: skip
+        if self.clock.state() != clock:  # a fault changed it while the process was starting, with none to tell
+            await self.tell_clock()
 
     async def ready(self) -> bool:
         """Wait until the process says it has started; False if it exited first (killed, or it could not reach
