@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import inspect
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
@@ -654,6 +655,7 @@ async def test_while_a_primary_is_down_the_others_answer_their_part_of_a_batch(r
                         whole_batch_timeouts += 1
                         assert name == "glide-cluster"
                         assert whole_batch_timeouts <= 4
+                        requests = [(dataclasses.replace(request, retry=True), policy) for request, policy in requests]
                 assert [isinstance(claim, StoreUnavailableError) for claim in claims] == lost, claims
                 assert all(claim.outcome is Outcome.WON for claim in claims if isinstance(claim, Claim))
         finally:
