@@ -86,6 +86,8 @@ class _PortBook:
                 return False
             if self._fd is None:
                 self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o666)
+                with contextlib.suppress(OSError):  # every user's runs share it; the umask took bits away
+                    os.fchmod(self._fd, 0o666)
             taken: list[int] = []
             for port in ports:
                 try:
