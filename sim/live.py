@@ -4,7 +4,8 @@ Every scheduler instance is an OS process (:mod:`sim.live_instance`) running the
 are compressed by :data:`SCALE` (a job every 10 s runs every 2 s, leases of 3 s last 600 ms); the strategies of
 a scenario run side by side on one server, each with its own instances and key prefix. Faults are real:
 
-- crash: SIGKILL (and a new process on restart); pause: SIGSTOP / SIGCONT;
+- crash: SIGKILL (and a new process on restart); stop: told on its stdin, the process runs
+  `Scheduler.stop(timeout_s)` and exits (a deploy); pause: SIGSTOP / SIGCONT;
 - partition: each instance reaches the server through its own TCP proxy, owned here, which drops the instance's
   connections and refuses new ones while the partition lasts;
 - clock skew, drift and late claims: the instance's clock offset and rate, changed through its stdin and kept
@@ -46,6 +47,7 @@ from sim.world import START_RETRY_S, FaultWindow
 SCALE = 0.2  # live seconds per scenario second
 SETTLE_AFTER_FAULTS_S = 60  # scenario seconds judged after the last fault heals; the rest is cut
 READY_TIMEOUT_S = 60
+STOP_GRACE_S = 10  # past a stop fault's timeout, for the process to hand its runs back and exit
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -262,6 +264,19 @@ class Instance:
         await self.process.wait()
         self.process = None
 
+    async def stop(self, timeout_s: float) -> None:
+        """A graceful stop, as a deploy does: the process runs ``Scheduler.stop(timeout_s)`` and exits. One that
+        has not exited well after that bound (paused meanwhile) is killed."""
+        process = self.process
+        if process is None:
+            return
+        await self.tell(f"stop {timeout_s}")
+        try:
+            await asyncio.wait_for(process.wait(), timeout_s + STOP_GRACE_S)
+        except TimeoutError:
+            await self.kill()
+        self.process = None
+
     async def tell_clock(self) -> None:
         await self.tell(f"clock {json.dumps(self.clock.state())}")
 
@@ -384,17 +399,23 @@ class LiveRun:
             self._record(fault, "no instance is up: nothing struck")
             return
         detail = f"{target.strategy} instance {target.name}"
-        if fault.kind == "crash":
+        if fault.kind in ("crash", "stop"):
             if target.process is None:  # as in virtual mode: nothing to kill, and nothing to restart
                 self._record(fault, f"{detail} is down already: nothing struck")
                 return
-            self._record(fault, f"{detail} killed")
-            await target.kill()
+            if fault.kind == "crash":
+                self._record(fault, f"{detail} killed")
+                await target.kill()
+            else:
+                timeout_s = float(fault.settings.get("timeout_s", 0.0))
+                self._record(fault, f"{detail} stopping (stop timeout {timeout_s:g} s)")
+                await target.stop(timeout_s)
+                self._record(fault, f"{detail} stopped")
             restart = fault.settings.get("restart_after_s")
             end = self.scenario.duration_s if restart is None else start + float(restart)
             self._window(fault, start, end, target)
             if restart is not None:
-                await asyncio.sleep(float(restart))
+                await asyncio.sleep(max(0.0, end - self.now()))  # from the fault's start: a stop takes a while
                 if await target.restart():
                     self._record(fault, f"{detail} restarted")
         elif fault.kind == "pause":

@@ -4,7 +4,7 @@ Started by :mod:`sim.live` as ``python -m sim.live_instance --config JSON``. It 
 (claims and their answers, job starts and ends) stamped with the machine's monotonic clock, which every process
 shares, prints ``ready`` once its scheduler has started, and takes commands on stdin: ``clock JSON`` (its clocks
 take the state that :meth:`SkewedClock.state` gave, from the run's copy of them, after a jump or a change of
-drift), ``run_now JOB``.
+drift), ``run_now JOB``, ``stop TIMEOUT_S`` (``Scheduler.stop(TIMEOUT_S)``, then the process exits).
 """
 
 from __future__ import annotations
@@ -119,16 +119,24 @@ async def serve(config: dict[str, Any]) -> None:
         scheduler.add_job(spec.name, spec.cron, work(spec.work_s), **scenario.job_options(spec, strategy))
     await scheduler.start()
     loop = asyncio.get_running_loop()
-    manual: set[asyncio.Task[Any]] = set()
+    commanded: set[asyncio.Task[Any]] = set()
+
+    async def stop_and_exit(timeout_s: float) -> None:
+        await scheduler.stop(timeout=timeout_s)
+        os._exit(0)  # what it wrote is written (os.write); nothing else of it needs an orderly end
 
     def command(line: str) -> None:
         word, _, argument = line.strip().partition(" ")
         if word == "clock":
             clock.take(json.loads(argument))
+        elif word == "stop":
+            stopping = asyncio.ensure_future(stop_and_exit(float(argument)))
+            commanded.add(stopping)
+            stopping.add_done_callback(commanded.discard)
         elif word == "run_now":
             task = asyncio.ensure_future(scheduler.run_now(argument))
-            manual.add(task)
-            task.add_done_callback(manual.discard)
+            commanded.add(task)
+            task.add_done_callback(commanded.discard)
 
     def read_commands() -> None:
         for line in sys.stdin:

@@ -38,6 +38,7 @@ LEASE_JOB_OPTIONS = ("overlap", "max_attempts", "catch_up_ms")
 # kind: (required settings, optional settings)
 FAULT_KINDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "crash": (("instance",), ("restart_after_s",)),
+    "stop": (("instance",), ("restart_after_s", "timeout_s")),  # stop(timeout_s, default 0): a deploy
     "pause": (("instance", "duration_s"), ()),
     "partition": (("instance", "duration_s"), ()),
     "skew": (("instance", "offset_ms"), ()),  # the clock jumps
@@ -137,7 +138,7 @@ TOP_LEVEL = ("name", "description", "duration_s", "scheduler", "instances", "job
 INSTANCE_KEYS = ("name", "offset_ms", "drift")
 # Fault settings that are numbers: (the least allowed, whether the least itself is allowed)
 FAULT_NUMBERS: dict[str, tuple[float, bool]] = {
-    "duration_s": (0.0, False), "restart_after_s": (0.0, False), "delay_ms": (0.0, False),
+    "duration_s": (0.0, False), "restart_after_s": (0.0, False), "timeout_s": (0.0, False), "delay_ms": (0.0, False),
     "lag_ms": (0.0, True), "offset_ms": (-float("inf"), False), "drift": (-1.0, False),
 }  # fmt: skip
 

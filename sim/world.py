@@ -54,7 +54,7 @@ class FaultWindow:
     def hits(self, instance: str, start: float, end: float) -> bool:
         """Whether this fault makes ``instance`` unhealthy (down, paused or cut off) at some moment from ``start``
         to ``end``."""
-        unhealthy = self.kind in ("crash", "pause", "partition")
+        unhealthy = self.kind in ("crash", "stop", "pause", "partition")
         return self.instance == instance and unhealthy and self.start <= end and start < self.end
 
 
@@ -270,6 +270,17 @@ class SimInstance:
         # paused while the pause lasts.
         await scheduler.stop(timeout=0)
 
+    async def stop(self, timeout_s: float) -> None:
+        """A graceful stop, as a deploy does: ``Scheduler.stop(timeout_s)`` waits for the running jobs, cancels
+        what still runs (a lease run with attempts left is handed back), and the process exits."""
+        if self.scheduler is None or self.link is None:
+            return
+        self.kills += 1
+        self.serving = False
+        scheduler, self.scheduler = self.scheduler, None
+        await scheduler.stop(timeout=timeout_s)
+        self.link.kill()  # the process exits: its connection closes (stop() leaves a client it was given open)
+
     async def restart(self) -> bool:
         """Start a new process, again every START_RETRY_S while it cannot reach the store. False if there is
         nothing to restart: a process is up already (two overlapping crash faults end with two restarts: one
@@ -391,17 +402,23 @@ class World:
             self.record_fault(fault, "no instance is up: nothing struck")
             return
         detail = f"instance {target.name}"
-        if fault.kind == "crash":
+        if fault.kind in ("crash", "stop"):
             if not target.up:  # killing a process that is not running does nothing, and it has nothing to restart
                 self.record_fault(fault, f"{detail} is down already: nothing struck")
                 return
-            self.record_fault(fault, f"{detail} killed")
-            await target.crash()
+            if fault.kind == "crash":
+                self.record_fault(fault, f"{detail} killed")
+                await target.crash()
+            else:
+                timeout_s = float(fault.settings.get("timeout_s", 0.0))
+                self.record_fault(fault, f"{detail} stopping (stop timeout {timeout_s:g} s)")
+                await target.stop(timeout_s)
+                self.record_fault(fault, f"{detail} stopped")
             restart = fault.settings.get("restart_after_s")
             end = self.scenario.duration_s if restart is None else start + float(restart)
             self.fault_windows.append(FaultWindow(start, end, fault.kind, target.name))
             if restart is not None:
-                await asyncio.sleep(float(restart))
+                await asyncio.sleep(max(0.0, end - self.now()))  # from the fault's start: a stop takes a while
                 if await target.restart():
                     self.record_fault(fault, f"{detail} restarted")
         elif fault.kind == "pause":
