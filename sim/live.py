@@ -178,6 +178,7 @@ class Instance:
     # paused. (Partitions live in the proxy, which a restarted process connects through.)
     pauses: int = 0
     restarting: bool = False
+    stopping: bool = False  # its process is stopping (a stop fault): not a "winner" any more, as in virtual mode
 
     async def spawn(self) -> None:
         clock = self.clock.state()
@@ -270,12 +271,16 @@ class Instance:
         process = self.process
         if process is None:
             return
+        self.stopping = True
         await self.tell(f"stop {timeout_s}")
         try:
             await asyncio.wait_for(process.wait(), timeout_s + STOP_GRACE_S)
         except TimeoutError:
             await self.kill()
-        self.process = None
+        finally:
+            self.stopping = False
+        if self.process is process:  # not killed, nor replaced by a restart, meanwhile
+            self.process = None
 
     async def tell_clock(self) -> None:
         await self.tell(f"clock {json.dumps(self.clock.state())}")
@@ -362,7 +367,7 @@ class LiveRun:
             if fault.instance != "winner":
                 chosen.append(next(i for i in group if i.name == fault.instance))
                 continue
-            up = [i for i in group if i.process is not None]
+            up = [i for i in group if i.process is not None and not i.stopping]
             running = [(start, i) for i in up for start in _running_since(i.log, i.killed_at)]
             chosen.append(min(running, key=lambda pair: pair[0])[1] if running else next(iter(up), None))
         return chosen
@@ -400,9 +405,12 @@ class LiveRun:
             return
         detail = f"{target.strategy} instance {target.name}"
         if fault.kind in ("crash", "stop"):
-            if target.process is None:  # as in virtual mode: nothing to kill, and nothing to restart
+            if target.process is None or (fault.kind == "stop" and target.stopping):  # as in virtual mode
                 self._record(fault, f"{detail} is down already: nothing struck")
                 return
+            restart = fault.settings.get("restart_after_s")
+            end = self.scenario.duration_s if restart is None else start + float(restart)
+            self._window(fault, start, end, target)  # the run may end meanwhile
             if fault.kind == "crash":
                 self._record(fault, f"{detail} killed")
                 await target.kill()
@@ -411,9 +419,6 @@ class LiveRun:
                 self._record(fault, f"{detail} stopping (stop timeout {timeout_s:g} s)")
                 await target.stop(timeout_s)
                 self._record(fault, f"{detail} stopped")
-            restart = fault.settings.get("restart_after_s")
-            end = self.scenario.duration_s if restart is None else start + float(restart)
-            self._window(fault, start, end, target)
             if restart is not None:
                 await asyncio.sleep(max(0.0, end - self.now()))  # from the fault's start: a stop takes a while
                 if await target.restart():

@@ -354,8 +354,9 @@ def render(results: Results, figure: Callable[[str, bytes], str]) -> str:
     else:
         how = [
             f"{len(results.scenarios)} scenarios × {len(STRATEGIES)} strategies on {', '.join(results.targets)},",
-            f"{results.seeds} run(s) each, in real time: instances are OS processes, crashes SIGKILL, pauses SIGSTOP,",
-            "partitions and failovers go through TCP proxies and a real replica; durations are compressed 5x. idmp",
+            f"{results.seeds} run(s) each, in real time: instances are OS processes, crashes SIGKILL, stops",
+            "Scheduler.stop() told on stdin, pauses SIGSTOP, partitions and failovers go through TCP proxies and a",
+            "real replica; durations are compressed 5x. idmp",
             "runs where the server has IDMP (Redis 8.6). Times in witnesses and lateness figures are live time: a",
             "fifth of the scenario's (the slot at 40 s of a scenario's description is the slot at 8 s of its run).",
         ]

@@ -83,10 +83,10 @@ class FaultSpec:
 
     @property
     def duration_s(self) -> float:
-        """How long the fault lasts (0 for instantaneous ones; a crash without restart lasts to the end)."""
+        """How long the fault lasts (0 for instantaneous ones; a crash or stop without restart lasts to the end)."""
         if "duration_s" in self.settings:
             return float(self.settings["duration_s"])
-        if self.kind == "crash":
+        if self.kind in ("crash", "stop"):
             return float(self.settings.get("restart_after_s", float("inf")))
         return 0.0
 
@@ -138,7 +138,7 @@ TOP_LEVEL = ("name", "description", "duration_s", "scheduler", "instances", "job
 INSTANCE_KEYS = ("name", "offset_ms", "drift")
 # Fault settings that are numbers: (the least allowed, whether the least itself is allowed)
 FAULT_NUMBERS: dict[str, tuple[float, bool]] = {
-    "duration_s": (0.0, False), "restart_after_s": (0.0, False), "timeout_s": (0.0, False), "delay_ms": (0.0, False),
+    "duration_s": (0.0, False), "restart_after_s": (0.0, False), "timeout_s": (0.0, True), "delay_ms": (0.0, False),
     "lag_ms": (0.0, True), "offset_ms": (-float("inf"), False), "drift": (-1.0, False),
 }  # fmt: skip
 

@@ -192,6 +192,7 @@ class SimInstance:
     pauses: int = 0
     partitions: int = 0
     kills: int = 0  # processes killed so far: a restart gives up once the process it is starting is killed
+    stopping: bool = False  # its process is stopping (a stop fault): down for new faults, but it can still crash
     serving: bool = False  # its process has started (a restart within a pause waits for the resume to start)
 
     def __post_init__(self) -> None:
@@ -254,17 +255,21 @@ class SimInstance:
         return work
 
     async def crash(self) -> None:
-        """SIGKILL: the store hears nothing more from this process; its jobs stop where they are."""
-        if self.scheduler is None or self.link is None:
+        """SIGKILL: the store hears nothing more from this process (one that is stopping, too); its jobs stop
+        where they are."""
+        if (self.scheduler is None and not self.stopping) or self.link is None:
             return
         self.kills += 1
         self.serving = False
+        self.stopping = False
         self.link.kill()
         killed = self.world.now()
         for execution in self.running_jobs.values():  # stopped where they are: no work of it ends after this
             execution.ended = killed
         self.running_jobs.clear()
         scheduler, self.scheduler = self.scheduler, None
+        if scheduler is None:  # it was stopping: that stop() ends now, against the dead link
+            return
         # A paused process stays paused while it dies: its tasks are cancelled where they wait, and its commands
         # fail at the dead link without waiting for a resume; no timer of it fires. Its next process starts
         # paused while the pause lasts.
@@ -277,9 +282,14 @@ class SimInstance:
             return
         self.kills += 1
         self.serving = False
-        scheduler, self.scheduler = self.scheduler, None
-        await scheduler.stop(timeout=timeout_s)
-        self.link.kill()  # the process exits: its connection closes (stop() leaves a client it was given open)
+        self.stopping = True
+        scheduler, self.scheduler, link = self.scheduler, None, self.link
+        try:
+            await scheduler.stop(timeout=timeout_s)
+        finally:
+            if self.stopping:  # not crashed meanwhile
+                self.stopping = False
+                link.kill()  # the process exits: its connection closes (stop() leaves a client it was given open)
 
     async def restart(self) -> bool:
         """Start a new process, again every START_RETRY_S while it cannot reach the store. False if there is
@@ -311,7 +321,7 @@ class SimInstance:
 
     def reconnect(self) -> None:
         self.partitions -= 1
-        if not self.partitions and self.up and self.link is not None:
+        if not self.partitions and (self.up or self.stopping) and self.link is not None:
             self.link.heal()
 
 
@@ -403,9 +413,14 @@ class World:
             return
         detail = f"instance {target.name}"
         if fault.kind in ("crash", "stop"):
-            if not target.up:  # killing a process that is not running does nothing, and it has nothing to restart
+            # Killing a process that is not running does nothing, and it has nothing to restart. One that is
+            # stopping can still be killed (as in live mode, where its process runs until it has stopped).
+            if not (target.up or (fault.kind == "crash" and target.stopping)):
                 self.record_fault(fault, f"{detail} is down already: nothing struck")
                 return
+            restart = fault.settings.get("restart_after_s")
+            end = self.scenario.duration_s if restart is None else start + float(restart)
+            self.fault_windows.append(FaultWindow(start, end, fault.kind, target.name))  # the run may end meanwhile
             if fault.kind == "crash":
                 self.record_fault(fault, f"{detail} killed")
                 await target.crash()
@@ -414,9 +429,6 @@ class World:
                 self.record_fault(fault, f"{detail} stopping (stop timeout {timeout_s:g} s)")
                 await target.stop(timeout_s)
                 self.record_fault(fault, f"{detail} stopped")
-            restart = fault.settings.get("restart_after_s")
-            end = self.scenario.duration_s if restart is None else start + float(restart)
-            self.fault_windows.append(FaultWindow(start, end, fault.kind, target.name))
             if restart is not None:
                 await asyncio.sleep(max(0.0, end - self.now()))  # from the fault's start: a stop takes a while
                 if await target.restart():

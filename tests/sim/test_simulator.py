@@ -756,3 +756,40 @@ def test_a_backup_cut_off_for_longer_than_keep_ms_does_not_run_a_forgotten_run_a
     assert forgotten, "no backup asked for a forgotten run: the test no longer tests it"
     keep_s = 5 + 3 * 2 + 60
     assert max(forgotten) < (EPOCH_S + 120 - keep_s) * 1000  # older than keep_ms when b came back
+
+
+def _deploy(faults: list[dict[str, object]]) -> Any:
+    """a (its clock 1 s ahead: it wins every slot) and b; a job every 20 s working 6 s; lease 3 s."""
+    scenario = parse({
+        "name": "deploy", "duration_s": 60, "scheduler": {"lease_ms": 3000, "heartbeat_ms": 1000},
+        "instances": [{"name": "a", "offset_ms": 1000}, {"name": "b"}],
+        "jobs": [{"name": "tick", "cron": "*/20 * * * * *", "work_s": 6.0}],
+        "faults": faults,
+    })  # fmt: skip
+    return simulate(scenario, "lease", 1)
+
+
+def test_a_stop_hands_the_run_back_and_a_backup_runs_it_as_attempt_2() -> None:
+    outcome = _deploy([{"at_s": 21, "kind": "stop", "instance": "a", "timeout_s": 0, "restart_after_s": 10}])
+    slot = (EPOCH_S + 20) * 1000
+    runs = sorted((x.attempt, x.instance, x.completed) for x in outcome.history.executions if x.slot == slot)
+    assert runs == [(1, "a", False), (2, "b", True)]
+    assert outcome.judgement.verdicts["P2"].status == "valid"
+    assert [e.t for e in outcome.history.events if e.kind == "fault" and "restarted" in str(e.value)] == [31.0]
+
+
+def test_a_stop_that_waits_for_its_job_can_still_be_cut_short_by_a_crash() -> None:
+    """a is told to stop at 21 s with 10 s to finish its run (19..25 s), and is killed at 23 s: as in live mode,
+    where the process runs until it has stopped, the kill strikes. The run ends there, unfinished, and without
+    its hand-back b takes it over once the lease has run out."""
+    outcome = _deploy([
+        {"at_s": 21, "kind": "stop", "instance": "a", "timeout_s": 10},
+        {"at_s": 23, "kind": "crash", "instance": "a"},
+    ])  # fmt: skip
+    assert [e.t for e in outcome.history.events if e.kind == "fault" and "killed" in str(e.value)] == [23.0]
+    slot = (EPOCH_S + 20) * 1000
+    [first] = [x for x in outcome.history.executions if x.slot == slot and x.attempt == 1]
+    assert (first.instance, first.ended, first.completed) == ("a", 23.0, False)
+    [second] = [x for x in outcome.history.executions if x.slot == slot and x.attempt == 2]
+    assert (second.instance, second.completed) == ("b", True)
+    assert second.started >= 23.0 + 2.0  # after a lease that a heartbeat renewed at 22 s at the latest
