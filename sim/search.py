@@ -38,20 +38,27 @@ def _at() -> st.SearchStrategy[float]:
     return st.integers(5, 90).map(float)
 
 
-FAULTS = st.one_of(
-    st.fixed_dictionaries({"at_s": _at(), "kind": st.just("crash"), "instance": st.sampled_from(TARGETS),
-                           "restart_after_s": st.integers(1, 30)}),
-    st.fixed_dictionaries({"at_s": _at(), "kind": st.just("pause"), "instance": st.sampled_from(TARGETS),
-                           "duration_s": st.integers(1, 20)}),
-    st.fixed_dictionaries({"at_s": _at(), "kind": st.just("partition"), "instance": st.sampled_from(TARGETS),
-                           "duration_s": st.integers(1, 20)}),
-    st.fixed_dictionaries({"at_s": _at(), "kind": st.just("skew"), "instance": st.sampled_from(TARGETS),
-                           "offset_ms": st.integers(-15_000, 15_000)}),
-    st.fixed_dictionaries({"at_s": _at(), "kind": st.just("late"), "instance": st.sampled_from(TARGETS),
-                           "delay_ms": st.integers(1_000, 30_000), "duration_s": st.integers(5, 30)}),
-    st.fixed_dictionaries({"at_s": _at(), "kind": st.just("failover"), "lag_ms": st.integers(100, 5_000)}),
-    st.fixed_dictionaries({"at_s": _at(), "kind": st.just("store-restart")}),
-)  # fmt: skip
+def _fault(kind: str, **settings: st.SearchStrategy[Any]) -> st.SearchStrategy[dict[str, Any]]:
+    return st.fixed_dictionaries({"at_s": _at(), "kind": st.just(kind), **settings})
+
+
+_INSTANCE = st.sampled_from(TARGETS)
+# One fault of each kind a scenario can have (sim.scenario.FAULT_KINDS), with the settings the search varies.
+FAULT_KINDS: dict[str, st.SearchStrategy[dict[str, Any]]] = {
+    "crash": _fault("crash", instance=_INSTANCE, restart_after_s=st.integers(1, 30)),
+    "stop": _fault("stop", instance=_INSTANCE, timeout_s=st.integers(0, 5), restart_after_s=st.integers(1, 30)),
+    "pause": _fault("pause", instance=_INSTANCE, duration_s=st.integers(1, 20)),
+    "partition": _fault("partition", instance=_INSTANCE, duration_s=st.integers(1, 20)),
+    "skew": _fault("skew", instance=_INSTANCE, offset_ms=st.integers(-15_000, 15_000)),
+    "drift": _fault("drift", instance=_INSTANCE, drift=st.sampled_from([-0.05, -0.01, 0.01, 0.05])),
+    "late": _fault("late", instance=_INSTANCE, delay_ms=st.integers(1_000, 30_000), duration_s=st.integers(5, 30)),
+    "failover": _fault("failover", lag_ms=st.integers(100, 5_000)),
+    "replication-hold": _fault("replication-hold", duration_s=st.integers(1, 20)),
+    "replication-drop": _fault("replication-drop", duration_s=st.integers(1, 20)),
+    "store-restart": _fault("store-restart"),
+    "manual": _fault("manual", instance=_INSTANCE, job=st.just("tick")),
+}
+FAULTS = st.one_of(*FAULT_KINDS.values())
 
 
 def schedule_scenario(faults: list[dict[str, Any]], strategy: str) -> Scenario:

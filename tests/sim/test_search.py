@@ -12,8 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
 
 from sim import search
+from sim.run import simulate
+from sim.scenario import FAULT_KINDS, load
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -124,6 +127,26 @@ def test_shrinking_stops_when_out_of_time_and_says_so() -> None:
     budget = iter([False, False, True])
     assert search.smallest_failing(STUCK, fails, lambda: next(budget)) == (STUCK, False)
     assert len(tried) == 2
+
+
+def test_the_search_generates_every_fault_kind_a_scenario_can_have() -> None:
+    assert list(search.FAULT_KINDS) == list(FAULT_KINDS)
+
+
+@pytest.mark.parametrize("kind", list(search.FAULT_KINDS))
+def test_a_generated_fault_replays_from_its_file_and_strikes(kind: str, tmp_path: Path) -> None:
+    @settings(max_examples=3, derandomize=True, deadline=None, database=None)
+    @given(fault=search.FAULT_KINDS[kind])
+    def strikes(fault: dict[str, Any]) -> None:
+        path = tmp_path / "schedule.toml"
+        path.write_text(search.schedule_toml([fault], "one-fault", f"a {kind}"))
+        outcome = simulate(load(path), "lease", 1)
+        assert outcome.digest == simulate(search.schedule_scenario([fault], "lease"), "lease", 1).digest
+        struck = [e for e in outcome.history.events if e.kind == "fault"]
+        assert struck, "no fault recorded"
+        assert (struck[0].op, struck[0].t) == (kind, fault["at_s"])
+
+    strikes()
 
 
 def test_a_guarantee_that_holds_yields_no_finding() -> None:
