@@ -18,6 +18,8 @@ Abstract time, in quanta of the store's clock:
 - the script window and the idmp duration are 1 quantum; ``max_attempts`` is 3; overlap is forbidden.
 
 Faults (``--faults``, default crash,skew): ``crash`` kills an instance for good (its execution stops);
+``stop`` stops one for good as ``Scheduler.stop(timeout=0)`` does: its execution stops and a lease run is handed
+back (its lease ends at once, and the next claim of a backup takes it over);
 ``pause`` freezes one until it resumes, still executing and believing in its lease until a heartbeat says
 otherwise; ``skew`` gives instances clocks one quantum ahead (every mix); ``late`` lets claims arrive at any time
 after the slot; ``failover`` keeps a replica that a ``replicate`` step brings up to date, and a ``failover`` step
@@ -55,7 +57,7 @@ POLICY = JobPolicy(
     lease_ms=LEASE, max_attempts=3, overlap=False, history_size=1000, keep_ms=1_000_000, late_after_ms=MAX_LATE
 )
 
-FAULTS = ("crash", "pause", "skew", "late", "failover")
+FAULTS = ("crash", "stop", "pause", "skew", "late", "failover")
 DEFAULT_FAULTS = ("crash", "skew")
 PROPERTIES = {
     "P1": "no duplicate",
@@ -91,6 +93,9 @@ class StoreModel(Generic[S]):
     def skip(self, store: S, slot: int, token: str, now: int) -> S:
         return self.claim(store, slot, token, now)[0]
 
+    def release(self, store: S, slot: int, token: str, now: int) -> S:
+        return store  # nothing to hand back: the run stays claimed
+
 
 class LeaseModel(StoreModel[lease.LeaseStore]):
     """``policy``: POLICY keeps every run; a small history_size and keep_ms let finishes trim (see the tests)."""
@@ -114,6 +119,9 @@ class LeaseModel(StoreModel[lease.LeaseStore]):
 
     def skip(self, store: lease.LeaseStore, slot: int, token: str, now: int) -> lease.LeaseStore:
         return lease.skip(store, slot, token, now, self.policy)[0]
+
+    def release(self, store: lease.LeaseStore, slot: int, token: str, now: int) -> lease.LeaseStore:
+        return lease.release(store, slot, token, now)[0]
 
 
 class StreamIdModel(StoreModel[stream_id.StreamIdStore]):
@@ -151,7 +159,7 @@ MODELS: dict[str, StoreModel[Any]] = {
 
 # --- worlds --------------------------------------------------------------------------------------------------------
 
-UP, PAUSED, RESUMED, CRASHED = "up", "paused", "resumed", "crashed"
+UP, PAUSED, RESUMED, CRASHED, STOPPED = "up", "paused", "resumed", "crashed", "stopped"
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,7 +193,7 @@ TODO, DONE = Todo(), Done()
 
 @dataclass(frozen=True, slots=True)
 class Instance:
-    status: str  # up (never faulted) | paused | resumed | crashed
+    status: str  # up (never faulted) | paused | resumed | crashed | stopped
     skew: int  # its clock minus the store's
     phases: tuple[Phase, ...]  # per slot
 
@@ -248,7 +256,7 @@ class Explorer(Generic[S]):
         steps: list[Step] = []
         urgent = False  # a healthy instance must act before time moves on
         for i, inst in enumerate(w.instances):
-            if inst.status == CRASHED:
+            if inst.status in (CRASHED, STOPPED):
                 continue
             if inst.status == PAUSED:
                 steps.append(("resume", i, -1))
@@ -269,6 +277,8 @@ class Explorer(Generic[S]):
                             urgent = True
                 if "pause" in self.faults and inst.status == UP:
                     steps.append(("pause", i, -1))
+                if "stop" in self.faults:  # a paused process cannot run its stop
+                    steps.append(("stop", i, -1))
             if "crash" in self.faults:
                 steps.append(("crash", i, -1))
         if not urgent:
@@ -290,6 +300,12 @@ class Explorer(Generic[S]):
         inst = w.instances[i]
         if kind == "crash":
             return self._with(w, i, Instance(CRASHED, inst.skew, (DONE,) * self.k)), None
+        if kind == "stop":
+            store = w.store
+            for k, phase in enumerate(inst.phases):
+                if isinstance(phase, Holding):
+                    store = self.model.release(store, FIRST_SLOT + k, token(i), w.now)
+            return self._with(replace(w, store=store), i, Instance(STOPPED, inst.skew, (DONE,) * self.k)), None
         if kind in ("pause", "resume"):
             return self._with(w, i, replace(inst, status=PAUSED if kind == "pause" else RESUMED)), None
         slot, me, phase = FIRST_SLOT + k, token(i), inst.phases[k]
@@ -411,7 +427,7 @@ class Explorer(Generic[S]):
             return f"{at} the replica catches up"
         if kind == "failover":
             return f"{at} failover: the replica takes over"
-        if kind in ("crash", "pause", "resume"):
+        if kind in ("crash", "stop", "pause", "resume"):
             return f"{at} {token(i)} {'crashe' if kind == 'crash' else kind}s"
         what = {"claim": "claims", "skip": "skips (too late)", "heartbeat": "heartbeats", "end": "ends"}[kind]
         line = f"{at} {token(i)} {what} slot {k}"

@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 
+from anarchon._strategies import Claim, Outcome
 from models import lease
 from models.explore import MODELS, POLICY, PROPERTIES, Explorer, LeaseModel, Result, main
 
@@ -122,3 +123,44 @@ def test_an_unknown_fault_is_refused(capsys: pytest.CaptureFixture[str]) -> None
     with pytest.raises(SystemExit):
         main(["--strategy", "lease", "--faults", "crash,meteor"])
     assert "unknown fault meteor" in capsys.readouterr().err
+
+
+def test_a_stopped_lease_winner_hands_its_run_back_and_the_next_claim_takes_it_over_at_once() -> None:
+    explorer = Explorer(MODELS["lease"], 2, 1, ["stop"], list(PROPERTIES))
+    world = explorer.initial()[0]
+    notes = []
+    for step in [("tick", -1, -1), ("claim", 0, 0), ("stop", 0, -1), ("claim", 1, 0)]:
+        assert step in explorer.moves(world)
+        world, note = explorer.apply(world, step)
+        notes.append(note)
+    won, taken_over = notes[1], notes[3]
+    assert isinstance(won, Claim)
+    assert (won.outcome, won.attempt, won.lease_ms_left) == (Outcome.WON, 1, 2)  # its lease lasts until t=3
+    assert isinstance(taken_over, Claim)
+    assert (taken_over.outcome, taken_over.attempt, world.now) == (Outcome.WON, 2, 1)  # at t=1, not t=3
+    # A stop that handed nothing back would leave the backup waiting for the lease, as after a crash.
+    holding = Explorer(HoldingLeaseModel(), 2, 1, ["stop"], list(PROPERTIES))
+    world = holding.initial()[0]
+    for step in [("tick", -1, -1), ("claim", 0, 0), ("stop", 0, -1)]:
+        world, _ = holding.apply(world, step)
+    _, note = holding.apply(world, ("claim", 1, 0))
+    assert isinstance(note, Claim)
+    assert (note.outcome, note.lease_ms_left) == (Outcome.RUNNING, 2)
+
+
+class HoldingLeaseModel(LeaseModel):
+    def release(self, store: lease.LeaseStore, slot: int, token: str, now: int) -> lease.LeaseStore:
+        return store
+
+
+@pytest.mark.parametrize("strategy", ["stream-id", "idmp", "script"])
+def test_the_claim_only_strategies_lose_the_run_of_a_stopped_winner(strategy: str) -> None:
+    result = explore(strategy, ["stop"])
+    assert violated(result) == {"P2"}
+    assert result.trace[-2:] == ["t=1 i0 stops", "t=1 i1 claims slot 0: lost"]
+
+
+def test_lease_survives_stops_crashes_and_skew() -> None:
+    result = explore("lease", ["crash", "stop", "skew"], instances=3, slots=2, depth=10)
+    assert result.problems == []
+    assert result.states > 10_000
