@@ -14,7 +14,7 @@ a scenario run side by side on one server, each with its own instances and key p
   so it deterministically misses what the primary acknowledges meanwhile; then the primary is killed and every
   proxy sends its instance to the former replica;
 - store restart: the server restarts without persistence, empty;
-- run_now: sent to the instance's stdin.
+- run_now: sent to the instance's stdin (recorded as not made when its process is down, stopping or starting).
 
 The history comes from the processes' JSON lines and the faults recorded here, on the machine's monotonic clock,
 which every process shares; the checkers are the virtual mode's.
@@ -36,6 +36,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from sim import nemesis
 from sim.checkers import Judgement, judge
 from sim.history import Event, Execution, History
 from sim.live_instance import SkewedClock
@@ -177,7 +178,9 @@ class Instance:
     # Pauses in force. They strike the instance, not one process of it: a process restarted within one starts
     # paused. (Partitions live in the proxy, which a restarted process connects through.)
     pauses: int = 0
-    restarting: bool = False
+    # Held while a process of it is being started: restarts of overlapping faults take turns, each finding
+    # what the one before it left (a process up, or killed while it started).
+    starting: asyncio.Lock = field(default_factory=asyncio.Lock)
     stopping: bool = False  # its process is stopping (a stop fault): not a "winner" any more, as in virtual mode
 
     async def spawn(self) -> None:
@@ -191,7 +194,7 @@ class Instance:
                 env={**os.environ, "PYTHONHASHSEED": "0"},
             )  # fmt: skip
         if self.clock.state() != clock:  # a fault changed it while the process was starting, with none to tell
-            await self.tell_clock()
+            await self.clock_changed()
 
     async def ready(self) -> bool:
         """Wait until the process says it has started; False if it exited first (killed, or it could not reach
@@ -216,13 +219,8 @@ class Instance:
         """Start a new process: paused if a pause is in force; again every START_RETRY_S (scaled) while it exits
         because its proxy refused it the store. False if there is nothing to restart: a process is up already
         (two overlapping crashes end with one process), or the one starting was killed."""
-        if self.restarting:  # another crash's restart is starting the one process there will be
-            return False
-        self.restarting = True
-        try:
+        async with self.starting:
             return await self._restart()
-        finally:
-            self.restarting = False
 
     async def _restart(self) -> bool:
         kills = len(self.killed_at)
@@ -256,6 +254,40 @@ class Instance:
         if self.process is not None and self.process.returncode is None:
             os.kill(self.process.pid, number)
 
+    @property
+    def label(self) -> str:
+        return f"{self.strategy} instance {self.name}"
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None
+
+    @property
+    def up(self) -> bool:
+        return self.process is not None and not self.stopping
+
+    def cut_off(self) -> None:
+        self.proxy.cut()
+
+    def reconnect(self) -> None:
+        self.proxy.heal()
+
+    async def clock_changed(self) -> None:
+        await self.tell(f"clock {json.dumps(self.clock.state())}")
+
+    def cannot_run_now(self) -> str | None:
+        if self.process is None or self.stopping:
+            return "down"
+        return "starting" if self.starting.locked() else None
+
+    async def run_now(self, job: str) -> str | None:
+        """Told on its stdin; the claim's failure, if any, is in the process's own records."""
+        await self.tell(f"run_now {job}")
+        return None
+
+    async def crash(self) -> None:
+        await self.kill()
+
     async def kill(self) -> None:
         if self.process is None:
             return
@@ -281,9 +313,6 @@ class Instance:
             self.stopping = False
         if self.process is process:  # not killed, nor replaced by a restart, meanwhile
             self.process = None
-
-    async def tell_clock(self) -> None:
-        await self.tell(f"clock {json.dumps(self.clock.state())}")
 
     async def tell(self, line: str) -> None:
         if self.process is not None and self.process.stdin is not None:
@@ -351,13 +380,16 @@ class LiveRun:
                 await instance.kill()  # the end: nothing after this moment is judged
         return epoch_s
 
-    def _record(self, fault: FaultSpec, detail: str) -> None:
+    def record_fault(self, fault: FaultSpec, detail: str) -> None:
         self.faults.append(Event(self.now(), "fault", "nemesis", fault.kind, value=detail))
 
-    def _window(self, fault: FaultSpec, start: float, end: float, instance: Instance | None = None) -> None:
-        strategies = [instance.strategy] if instance else self.strategies
-        for strategy in strategies:
-            self.windows[strategy].append(FaultWindow(start, end, fault.kind, instance.name if instance else ""))
+    def fault_window(self, fault: FaultSpec, start: float, end: float, target: Instance | None = None) -> None:
+        """The window in which ``fault`` counts: for ``target``'s strategy, or for every strategy (a store fault)."""
+        if target is None:
+            for strategy in self.strategies:
+                self.windows[strategy].append(FaultWindow(start, end, fault.kind))
+            return
+        self.windows[target.strategy].append(FaultWindow(start, end, fault.kind, target.name))
 
     def _targets(self, fault: FaultSpec) -> list[Instance | None]:
         """The fault's instance in every strategy's group. "winner", as in virtual mode: of the instances up, the
@@ -367,7 +399,7 @@ class LiveRun:
             if fault.instance != "winner":
                 chosen.append(next(i for i in group if i.name == fault.instance))
                 continue
-            up = [i for i in group if i.process is not None and not i.stopping]
+            up = [i for i in group if i.up]
             running = [(start, i) for i in up for start in _running_since(i.log, i.killed_at)]
             chosen.append(min(running, key=lambda pair: pair[0])[1] if running else next(iter(up), None))
         return chosen
@@ -386,81 +418,23 @@ class LiveRun:
             for group in self.groups.values():
                 for instance in group:
                     instance.proxy.redirect(replica.host, replica.port)
-            self._record(fault, f"primary killed; the replica, detached {lag_s * 1000:.0f} ms before, took over")
-            self._window(fault, detached, self.now())
+            self.record_fault(fault, f"primary killed; the replica, detached {lag_s * 1000:.0f} ms before, took over")
+            self.fault_window(fault, detached, self.now())
             return
         await asyncio.sleep(max(0.0, fault.at_s - self.now()))
         if fault.kind == "store-restart":
             down = self.now()  # everything acknowledged so far is lost from here
             await asyncio.to_thread(self.server.restart)
-            self._record(fault, "store restarted empty")
-            self._window(fault, down, self.now())
+            self.record_fault(fault, "store restarted empty")
+            self.fault_window(fault, down, self.now())
             return
         await asyncio.gather(*(self._strike_instance(fault, target) for target in self._targets(fault)))
 
     async def _strike_instance(self, fault: FaultSpec, target: Instance | None) -> None:
-        start = self.now()
         if target is None:
-            self._record(fault, "no instance is up: nothing struck")
+            self.record_fault(fault, "no instance is up: nothing struck")
             return
-        detail = f"{target.strategy} instance {target.name}"
-        if fault.kind in ("crash", "stop"):
-            if target.process is None or (fault.kind == "stop" and target.stopping):  # as in virtual mode
-                self._record(fault, f"{detail} is down already: nothing struck")
-                return
-            restart = fault.settings.get("restart_after_s")
-            end = self.scenario.duration_s if restart is None else start + float(restart)
-            self._window(fault, start, end, target)  # the run may end meanwhile
-            if fault.kind == "crash":
-                self._record(fault, f"{detail} killed")
-                await target.kill()
-            else:
-                timeout_s = float(fault.settings.get("timeout_s", 0.0))
-                self._record(fault, f"{detail} stopping (stop timeout {timeout_s:g} s)")
-                await target.stop(timeout_s)
-                self._record(fault, f"{detail} stopped")
-            if restart is not None:
-                await asyncio.sleep(max(0.0, end - self.now()))  # from the fault's start: a stop takes a while
-                if await target.restart():
-                    self._record(fault, f"{detail} restarted")
-        elif fault.kind == "pause":
-            self._record(fault, f"{detail} paused")
-            target.pause()
-            self._window(fault, start, start + fault.duration_s, target)
-            await asyncio.sleep(fault.duration_s)
-            target.resume()
-            self._record(fault, f"{detail} resumed")
-        elif fault.kind == "partition":
-            self._record(fault, f"{detail} cut off from the store")
-            target.proxy.cut()
-            self._window(fault, start, start + fault.duration_s, target)
-            await asyncio.sleep(fault.duration_s)
-            target.proxy.heal()
-            self._record(fault, f"{detail} reconnected")
-        elif fault.kind == "skew":
-            target.clock.offset_ms += float(fault.settings["offset_ms"])
-            await target.tell_clock()
-            self._record(fault, f"{detail} clock jumps {fault.settings['offset_ms']} ms")
-            self._window(fault, start, start, target)
-        elif fault.kind == "drift":
-            target.clock.set_drift(float(fault.settings["drift"]))
-            await target.tell_clock()
-            self._record(fault, f"{detail} clock drifts {target.clock.drift:+g}")
-            self._window(fault, start, start, target)
-        elif fault.kind == "late":
-            delay = float(fault.settings["delay_ms"])
-            target.clock.offset_ms -= delay
-            await target.tell_clock()
-            self._record(fault, f"{detail} claims {delay:.0f} ms late")
-            self._window(fault, start, start + fault.duration_s, target)
-            await asyncio.sleep(fault.duration_s)
-            target.clock.offset_ms += delay
-            await target.tell_clock()
-            self._record(fault, f"{detail} back on time")
-        elif fault.kind == "manual":
-            await target.tell(f"run_now {fault.settings['job']}")
-            self._record(fault, f"{detail} runs {fault.settings['job']} now")
-            self._window(fault, start, start, target)
+        await nemesis.strike(self, fault, target)
 
     def history(self, strategy: str, epoch_s: float) -> History:
         history = History(epoch_s=epoch_s)

@@ -60,7 +60,13 @@ class SkewedClock(SystemClock):
         return super().monotonic() + self._gain_s()
 
     async def sleep(self, seconds: float) -> None:
-        await super().sleep(max(0.0, seconds) / (1 + self.drift))
+        """Until this clock has run ``seconds``. A drift change meanwhile counts from the end of the sleep begun
+        at the old rate (what is left is slept at the new one), as in virtual mode."""
+        until = self.monotonic() + max(0.0, seconds)
+        left = max(0.0, seconds)
+        while left > 0:
+            await super().sleep(left / (1 + self.drift))
+            left = until - self.monotonic()
 
 
 class JsonLines(History):

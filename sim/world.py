@@ -21,7 +21,7 @@ import fakeredis
 
 from anarchon import RedisBackend, RunContext, Scheduler, StoreError, StoreUnavailableError
 from anarchon._store import Connection
-from sim import fakestore
+from sim import fakestore, nemesis
 from sim.history import Event, Execution, History, RecordingStrategy
 from sim.idmp import IdmpConnection, IdmpState
 from sim.links import Link
@@ -205,6 +205,30 @@ class SimInstance:
     @property
     def up(self) -> bool:
         return self.scheduler is not None
+
+    @property
+    def label(self) -> str:
+        return f"instance {self.name}"
+
+    @property
+    def alive(self) -> bool:
+        return self.up or self.stopping
+
+    async def clock_changed(self) -> None:
+        """Nothing to tell: the scheduler reads this clock."""
+
+    def cannot_run_now(self) -> str | None:
+        if self.scheduler is None or not self.serving:  # no process, or one still starting, to call it on
+            return "starting" if self.up else "down"
+        return None
+
+    async def run_now(self, job: str) -> str | None:
+        assert self.scheduler is not None
+        try:
+            await self.scheduler.run_now(job)
+        except StoreError as error:
+            return str(error)
+        return None
 
     async def start(self) -> None:
         """Start a process of this instance: raises StoreUnavailableError if it cannot reach the store."""
@@ -411,69 +435,10 @@ class World:
         if target is None:
             self.record_fault(fault, "no instance is up: nothing struck")
             return
-        detail = f"instance {target.name}"
-        if fault.kind in ("crash", "stop"):
-            # Killing a process that is not running does nothing, and it has nothing to restart. One that is
-            # stopping can still be killed (as in live mode, where its process runs until it has stopped).
-            if not (target.up or (fault.kind == "crash" and target.stopping)):
-                self.record_fault(fault, f"{detail} is down already: nothing struck")
-                return
-            restart = fault.settings.get("restart_after_s")
-            end = self.scenario.duration_s if restart is None else start + float(restart)
-            self.fault_windows.append(FaultWindow(start, end, fault.kind, target.name))  # the run may end meanwhile
-            if fault.kind == "crash":
-                self.record_fault(fault, f"{detail} killed")
-                await target.crash()
-            else:
-                timeout_s = float(fault.settings.get("timeout_s", 0.0))
-                self.record_fault(fault, f"{detail} stopping (stop timeout {timeout_s:g} s)")
-                await target.stop(timeout_s)
-                self.record_fault(fault, f"{detail} stopped")
-            if restart is not None:
-                await asyncio.sleep(max(0.0, end - self.now()))  # from the fault's start: a stop takes a while
-                if await target.restart():
-                    self.record_fault(fault, f"{detail} restarted")
-        elif fault.kind == "pause":
-            self.record_fault(fault, f"{detail} paused")
-            target.pause()
-            self.fault_windows.append(FaultWindow(start, start + fault.duration_s, fault.kind, target.name))
-            await asyncio.sleep(fault.duration_s)
-            target.resume()
-            self.record_fault(fault, f"{detail} resumed")
-        elif fault.kind == "partition":
-            self.record_fault(fault, f"{detail} cut off from the store")
-            target.cut_off()
-            self.fault_windows.append(FaultWindow(start, start + fault.duration_s, fault.kind, target.name))
-            await asyncio.sleep(fault.duration_s)
-            target.reconnect()
-            self.record_fault(fault, f"{detail} reconnected")
-        elif fault.kind == "skew":
-            target.clock.offset_ms += float(fault.settings["offset_ms"])
-            self.record_fault(fault, f"{detail} clock jumps {fault.settings['offset_ms']} ms")
-            self.fault_windows.append(FaultWindow(start, start, fault.kind, target.name))
-        elif fault.kind == "drift":
-            target.clock.set_drift(float(fault.settings["drift"]))
-            self.record_fault(fault, f"{detail} clock drifts {float(fault.settings['drift']):+g}")
-            self.fault_windows.append(FaultWindow(start, start, fault.kind, target.name))
-        elif fault.kind == "manual":
-            job = str(fault.settings["job"])
-            if target.scheduler is None or not target.serving:  # no process, or one still starting, to call it on
-                self.record_fault(fault, f"{detail} is {'starting' if target.up else 'down'}: no manual run of {job}")
-                return
-            self.record_fault(fault, f"{detail} runs {job} now")
-            self.fault_windows.append(FaultWindow(start, start, fault.kind, target.name))
-            try:
-                await target.scheduler.run_now(job)
-            except StoreError as error:  # the claim's failure (or unknown outcome) is in the history already
-                self.record_fault(fault, f"{detail}'s manual run of {job} failed: {error}")
-        elif fault.kind == "late":
-            delay = float(fault.settings["delay_ms"])
-            target.clock.offset_ms -= delay
-            self.record_fault(fault, f"{detail} claims {delay:.0f} ms late")
-            self.fault_windows.append(FaultWindow(start, start + fault.duration_s, fault.kind, target.name))
-            await asyncio.sleep(fault.duration_s)
-            target.clock.offset_ms += delay
-            self.record_fault(fault, f"{detail} back on time")
+        await nemesis.strike(self, fault, target)
+
+    def fault_window(self, fault: FaultSpec, start: float, end: float, target: SimInstance) -> None:
+        self.fault_windows.append(FaultWindow(start, end, fault.kind, target.name))
 
     def _redirect(self) -> None:
         """Every instance's connection now reaches the current store (Sentinel or DNS would do this)."""

@@ -50,11 +50,20 @@ class StandIn(Instance):
         return True
 
 
-def _run(tmp_path: Path, up: str = "abc") -> tuple[LiveRun, dict[str, StandIn]]:
+class SlowStandIn(StandIn):
+    """An instance whose processes take 0.2 s to say whether they started (no, if killed meanwhile)."""
+
+    async def ready(self) -> bool:
+        process = self.process
+        await asyncio.sleep(0.2)
+        return process is not None and process.returncode is None
+
+
+def _run(tmp_path: Path, up: str = "abc", kind: type[StandIn] = StandIn) -> tuple[LiveRun, dict[str, StandIn]]:
     run = LiveRun(SCENARIO, server=cast(Any, None), strategies=["lease"], workdir=tmp_path)
     instances = {}
     for name in "abc":
-        instance = StandIn(name, "lease", Proxy("127.0.0.1", 1), tmp_path / f"{name}.jsonl", {}, SkewedClock())
+        instance = kind(name, "lease", Proxy("127.0.0.1", 1), tmp_path / f"{name}.jsonl", {}, SkewedClock())
         instance.log.write_text("")
         if name in up:
             instance.process = cast(Any, StandInProcess(0))
@@ -107,6 +116,27 @@ def test_a_crash_of_an_instance_down_already_strikes_nothing_and_restarts_nothin
     ]
     assert run.faults[-1].t >= 0.3  # when the first crash says, not the second
     assert [(w.kind, w.instance) for w in run.windows["lease"]] == [("crash", "a")]
+
+
+def test_a_crash_that_kills_a_process_as_it_starts_restarts_the_instance_itself(tmp_path: Path) -> None:
+    """The second crash kills the process the first crash's restart is starting; the first restart gives up, and
+    the second starts a process once it has (as in virtual mode, where each restart keeps trying)."""
+    run, instances = _run(tmp_path, kind=SlowStandIn)
+    first = FaultSpec(0.0, "crash", {"instance": "a", "restart_after_s": 0.1})  # starting from 0.1 s to 0.3 s
+    second = FaultSpec(0.2, "crash", {"instance": "a", "restart_after_s": 0.05})
+
+    async def strike() -> None:
+        await asyncio.gather(run._strike(first), run._strike(second))
+
+    asyncio.run(strike())
+    assert [event.value for event in run.faults] == [
+        "lease instance a killed",
+        "lease instance a killed",
+        "lease instance a restarted",
+    ]
+    assert run.faults[-1].t >= 0.3 + 0.2  # once the first restart gave up, its own start took 0.2 s
+    assert instances["a"].process is not None
+    assert len(instances["a"].killed_at) == 2
 
 
 def test_a_late_instance_is_back_on_time_in_the_history(tmp_path: Path) -> None:
@@ -170,3 +200,23 @@ async def test_a_restarted_process_reads_the_time_its_instance_clock_reads(
     gained_after_ms = (time.monotonic() - drifting_since) * 1000
     assert gained_before_ms >= 200
     assert 2000 + gained_before_ms - 2 <= ahead_ms <= 2000 + gained_after_ms + 2  # what the drift gained is kept
+
+
+async def test_a_sleep_over_a_drift_change_lasts_its_time_on_the_instance_clock() -> None:
+    """1 s on a clock that runs at half speed from d s in (0.1, later on a busy machine): d s, then 1 - d s at
+    half speed, 2 - d s in all. A sleep that kept the old rate would end at 1 s."""
+    clock = SkewedClock()
+    began, clock_began = time.monotonic(), clock.monotonic()
+    changed: list[float] = []
+
+    async def slow_down() -> None:
+        await asyncio.sleep(0.1)
+        clock.set_drift(-0.5)
+        changed.append(time.monotonic() - began)
+
+    slowing = asyncio.ensure_future(slow_down())
+    await clock.sleep(1.0)
+    await slowing
+    assert changed[0] < 1.0, "the change came after the sleep: nothing to judge"
+    assert clock.monotonic() - clock_began >= 1.0
+    assert time.monotonic() - began >= 2.0 - changed[0] - 0.005

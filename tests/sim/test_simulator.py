@@ -793,3 +793,23 @@ def test_a_stop_that_waits_for_its_job_can_still_be_cut_short_by_a_crash() -> No
     [second] = [x for x in outcome.history.executions if x.slot == slot and x.attempt == 2]
     assert (second.instance, second.completed) == ("b", True)
     assert second.started >= 23.0 + 2.0  # after a lease that a heartbeat renewed at 22 s at the latest
+
+
+def test_a_stop_strikes_the_process_started_while_the_one_before_it_was_still_stopping() -> None:
+    """At 40 s a is told to stop within 10 s and waits for its run (39..45 s); meanwhile, at 41 s, the restart an
+    earlier stop asked for starts a new process. A stop at 42 s strikes that one, not "nothing": an instance is
+    judged by the process that is up, not by the one still stopping."""
+    outcome = _deploy([
+        {"at_s": 21, "kind": "stop", "instance": "a", "timeout_s": 10, "restart_after_s": 20},
+        {"at_s": 22, "kind": "crash", "instance": "a", "restart_after_s": 1},
+        {"at_s": 40, "kind": "stop", "instance": "a", "timeout_s": 10},
+        {"at_s": 42, "kind": "stop", "instance": "a", "timeout_s": 0},
+    ])  # fmt: skip
+    said = [(e.t, e.value) for e in outcome.history.events if e.kind == "fault" and e.t >= 40]
+    assert said == [
+        (40.0, "instance a stopping (stop timeout 10 s)"),
+        (41.0, "instance a restarted"),
+        (42.0, "instance a stopping (stop timeout 0 s)"),
+        (42.0, "instance a stopped"),
+        (45.0, "instance a stopped"),  # the stop at 40 s, once its run ended
+    ], said
