@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from sim.checkers import Judgement, judge
@@ -29,7 +30,12 @@ class Outcome:
         return self.history.digest()
 
     def replay_command(self) -> str:
-        target = self.scenario.path or self.scenario.name
+        """The command that replays this run, the scenario's file named from the working directory if it is in
+        there (reports are made at the repository's root, and read on other machines)."""
+        path = self.scenario.path
+        target: Path | str = self.scenario.name
+        if path is not None:
+            target = path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path
         return f"python -m sim run {target} --strategy {self.strategy} --seed {self.seed}"
 
     def as_json(self) -> dict[str, Any]:

@@ -325,7 +325,17 @@ def test_the_command_line_prints_lateness_and_lease_margins() -> None:
     assert zombie["figures"]["P4"]["min_margin_ms"] < 0
     text = run("late-claim", "lease")
     assert "  lateness invalid: late: tick slot at" in text
-    assert "replay: python -m sim run" in text  # a late run is a finding to replay, like any invalid verdict
+    # a late run is a finding to replay, like any invalid verdict; the file is named from where the command ran
+    assert "replay: python -m sim run scenarios/late-claim.toml --strategy lease --seed 1" in text
+
+
+def test_a_replay_names_a_scenario_outside_the_working_directory_by_its_whole_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert simulate(load("steady"), "lease", 1).replay_command() == (
+        f"python -m sim run {REPO / 'scenarios' / 'steady.toml'} --strategy lease --seed 1"
+    )
 
 
 def test_the_report_tables_lateness_and_sums_up_lease_margins() -> None:
