@@ -19,7 +19,8 @@ Abstract time, in quanta of the store's clock:
 
 Faults (``--faults``, default crash,skew): ``crash`` kills an instance for good (its execution stops);
 ``stop`` stops one for good as ``Scheduler.stop(timeout=0)`` does: its execution stops and a lease run is handed
-back (its lease ends at once, and the next claim of a backup takes it over);
+back (its lease ends at once, and the next claim of a backup takes it over); ``manual`` lets one instance, once,
+at any time, call ``run_now``: a run of its own (nobody else claims it) that lease must not run beside a slot's;
 ``pause`` freezes one until it resumes, still executing and believing in its lease until a heartbeat says
 otherwise; ``skew`` gives instances clocks one quantum ahead (every mix); ``late`` lets claims arrive at any time
 after the slot; ``failover`` keeps a replica that a ``replicate`` step brings up to date, and a ``failover`` step
@@ -29,7 +30,7 @@ Properties (``--check``, default all), judged where meaningful:
 P1 no duplicate: no slot runs to the end twice, and no two executions of a slot are under way at once.
 P2 no missed slot: a slot scheduled by an instance that stayed healthy (never crashed or paused) runs to the
    end, unless some instance still means to claim or finish it, or it was skipped by the overlap rule.
-P3 no overlap (lease): executions of two slots are never under way at once.
+P3 no overlap (lease): executions of two runs (slots, or a slot and the manual run) are never under way at once.
 P4 lease safety (lease): two attempts of one slot are never under way at once.
 P5 no lost acknowledged claim: a slot won before a failover is not won again, first attempt, by another.
 P6 fencing: each acknowledged win carries a larger fence than every win acknowledged before it.
@@ -50,6 +51,7 @@ from anarchon._strategies import Claim, JobPolicy, Outcome
 from . import idmp, lease, script, stream_id
 
 FIRST_SLOT = 1
+MANUAL_RUN = 1_000_000  # the manual run's slot in the store model: unlike any scheduled slot, and never forgotten
 LEASE = 2
 WINDOW = 1
 MAX_LATE = 0
@@ -57,7 +59,7 @@ POLICY = JobPolicy(
     lease_ms=LEASE, max_attempts=3, overlap=False, history_size=1000, keep_ms=1_000_000, late_after_ms=MAX_LATE
 )
 
-FAULTS = ("crash", "stop", "pause", "skew", "late", "failover")
+FAULTS = ("crash", "stop", "pause", "skew", "late", "failover", "manual")
 DEFAULT_FAULTS = ("crash", "skew")
 PROPERTIES = {
     "P1": "no duplicate",
@@ -209,6 +211,7 @@ class World(Generic[S]):
     winners: tuple[frozenset[int], ...]  # per slot, with failover only: instances whose win was acknowledged
     forgotten: tuple[frozenset[int], ...]  # per slot: winners acknowledged before the latest failover
     top_fence: int  # the largest fence acknowledged
+    manual_left: bool = False  # run_now may still be called (with the manual fault)
 
 
 Step: TypeAlias = tuple[str, int, int]  # (kind, instance or -1, slot index or -1)
@@ -234,21 +237,30 @@ class Explorer(Generic[S]):
         self.model, self.n, self.k = model, instances, slots
         self.faults, self.checks = frozenset(faults), frozenset(checks)
         self.late, self.failover = "late" in self.faults, "failover" in self.faults
+        # Run k < slots is slot k; with the manual fault, run k == slots is the manual run.
+        self.runs = slots + ("manual" in self.faults)
+
+    def slot_of(self, k: int) -> int:
+        return FIRST_SLOT + k if k < self.k else MANUAL_RUN
+
+    def run_name(self, k: int) -> str:
+        return f"slot {k}" if k < self.k else "the manual run"
 
     def initial(self) -> list[World[S]]:
         """One world per mix of clocks (instances are interchangeable, so skews come sorted)."""
         skews = (0, 1) if "skew" in self.faults else (0,)
         store = self.model.initial()
-        empty: tuple[frozenset[int], ...] = (frozenset(),) * self.k
+        empty: tuple[frozenset[int], ...] = (frozenset(),) * self.runs
         return [
             World(0, store, store if self.failover else None, tuple(self._started(skew) for skew in assignment),
-                  (0,) * self.k, frozenset(), empty, empty, 0)
+                  (0,) * self.runs, frozenset(), empty, empty, 0, manual_left="manual" in self.faults)
             for assignment in itertools.combinations_with_replacement(skews, self.n)
         ]  # fmt: skip
 
     def _started(self, skew: int) -> Instance:
         # A scheduler starting schedules the slots strictly after its clock's reading (store time 0 + skew).
-        return Instance(UP, skew, tuple(TODO if FIRST_SLOT + k > skew else DONE for k in range(self.k)))
+        slots = tuple(TODO if FIRST_SLOT + k > skew else DONE for k in range(self.k))
+        return Instance(UP, skew, slots + (DONE,) * (self.runs - self.k))
 
     # --- steps ---------------------------------------------------------------------------------------------------
 
@@ -279,6 +291,8 @@ class Explorer(Generic[S]):
                     steps.append(("pause", i, -1))
                 if "stop" in self.faults:  # a paused process cannot run its stop
                     steps.append(("stop", i, -1))
+                if w.manual_left:
+                    steps.append(("manual", i, self.k))
             if "crash" in self.faults:
                 steps.append(("crash", i, -1))
         if not urgent:
@@ -299,18 +313,20 @@ class Explorer(Generic[S]):
             return replace(w, store=w.replica, forgotten=forgotten), None
         inst = w.instances[i]
         if kind == "crash":
-            return self._with(w, i, Instance(CRASHED, inst.skew, (DONE,) * self.k)), None
+            return self._with(w, i, Instance(CRASHED, inst.skew, (DONE,) * self.runs)), None
         if kind == "stop":
             store = w.store
             for k, phase in enumerate(inst.phases):
                 if isinstance(phase, Holding):
-                    store = self.model.release(store, FIRST_SLOT + k, token(i), w.now)
-            return self._with(replace(w, store=store), i, Instance(STOPPED, inst.skew, (DONE,) * self.k)), None
+                    store = self.model.release(store, self.slot_of(k), token(i), w.now)
+            return self._with(replace(w, store=store), i, Instance(STOPPED, inst.skew, (DONE,) * self.runs)), None
         if kind in ("pause", "resume"):
             return self._with(w, i, replace(inst, status=PAUSED if kind == "pause" else RESUMED)), None
-        slot, me, phase = FIRST_SLOT + k, token(i), inst.phases[k]
+        slot, me, phase = self.slot_of(k), token(i), inst.phases[k]
         note: Note = None
-        if kind == "claim":
+        if kind == "manual":
+            w = replace(w, manual_left=False)
+        if kind in ("claim", "manual"):
             store, claim = self.model.claim(w.store, slot, me, w.now)
             w, note = replace(w, store=store), claim
             if claim.outcome is Outcome.WON:
@@ -345,16 +361,19 @@ class Explorer(Generic[S]):
 
     def transition_problems(self, before: World[S], step: Step, note: Note) -> list[str]:
         """P5 and P6 judge a win against what was acknowledged before it."""
-        if step[0] != "claim" or not isinstance(note, Claim) or note.outcome is not Outcome.WON:
+        if step[0] not in ("claim", "manual") or not isinstance(note, Claim) or note.outcome is not Outcome.WON:
             return []
         _, i, k = step
         problems = []
         others = before.forgotten[k] - {i}
         if others and (not self.model.leases or note.attempt == 1):
             who = ", ".join(token(o) for o in sorted(others))
-            problems.append(f"P5: slot {k} won by {token(i)} after the failover lost {who}'s acknowledged win")
+            lost = f"after the failover lost {who}'s acknowledged win"
+            problems.append(f"P5: {self.run_name(k)} won by {token(i)} {lost}")
         if note.fence <= before.top_fence:
-            problems.append(f"P6: {token(i)} won slot {k} with fence {note.fence}, not above {before.top_fence}")
+            problems.append(
+                f"P6: {token(i)} won {self.run_name(k)} with fence {note.fence}, not above {before.top_fence}"
+            )
         return [p for p in problems if p[:2] in self.checks]
 
     def state_problems(self, w: World[S]) -> list[str]:
@@ -364,17 +383,17 @@ class Explorer(Generic[S]):
                 if isinstance(phase, Holding):
                     holders.setdefault(k, []).append((i, phase.attempt))
         problems = []
-        for k in range(self.k):
+        for k in range(self.runs):
             running = holders.get(k, [])
             if w.completed[k] > 1:
-                problems.append(f"P1: slot {k} ran to the end twice")
+                problems.append(f"P1: {self.run_name(k)} ran to the end twice")
             if len(running) > 1:
                 who = " and ".join(f"{token(i)} (attempt {a})" for i, a in running)
-                problems.append(f"P1: slot {k} is executed by {who} at once")
+                problems.append(f"P1: {self.run_name(k)} is executed by {who} at once")
                 if self.model.leases and len({a for _, a in running}) > 1:
-                    problems.append(f"P4: attempts of slot {k} are under way at once: {who}")
+                    problems.append(f"P4: attempts of {self.run_name(k)} are under way at once: {who}")
         if self.model.leases and len(holders) > 1:
-            problems.append(f"P3: slots {' and '.join(map(str, sorted(holders)))} are executed at once")
+            problems.append(f"P3: {' and '.join(self.run_name(k) for k in sorted(holders))} are executed at once")
         for k in range(self.k):
             # Due while healthy: an instance that scheduled the slot has been up all along.
             healthy = [token(i) for i, x in enumerate(w.instances) if x.status == UP and FIRST_SLOT + k > x.skew]
@@ -417,8 +436,7 @@ class Explorer(Generic[S]):
         clocks = ", ".join(f"{token(i)} {inst.skew:+d}" for i, inst in enumerate(world.instances))
         return [f"start: store time 0, clocks {clocks}; slot k is due at time {FIRST_SLOT} + k", *reversed(lines)]
 
-    @staticmethod
-    def _describe(before: World[S], step: Step, note: Note) -> str:
+    def _describe(self, before: World[S], step: Step, note: Note) -> str:
         kind, i, k = step
         at = f"t={before.now}"
         if kind == "tick":
@@ -429,8 +447,11 @@ class Explorer(Generic[S]):
             return f"{at} failover: the replica takes over"
         if kind in ("crash", "stop", "pause", "resume"):
             return f"{at} {token(i)} {'crashe' if kind == 'crash' else kind}s"
+        if kind == "manual":
+            assert isinstance(note, Claim)
+            return f"{at} {token(i)} calls run_now: {_answer(note, before.now)}"
         what = {"claim": "claims", "skip": "skips (too late)", "heartbeat": "heartbeats", "end": "ends"}[kind]
-        line = f"{at} {token(i)} {what} slot {k}"
+        line = f"{at} {token(i)} {what} {self.run_name(k)}"
         if isinstance(note, Claim):
             return f"{line}: {_answer(note, before.now)}"
         if kind == "heartbeat":
