@@ -7,9 +7,10 @@ The type parameter records whether the strategy gives leases (:class:`Leased`) o
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, Generic, Protocol, TypedDict, TypeVar, overload
 from urllib.parse import unquote, urlsplit, urlunsplit
 
@@ -33,7 +34,7 @@ from ._errors import (
     UnknownOptionError,
 )
 from ._keys import STORE_FORMAT, KeySpace, check_prefix
-from ._store import Connection, Script, ServerInfo, Store
+from ._store import Connection, Reply, Script, ServerInfo, Store, as_text
 from ._strategies import Strategy, make_strategy
 
 FORMAT = Script.load("format")
@@ -193,6 +194,23 @@ class RedisBackend(Generic[M]):
                 await store.close()
                 raise
             self._store = store
+
+    @contextlib.asynccontextmanager
+    async def reading(self) -> AsyncIterator[Store]:
+        """The store to read from: once started, the backend's own connection; before that, a connection of its
+        own for the read, closed after it (a store whose format is newer than this code reads is refused, and
+        nothing is written: a store with no format yet is one nobody wrote to)."""
+        if self._store is not None:
+            yield self._store
+            return
+        store = _open(self._spec)
+        try:
+            stored = await store.execute("GET", self.keys.format)
+            if stored is not None:
+                _refuse_newer_format(self.keys.format, stored)
+            yield store
+        finally:
+            await store.close()
 
     def _start_lock(self) -> asyncio.Lock:
         """Two start() at once open one connection. One lock per event loop: a lock serves the loop it was first
@@ -406,6 +424,10 @@ async def _check_key_access(store: Store, keys: Sequence[str], prefix: str) -> N
 
 
 async def _check_format(store: Store, key: str) -> None:
-    stored = str(await store.run(FORMAT, (key,), (STORE_FORMAT,)))
-    if not stored.isdigit() or int(stored) > STORE_FORMAT:
-        raise StoreFormatError(key, stored, STORE_FORMAT)
+    _refuse_newer_format(key, await store.run(FORMAT, (key,), (STORE_FORMAT,)))
+
+
+def _refuse_newer_format(key: str, stored: Reply) -> None:
+    text = as_text(stored)
+    if not text.isdigit() or int(text) > STORE_FORMAT:
+        raise StoreFormatError(key, text, STORE_FORMAT)

@@ -533,12 +533,12 @@ class Scheduler(Generic[M]):
         return await self._track(self._execute(job, request, claim, sent))
 
     async def history(self, name: str, limit: int = 50) -> list[RunRecord]:
-        """The job's recorded attempts, newest first."""
+        """The job's recorded attempts, newest first. A scheduler not started reads them too (a web process
+        showing what the scheduler processes ran): through a connection opened for the read and closed after."""
         job = self._job(name)
         check_int("limit", limit, 1, 1_000_000)
-        if not self._started:
-            raise SchedulerStateError("history needs a started scheduler: call start() or use 'async with'")
-        return await self.backend.strategy.history(self.backend.store, job.name, limit)
+        async with self.backend.reading() as store:
+            return await self.backend.strategy.history(store, job.name, limit)
 
     # --- dispatching ---------------------------------------------------------------------------------------
 

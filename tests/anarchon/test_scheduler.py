@@ -30,6 +30,7 @@ from anarchon import (
     RunRecord,
     Scheduler,
     SchedulerStateError,
+    StoreFormatError,
     StoreUnavailableError,
     SystemClock,
 )
@@ -1242,6 +1243,31 @@ async def test_run_now_and_history_need_a_known_job_and_a_started_scheduler(fake
         history = await scheduler.history("job", limit=2)
     assert len(history) == 2
     assert history[0].slot >= history[1].slot
+
+
+async def test_history_is_read_without_starting_the_scheduler(target: StoreTarget) -> None:
+    """A process that does not run the jobs (a web process) reads what the others ran, through a connection it
+    opens for the read only; it writes nothing, and refuses a store whose format this code cannot read."""
+    running = Scheduler(target.backend("lease"))
+    running.add_job("job", "0 0 1 1 *", Ledger().job("a"))
+    async with running:
+        ran = [await running.run_now("job") for _ in range(3)]
+    backend = target.backend("lease")
+    reader = Scheduler(backend)
+    reader.add_job("job", "0 0 1 1 *", Ledger().job("b"))
+    history = await reader.history("job")
+    assert sorted((r.run, r.status) for r in history) == sorted((r.run, "ok") for r in ran)
+    assert len(await reader.history("job", limit=2)) == 2
+    assert not backend.started
+    with pytest.raises(KeyError):
+        await reader.history("nope")
+    fresh = Scheduler(target.backend("lease", prefix="fresh:"))
+    fresh.add_job("job", "0 0 1 1 *", Ledger().job("c"))
+    assert await fresh.history("job") == []
+    assert await target.raw("GET", "fresh:format") is None  # a read leaves an empty store empty
+    await target.raw("SET", "cron:format", "99")
+    with pytest.raises(StoreFormatError):
+        await reader.history("job")
 
 
 def test_a_background_thread_serves_sync_apps(server: ServerUnderTest, caplog: pytest.LogCaptureFixture) -> None:
