@@ -429,5 +429,5 @@ async def _check_format(store: Store, key: str) -> None:
 
 def _refuse_newer_format(key: str, stored: Reply) -> None:
     text = as_text(stored)
-    if not text.isdigit() or int(text) > STORE_FORMAT:
+    if not (text.isascii() and text.isdigit()) or int(text) > STORE_FORMAT:  # "²" is a digit to isdigit()
         raise StoreFormatError(key, text, STORE_FORMAT)

@@ -18,9 +18,11 @@ Abstract time, in quanta of the store's clock:
 - the script window and the idmp duration are 1 quantum; ``max_attempts`` is 3; overlap is forbidden.
 
 Faults (``--faults``, default crash,skew): ``crash`` kills an instance for good (its execution stops);
-``stop`` stops one for good as ``Scheduler.stop(timeout=0)`` does: its execution stops and a lease run is handed
-back (its lease ends at once, and the next claim of a backup takes it over); ``manual`` lets one instance, once,
-at any time, call ``run_now``: a run of its own (nobody else claims it) that lease must not run beside a slot's;
+``stop`` stops one for good as ``Scheduler.stop(timeout=0)`` does: its execution stops, and a lease run with
+attempts left is handed back (its lease ends at once, and the next claim of a backup takes it over), while a manual
+run or one on its last attempt is recorded interrupted; ``manual`` (lease only) lets one instance, once, at any
+time, call ``run_now``: a run of its own (nobody else claims it) that lease must not run beside a slot's (the
+claim-only strategies record a manual run in a stream of its own, apart from the slots' claims);
 ``pause`` freezes one until it resumes, still executing and believing in its lease until a heartbeat says
 otherwise; ``skew`` gives instances clocks one quantum ahead (every mix); ``late`` lets claims arrive at any time
 after the slot; ``failover`` keeps a replica that a ``replicate`` step brings up to date, and a ``failover`` step
@@ -28,7 +30,7 @@ makes it the store, losing what was not replicated.
 
 Properties (``--check``, default all), judged where meaningful:
 P1 no duplicate: no slot runs to the end twice, and no two executions of a slot are under way at once.
-P2 no missed slot: a slot scheduled by an instance that stayed healthy (never crashed or paused) runs to the
+P2 no missed slot: a slot scheduled by an instance that stayed healthy (never crashed, stopped or paused) runs to the
    end, unless some instance still means to claim or finish it, or it was skipped by the overlap rule.
 P3 no overlap (lease): executions of two runs (slots, or a slot and the manual run) are never under way at once.
 P4 lease safety (lease): two attempts of one slot are never under way at once.
@@ -95,7 +97,8 @@ class StoreModel(Generic[S]):
     def skip(self, store: S, slot: int, token: str, now: int) -> S:
         return self.claim(store, slot, token, now)[0]
 
-    def release(self, store: S, slot: int, token: str, now: int) -> S:
+    def stop_run(self, store: S, slot: int, token: str, now: int, attempt: int, manual: bool) -> S:
+        """What ``Scheduler.stop`` leaves of a run it cuts short."""
         return store  # nothing to hand back: the run stays claimed
 
 
@@ -122,7 +125,12 @@ class LeaseModel(StoreModel[lease.LeaseStore]):
     def skip(self, store: lease.LeaseStore, slot: int, token: str, now: int) -> lease.LeaseStore:
         return lease.skip(store, slot, token, now, self.policy)[0]
 
-    def release(self, store: lease.LeaseStore, slot: int, token: str, now: int) -> lease.LeaseStore:
+    def stop_run(
+        self, store: lease.LeaseStore, slot: int, token: str, now: int, attempt: int, manual: bool
+    ) -> lease.LeaseStore:
+        """Handed back when backups may take it over; otherwise recorded interrupted (closed)."""
+        if manual or attempt >= self.policy.max_attempts:
+            return lease.finish(store, slot, token, "interrupted", now, self.policy)[0]
         return lease.release(store, slot, token, now)[0]
 
 
@@ -237,6 +245,8 @@ class Explorer(Generic[S]):
         self.model, self.n, self.k = model, instances, slots
         self.faults, self.checks = frozenset(faults), frozenset(checks)
         self.late, self.failover = "late" in self.faults, "failover" in self.faults
+        if "manual" in self.faults and not model.leases:
+            raise ValueError("the manual fault explores lease only: a claim-only manual run is not a claim")
         # Run k < slots is slot k; with the manual fault, run k == slots is the manual run.
         self.runs = slots + ("manual" in self.faults)
 
@@ -318,7 +328,7 @@ class Explorer(Generic[S]):
             store = w.store
             for k, phase in enumerate(inst.phases):
                 if isinstance(phase, Holding):
-                    store = self.model.release(store, self.slot_of(k), token(i), w.now)
+                    store = self.model.stop_run(store, self.slot_of(k), token(i), w.now, phase.attempt, k >= self.k)
             return self._with(replace(w, store=store), i, Instance(STOPPED, inst.skew, (DONE,) * self.runs)), None
         if kind in ("pause", "resume"):
             return self._with(w, i, replace(inst, status=PAUSED if kind == "pause" else RESUMED)), None
@@ -503,7 +513,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )  # fmt: skip
     parser.add_argument("--expect-violation", action="store_true", help="exit 0 only if a violation is found")
     args = parser.parse_args(argv)
-    explorer = Explorer(MODELS[args.strategy], args.instances, args.slots, args.faults, args.check)
+    try:
+        explorer = Explorer(MODELS[args.strategy], args.instances, args.slots, args.faults, args.check)
+    except ValueError as error:
+        parser.error(str(error))
     print(
         f"{args.strategy}: {args.instances} instances, {args.slots} slots, depth {args.depth}, "
         f"faults {','.join(args.faults) or 'none'}, checking {','.join(args.check)}"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
@@ -125,18 +125,21 @@ def search_checker(
     derandomize: bool = False,
     budget: Budget | None = None,
     broken: list[Breakage] | None = None,
+    kinds: Sequence[str] = tuple(FAULT_KINDS),
 ) -> Finding | None:
     """Look for a schedule under which ``checker`` rejects a run, shrunk to a smallest one (see :func:`shrink`).
     ``derandomize`` makes the search itself repeatable (for tests). Once ``budget`` stops searching nothing more
     is simulated: the generation ends, Hypothesis's shrinking stops at the smallest failure found so far, and
     the final shrink has what is left. A simulation that raises is added to ``broken`` and counts as passing;
-    without ``broken`` it propagates."""
+    without ``broken`` it propagates. ``kinds``: the fault kinds drawn (every kind by default)."""
     budget = budget or Budget()
     found: list[Finding] = []
 
+    drawn = st.one_of(*(FAULT_KINDS[kind] for kind in kinds))
+
     @settings(max_examples=examples, deadline=None, database=None, derandomize=derandomize,
               suppress_health_check=list(HealthCheck), phases=[Phase.generate, Phase.shrink])  # fmt: skip
-    @given(faults=st.lists(FAULTS, max_size=4), seed=st.integers(1, 1_000))
+    @given(faults=st.lists(drawn, max_size=4), seed=st.integers(1, 1_000))
     def holds(faults: list[dict[str, Any]], seed: int) -> None:
         if not budget.searching():
             return

@@ -1228,7 +1228,7 @@ async def test_hooks_and_log_records_carry_job_slot_and_attempt(
     assert any("hook" in r.getMessage() for r in caplog.records if r.levelno == logging.ERROR)
 
 
-async def test_run_now_and_history_need_a_known_job_and_a_started_scheduler(fake_target: StoreTarget) -> None:
+async def test_run_now_needs_a_started_scheduler_and_both_it_and_history_a_known_job(fake_target: StoreTarget) -> None:
     scheduler = Scheduler(fake_target.backend("lease"))
     scheduler.add_job("job", "0 0 1 1 *", Ledger().job("a"))
     with pytest.raises(SchedulerStateError):
@@ -1265,9 +1265,10 @@ async def test_history_is_read_without_starting_the_scheduler(target: StoreTarge
     fresh.add_job("job", "0 0 1 1 *", Ledger().job("c"))
     assert await fresh.history("job") == []
     assert await target.raw("GET", "fresh:format") is None  # a read leaves an empty store empty
-    await target.raw("SET", "cron:format", "99")
-    with pytest.raises(StoreFormatError):
-        await reader.history("job")
+    for unreadable in ("99", "²"):  # newer than this code, or no number it wrote
+        await target.raw("SET", "cron:format", unreadable)
+        with pytest.raises(StoreFormatError):
+            await reader.history("job")
 
 
 def test_a_background_thread_serves_sync_apps(server: ServerUnderTest, caplog: pytest.LogCaptureFixture) -> None:

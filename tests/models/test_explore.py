@@ -119,6 +119,26 @@ def test_the_command_line_reports_states_and_the_verdict(capsys: pytest.CaptureF
     assert main(["--strategy", "stream-id", "--faults", "", "--depth", "6", "--expect-violation"]) == 1
 
 
+def test_a_manual_fault_is_refused_for_the_claim_only_strategies(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["--strategy", "stream-id", "--faults", "manual"])
+    assert "the manual fault explores lease only" in capsys.readouterr().err
+
+
+def test_a_stop_records_a_run_on_its_last_attempt_interrupted_rather_than_handing_it_back() -> None:
+    """As Scheduler.stop does: with no attempt left a hand-back would only leave the run to be closed later."""
+    explorer = Explorer(LeaseModel(replace(POLICY, max_attempts=1)), 2, 1, ["stop"], list(PROPERTIES))
+    world = explorer.initial()[0]
+    for step in [("tick", -1, -1), ("claim", 0, 0), ("stop", 0, -1)]:
+        world, _ = explorer.apply(world, step)
+    run = world.store.run(1)
+    assert run is not None
+    assert (run.status, run.attempt) == ("interrupted", 1)
+    _, note = explorer.apply(world, ("claim", 1, 0))
+    assert isinstance(note, Claim)
+    assert note.outcome is Outcome.DONE
+
+
 def test_an_unknown_fault_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main(["--strategy", "lease", "--faults", "crash,meteor"])
@@ -149,7 +169,9 @@ def test_a_stopped_lease_winner_hands_its_run_back_and_the_next_claim_takes_it_o
 
 
 class HoldingLeaseModel(LeaseModel):
-    def release(self, store: lease.LeaseStore, slot: int, token: str, now: int) -> lease.LeaseStore:
+    def stop_run(
+        self, store: lease.LeaseStore, slot: int, token: str, now: int, attempt: int, manual: bool
+    ) -> lease.LeaseStore:
         return store
 
 

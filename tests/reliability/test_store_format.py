@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from anarchon import Scheduler, SchedulerStateError, StoreFormatError, StoreReplyError
+from anarchon import Scheduler, StoreFormatError, StoreReplyError
 from tests.anarchon.support import StoreTarget
 
 
@@ -64,8 +64,8 @@ async def test_a_newer_store_with_data_is_refused_by_the_scheduler_and_left_unto
         assert caught.value.code == "ANARCHON_STORE_FORMAT"
         assert caught.value.found == "2"
         assert "upgrade anarchon" in str(caught.value)
-        with pytest.raises(SchedulerStateError):
-            await scheduler.history("sync")  # it did not start
+        with pytest.raises(StoreFormatError):
+            await scheduler.history("sync")  # nor does it read what it cannot read
     after = await snapshot(target)
     assert after.keys() == before.keys()
     assert {key: value for key, (value, _) in after.items()} == {key: value for key, (value, _) in before.items()}

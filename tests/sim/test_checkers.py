@@ -372,3 +372,21 @@ def test_a_live_run_is_allowed_the_lateness_of_the_scenario_it_compresses() -> N
     assert (virtual.lateness.status, virtual.lateness.count) == ("invalid", 1)
     assert (live.lateness.status, live.lateness.count) == ("invalid", 1)
     assert live.lateness.witness.endswith("started 1500 ms after its slot (allowed 1200 ms)")
+
+
+def test_a_claim_only_manual_runs_fence_is_not_judged_against_the_slots() -> None:
+    """Under the claim-only strategies a manual run's fence comes from the job's manual stream, documented as not
+    ordered against the slots' (at a slot's very ms it equals the slot's): P6 judges the scheduled runs' only.
+    Under lease every attempt, manual or not, takes the next fence, and all are judged."""
+    scenario = parse({
+        "name": "manual-at-a-slot", "duration_s": 30, "scheduler": {"lease_ms": 3000, "heartbeat_ms": 1000},
+        "instances": [{"name": "a"}, {"name": "b"}],
+        "jobs": [{"name": "tick", "cron": "*/10 * * * * *", "work_s": 2.0}],
+        "faults": [{"at_s": 10, "kind": "manual", "instance": "a", "job": "tick"}],
+    })  # fmt: skip
+    for strategy in ("stream-id", "script", "lease"):
+        outcome = simulate(scenario, strategy, 1)
+        fences = [e.value for e in outcome.history.events if e.op == "claim" and e.kind == "ok" and e.t == 10.0]
+        assert any(e.manual for e in outcome.history.executions), "no manual run: the test tests nothing"
+        assert outcome.judgement.verdict("P6").status == "valid", (strategy, fences)
+    assert simulate(scenario, "stream-id", 1).judgement.verdict("P3").status == "invalid"  # still judged apart
