@@ -16,6 +16,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Coroutine
 from dataclasses import asdict
 from typing import Any
 
@@ -62,8 +63,8 @@ class SkewedClock(SystemClock):
     async def sleep(self, seconds: float) -> None:
         """Until this clock has run ``seconds``. A drift change meanwhile counts from the end of the sleep begun
         at the old rate (what is left is slept at the new one), as in virtual mode."""
-        until = self.monotonic() + max(0.0, seconds)
         left = max(0.0, seconds)
+        until = self.monotonic() + left
         while left > 0:
             await super().sleep(left / (1 + self.drift))
             left = until - self.monotonic()
@@ -131,18 +132,19 @@ async def serve(config: dict[str, Any]) -> None:
         await scheduler.stop(timeout=timeout_s)
         os._exit(0)  # what it wrote is written (os.write); nothing else of it needs an orderly end
 
+    def keep(coroutine: Coroutine[Any, Any, Any]) -> None:
+        task = asyncio.ensure_future(coroutine)
+        commanded.add(task)  # held until done: the loop keeps only weak references to tasks
+        task.add_done_callback(commanded.discard)
+
     def command(line: str) -> None:
         word, _, argument = line.strip().partition(" ")
         if word == "clock":
             clock.take(json.loads(argument))
         elif word == "stop":
-            stopping = asyncio.ensure_future(stop_and_exit(float(argument)))
-            commanded.add(stopping)
-            stopping.add_done_callback(commanded.discard)
+            keep(stop_and_exit(float(argument)))
         elif word == "run_now":
-            task = asyncio.ensure_future(scheduler.run_now(argument))
-            commanded.add(task)
-            task.add_done_callback(commanded.discard)
+            keep(scheduler.run_now(argument))
 
     def read_commands() -> None:
         for line in sys.stdin:

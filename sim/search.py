@@ -58,7 +58,6 @@ FAULT_KINDS: dict[str, st.SearchStrategy[dict[str, Any]]] = {
     "store-restart": _fault("store-restart"),
     "manual": _fault("manual", instance=_INSTANCE, job=st.just("tick")),
 }
-FAULTS = st.one_of(*FAULT_KINDS.values())
 
 
 def schedule_scenario(faults: list[dict[str, Any]], strategy: str) -> Scenario:

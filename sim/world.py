@@ -281,7 +281,7 @@ class SimInstance:
     async def crash(self) -> None:
         """SIGKILL: the store hears nothing more from this process (one that is stopping, too); its jobs stop
         where they are."""
-        if (self.scheduler is None and not self.stopping) or self.link is None:
+        if not self.alive or self.link is None:
             return
         self.kills += 1
         self.serving = False

@@ -73,6 +73,15 @@ def _run(tmp_path: Path, up: str = "abc", kind: type[StandIn] = StandIn) -> tupl
     return run, instances
 
 
+def _strike(run: LiveRun, *faults: FaultSpec) -> None:
+    """Play the faults together, each from its moment, as a live run does."""
+
+    async def together() -> None:
+        await asyncio.gather(*(run._strike(fault) for fault in faults))
+
+    asyncio.run(together())
+
+
 def _log(instance: Instance, *records: dict[str, Any]) -> None:
     with instance.log.open("a") as log:
         for record in records:
@@ -104,11 +113,7 @@ def test_a_crash_of_an_instance_down_already_strikes_nothing_and_restarts_nothin
     run, _ = _run(tmp_path)
     first = FaultSpec(0.0, "crash", {"instance": "a", "restart_after_s": 0.3})
     again = FaultSpec(0.1, "crash", {"instance": "a", "restart_after_s": 0.05})
-
-    async def strike() -> None:
-        await asyncio.gather(run._strike(first), run._strike(again))
-
-    asyncio.run(strike())
+    _strike(run, first, again)
     assert [event.value for event in run.faults] == [
         "lease instance a killed",
         "lease instance a is down already: nothing struck",
@@ -124,11 +129,7 @@ def test_a_crash_that_kills_a_process_as_it_starts_restarts_the_instance_itself(
     run, instances = _run(tmp_path, kind=SlowStandIn)
     first = FaultSpec(0.0, "crash", {"instance": "a", "restart_after_s": 0.1})  # starting from 0.1 s to 0.3 s
     second = FaultSpec(0.2, "crash", {"instance": "a", "restart_after_s": 0.05})
-
-    async def strike() -> None:
-        await asyncio.gather(run._strike(first), run._strike(second))
-
-    asyncio.run(strike())
+    _strike(run, first, second)
     assert [event.value for event in run.faults] == [
         "lease instance a killed",
         "lease instance a killed",
@@ -141,7 +142,7 @@ def test_a_crash_that_kills_a_process_as_it_starts_restarts_the_instance_itself(
 
 def test_a_late_instance_is_back_on_time_in_the_history(tmp_path: Path) -> None:
     run, _ = _run(tmp_path)
-    asyncio.run(run._strike(FaultSpec(0.0, "late", {"instance": "a", "delay_ms": 100, "duration_s": 0.05})))
+    _strike(run, FaultSpec(0.0, "late", {"instance": "a", "delay_ms": 100, "duration_s": 0.05}))
     assert [event.value for event in run.faults] == [
         "lease instance a claims 100 ms late",
         "lease instance a back on time",

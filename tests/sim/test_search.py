@@ -135,10 +135,10 @@ def test_the_search_generates_every_fault_kind_a_scenario_can_have() -> None:
 
 
 @pytest.mark.parametrize("kind", list(search.FAULT_KINDS))
-def test_a_generated_fault_replays_from_its_file_and_strikes(kind: str, tmp_path: Path) -> None:
+def test_a_generated_fault_replays_from_its_file_and_is_recorded_at_its_moment(kind: str, tmp_path: Path) -> None:
     @settings(max_examples=3, derandomize=True, deadline=None, database=None)
     @given(fault=search.FAULT_KINDS[kind])
-    def strikes(fault: dict[str, Any]) -> None:
+    def replays(fault: dict[str, Any]) -> None:
         path = tmp_path / "schedule.toml"
         path.write_text(search.schedule_toml([fault], "one-fault", f"a {kind}"))
         outcome = simulate(load(path), "lease", 1)
@@ -147,7 +147,7 @@ def test_a_generated_fault_replays_from_its_file_and_strikes(kind: str, tmp_path
         assert struck, "no fault recorded"
         assert (struck[0].op, struck[0].t) == (kind, fault["at_s"])
 
-    strikes()
+    replays()
 
 
 def test_a_guarantee_that_holds_yields_no_finding() -> None:
