@@ -534,11 +534,17 @@ class Scheduler(Generic[M]):
 
     async def history(self, name: str, limit: int = 50) -> list[RunRecord]:
         """The job's recorded attempts, newest first. A scheduler not started reads them too (a web process
-        showing what the scheduler processes ran): through a connection opened for the read and closed after."""
+        showing what the scheduler processes ran): through a connection opened for the read and closed after.
+        With ``history_ttl_ms``, attempts whose slot is older than that (on this instance's clock) are left out:
+        the store drops them at its next write, which may be a long while away for a job that runs rarely."""
         job = self._job(name)
         check_int("limit", limit, 1, 1_000_000)
         async with self.backend.reading() as store:
-            return await self.backend.strategy.history(store, job.name, limit)
+            records = await self.backend.strategy.history(store, job.name, limit)
+        if self.history_ttl_ms is None:
+            return records
+        oldest_kept = self.clock.wall_ms() - self.history_ttl_ms
+        return [record for record in records if record.slot >= oldest_kept]
 
     # --- dispatching ---------------------------------------------------------------------------------------
 

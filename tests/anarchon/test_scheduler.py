@@ -1271,6 +1271,30 @@ async def test_history_is_read_without_starting_the_scheduler(target: StoreTarge
             await reader.history("job")
 
 
+@pytest.mark.parametrize("strategy", ["lease", "stream-id", "script"])
+def test_history_leaves_out_what_history_ttl_ms_has_aged_out_before_the_store_drops_it(strategy: str) -> None:
+    """The store drops history older than history_ttl_ms when it next writes: for a job that runs once a minute,
+    up to a minute late. A reader must not see it meanwhile, nor miss what is younger."""
+
+    async def main() -> tuple[list[int], list[int], list[int]]:
+        server = fakeredis.FakeServer()
+        backend = RedisBackend(redis=fakeredis.FakeAsyncRedis(server=server), strategy=strategy)
+        scheduler = Scheduler(backend, instance_id="a", clock=SimClock(), history_ttl_ms=5_000)
+        scheduler.add_job("job", "0 * * * * *", Ledger().job("a"))
+        first = (VIRTUAL_EPOCH_S + 60) * 1000
+        seen = []
+        async with scheduler:
+            for at_s in (62, 66, 122):
+                await asyncio.sleep(at_s - (time.time() - VIRTUAL_EPOCH_S))
+                seen.append([r.slot - first for r in await scheduler.history("job")])
+        return seen[0], seen[1], seen[2]
+
+    fresh, aged, next_run = run_virtual(main(), epoch_s=VIRTUAL_EPOCH_S, seed=1)
+    assert fresh == [0]  # 2 s after its slot
+    assert aged == []  # 6 s after: older than history_ttl_ms, still in the store (nothing was written since)
+    assert next_run == [60_000]  # the next run is shown, the aged one not
+
+
 def test_a_background_thread_serves_sync_apps(server: ServerUnderTest, caplog: pytest.LogCaptureFixture) -> None:
     ledger = Ledger()
     connection: Any = server.url() if not server.is_fake else None
