@@ -218,14 +218,16 @@ class Instance:
     async def restart(self) -> bool:
         """Start a new process: paused if a pause is in force; again every START_RETRY_S (scaled) while it exits
         because its proxy refused it the store. False if there is nothing to restart: a process is up already
-        (two overlapping crashes end with one process), or the one starting was killed."""
+        (two overlapping crashes end with one process), or the one starting was killed. A process that is
+        stopping is not up: the new one starts beside it, as a supervisor starts the next process of a deploy."""
         async with self.starting:
             return await self._restart()
 
     async def _restart(self) -> bool:
         kills = len(self.killed_at)
-        while self.process is None and len(self.killed_at) == kills:
+        while not self.up and len(self.killed_at) == kills:
             refused = self.proxy.refused
+            self.stopping = False  # that is the process being replaced, which stop() sees to
             await self.spawn()
             if self.pauses:
                 self.signal(signal.SIGSTOP)
@@ -289,17 +291,23 @@ class Instance:
         await self.kill()
 
     async def kill(self) -> None:
-        if self.process is None:
+        process = self.process
+        if process is None:
             return
-        if self.process.returncode is None:
-            self.process.kill()  # a paused (stopped) process too, without running a moment first
-            self.killed_at.append((self.process.pid, time.monotonic()))
-        await self.process.wait()
-        self.process = None
+        await self._kill(process)
+        if self.process is process:
+            self.process, self.stopping = None, False
+
+    async def _kill(self, process: asyncio.subprocess.Process) -> None:
+        if process.returncode is None:
+            process.kill()  # a paused (stopped) process too, without running a moment first
+            self.killed_at.append((process.pid, time.monotonic()))
+        await process.wait()
 
     async def stop(self, timeout_s: float) -> None:
         """A graceful stop, as a deploy does: the process runs ``Scheduler.stop(timeout_s)`` and exits. One that
-        has not exited well after that bound (paused meanwhile) is killed."""
+        has not exited well after that bound (paused meanwhile) is killed. A process started meanwhile (see
+        restart) is left alone."""
         process = self.process
         if process is None:
             return
@@ -308,9 +316,10 @@ class Instance:
         try:
             await asyncio.wait_for(process.wait(), timeout_s + STOP_GRACE_S)
         except TimeoutError:
-            await self.kill()
+            await self._kill(process)
         finally:
-            self.stopping = False
+            if self.process is process:  # the stopping flag is the current process's (see restart)
+                self.stopping = False
         if self.process is process:  # not killed, nor replaced by a restart, meanwhile
             self.process = None
 

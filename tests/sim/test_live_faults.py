@@ -14,6 +14,7 @@ from typing import Any, cast
 
 import pytest
 
+from sim import live
 from sim.live import Instance, LiveRun, Proxy
 from sim.live_instance import SkewedClock
 from sim.scenario import FaultSpec, parse
@@ -138,6 +139,47 @@ def test_a_crash_that_kills_a_process_as_it_starts_restarts_the_instance_itself(
     assert run.faults[-1].t >= 0.3 + 0.2  # once the first restart gave up, its own start took 0.2 s
     assert instances["a"].process is not None
     assert len(instances["a"].killed_at) == 2
+
+
+class LingeringProcess(StandInProcess):
+    """A process that is slow to stop: it exits only when killed."""
+
+    def __init__(self, pid: int) -> None:
+        super().__init__(pid)
+        self.exited = asyncio.Event()
+
+    def kill(self) -> None:
+        super().kill()
+        self.exited.set()
+
+    async def wait(self) -> int | None:
+        await self.exited.wait()
+        return self.returncode
+
+
+async def test_a_restart_while_a_process_stops_starts_the_next_one_beside_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As in virtual mode, a process that is stopping is not up: a restart due meanwhile (a crash's) starts the
+    next process at once, and the end of the stop, here a kill once its grace ran out, leaves that one alone."""
+    monkeypatch.setattr(live, "STOP_GRACE_S", 0.2)
+    _, instances = _run(tmp_path, up="")
+    a = instances["a"]
+    old = LingeringProcess(100)
+    a.process = cast(Any, old)
+    stopping = asyncio.ensure_future(a.stop(0.0))
+    await asyncio.sleep(0.05)
+    assert a.alive
+    assert not a.up
+    assert await a.restart()
+    new = a.process
+    assert new is not old
+    assert a.up
+    await stopping
+    assert (old.returncode, cast(StandInProcess, new).returncode) == (-9, None)
+    assert a.process is new
+    assert a.up
+    assert [pid for pid, _ in a.killed_at] == [100]
 
 
 def test_a_late_instance_is_back_on_time_in_the_history(tmp_path: Path) -> None:
