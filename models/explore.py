@@ -114,24 +114,24 @@ class LeaseModel(StoreModel[lease.LeaseStore]):
         return lease.LeaseStore()
 
     def claim(self, store: lease.LeaseStore, slot: int, token: str, now: int) -> tuple[lease.LeaseStore, Claim]:
-        return lease.claim(store, slot, token, now, self.policy)
+        return lease.claim(store, str(slot), token, now, self.policy)
 
     def heartbeat(self, store: lease.LeaseStore, slot: int, token: str, now: int) -> tuple[lease.LeaseStore, int]:
-        return lease.heartbeat(store, slot, token, now, self.policy)
+        return lease.heartbeat(store, str(slot), token, now, self.policy)
 
     def finish(self, store: lease.LeaseStore, slot: int, token: str, now: int) -> lease.LeaseStore:
-        return lease.finish(store, slot, token, "ok", now, self.policy)[0]
+        return lease.finish(store, str(slot), token, "ok", now, self.policy)[0]
 
     def skip(self, store: lease.LeaseStore, slot: int, token: str, now: int) -> lease.LeaseStore:
-        return lease.skip(store, slot, token, now, self.policy)[0]
+        return lease.skip(store, str(slot), token, now, self.policy)[0]
 
     def stop_run(
         self, store: lease.LeaseStore, slot: int, token: str, now: int, attempt: int, manual: bool
     ) -> lease.LeaseStore:
         """Handed back when backups may take it over; otherwise recorded interrupted (closed)."""
         if manual or attempt >= self.policy.max_attempts:
-            return lease.finish(store, slot, token, "interrupted", now, self.policy)[0]
-        return lease.release(store, slot, token, now)[0]
+            return lease.finish(store, str(slot), token, "interrupted", now, self.policy)[0]
+        return lease.release(store, str(slot), token, now)[0]
 
 
 class StreamIdModel(StoreModel[stream_id.StreamIdStore]):

@@ -2,8 +2,9 @@
 
 The state hash holds one run per run id plus the job's fence counter and its "forgotten" slot (the latest slot
 of a run trim dropped). The scripts keep the ACTIVE set equal to the runs whose status is ``running`` and the
-SLOTS set equal to the others, so the model keeps only the runs, the counter and the forgotten slot. It covers
-scheduled runs (run id = slot); a manual run differs only in never being retried.
+SLOTS set equal to the others, so the model keeps only the runs, the counter and the forgotten slot. Runs are
+keyed by their run id, as in the store: ``"<slot>"`` for a scheduled run, ``"m<slot>-<tag>"`` for a manual one
+(whose claims the strategy sends with ``max_attempts`` 1: callers pass that policy).
 History (the runs stream, the results set) is not modelled: no answer depends on it.
 """
 
@@ -20,6 +21,17 @@ ABANDONED_SAMPLE = 3  # trim looks at SRANDMEMBER(active, 3)
 
 class Unpredictable(Exception):
     """The store's next state depends on a random choice the model does not make."""
+
+
+def run_slot(run: str) -> int:
+    """The slot a run id carries (lease_lib.lua's run_slot): ``"<slot>"`` or ``"m<slot>-<tag>"``."""
+    return int(run[1:].partition("-")[0]) if run.startswith("m") else int(run)
+
+
+def _smembers_order(pair: tuple[str, Run]) -> tuple[int, str]:
+    """The order the model keeps runs in: by slot, which is SMEMBERS's order for a set of integers (an intset,
+    scheduled runs only); a set holding a manual run id comes in hash order, which the model cannot tell."""
+    return run_slot(pair[0]), pair[0]
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,36 +53,37 @@ class Run:
 
 @dataclass(frozen=True, slots=True)
 class LeaseStore:
-    runs: tuple[tuple[int, Run], ...] = ()  # (slot, run), sorted by slot
+    runs: tuple[tuple[str, Run], ...] = ()  # (run id, run), by slot (see _smembers_order)
     fence: int = 0  # the job's fence counter: the fence of the latest attempt started
     forgotten: int = 0  # the latest slot of a run that trim dropped: a claim for it or an earlier one is "done"
 
-    def run(self, slot: int) -> Run | None:
-        for s, r in self.runs:
-            if s == slot:
+    def run(self, run_id: str) -> Run | None:
+        for key, r in self.runs:
+            if key == run_id:
                 return r
         return None
 
-    def put(self, slot: int, run: Run, fence: int | None = None) -> LeaseStore:
-        runs = sorted((*(pair for pair in self.runs if pair[0] != slot), (slot, run)), key=lambda pair: pair[0])
+    def put(self, run_id: str, run: Run, fence: int | None = None) -> LeaseStore:
+        runs = sorted((*(pair for pair in self.runs if pair[0] != run_id), (run_id, run)), key=_smembers_order)
         return LeaseStore(tuple(runs), self.fence if fence is None else fence, self.forgotten)
 
-    def drop(self, slots: Iterable[int]) -> LeaseStore:
-        gone = set(slots)
+    def drop(self, run_ids: Iterable[str]) -> LeaseStore:
+        gone = set(run_ids)
         kept = tuple(pair for pair in self.runs if pair[0] not in gone)
-        return LeaseStore(kept, self.fence, max((self.forgotten, *gone)))
+        return LeaseStore(kept, self.fence, max((self.forgotten, *map(run_slot, gone))))
 
 
-def claim(store: LeaseStore, slot: int, token: str, now: int, policy: JobPolicy) -> tuple[LeaseStore, Claim]:
-    r = store.run(slot)
-    other_end = _live_other(store, slot, now, policy)
+def claim(store: LeaseStore, run: str, token: str, now: int, policy: JobPolicy) -> tuple[LeaseStore, Claim]:
+    slot = run_slot(run)
+    r = store.run(run)
+    other_end = _live_other(store, run, now, policy)
     if r is None:
         if slot <= store.forgotten:  # trimmed long ago: a claim this late must not run it again
             return store, Claim(Outcome.DONE)
         if other_end is not None:
             skipped = Run("skipped-overlap", 1, token, 0, 0).close("skipped-overlap", slot, now)
-            return store.put(slot, skipped), Claim(Outcome.OVERLAP, 0, 0, other_end - now)
-        return _start(store, slot, token, now, policy, 1)
+            return store.put(run, skipped), Claim(Outcome.OVERLAP, 0, 0, other_end - now)
+        return _start(store, run, token, now, policy, 1)
     if not r.running:
         return store, Claim(Outcome.DONE, r.attempt, r.fence)
     if r.token == token:  # a retried claim: the caller already holds the run; an expired lease is renewed
@@ -81,74 +94,77 @@ def claim(store: LeaseStore, slot: int, token: str, now: int, policy: JobPolicy)
         if other_end is not None:  # renewed, it would run beside another live run: the caller waits for it
             return store, Claim(Outcome.RUNNING, r.attempt, r.fence, other_end - now)
         renewed = replace(r, lease_end=now + policy.lease_ms)
-        return store.put(slot, renewed), Claim(Outcome.WON, r.attempt, r.fence, policy.lease_ms)
+        return store.put(run, renewed), Claim(Outcome.WON, r.attempt, r.fence, policy.lease_ms)
     if r.lease_end > now:
         return store, Claim(Outcome.RUNNING, r.attempt, r.fence, r.lease_end - now)
     if r.attempt >= policy.max_attempts:
-        return store.put(slot, r.close("interrupted", slot, now)), Claim(Outcome.DONE, r.attempt, r.fence)
+        return store.put(run, r.close("interrupted", slot, now)), Claim(Outcome.DONE, r.attempt, r.fence)
     if other_end is not None:  # a takeover would run beside another live run: the backup waits for its lease
         return store, Claim(Outcome.RUNNING, r.attempt, r.fence, other_end - now)
-    return _start(store, slot, token, now, policy, r.attempt + 1)
+    return _start(store, run, token, now, policy, r.attempt + 1)
 
 
-def _live_other(store: LeaseStore, slot: int, now: int, policy: JobPolicy) -> int | None:
-    """The lease end of another live run of the job, when overlap is forbidden. SMEMBERS of a set of integers
-    comes sorted (an intset): the lowest other live run answers."""
+def live_others(store: LeaseStore, run: str, now: int) -> list[int]:
+    """The lease ends of the job's other live runs, in the model's order (see _smembers_order)."""
+    return [o.lease_end for other, o in store.runs if other != run and o.running and o.lease_end > now]
+
+
+def _live_other(store: LeaseStore, run: str, now: int, policy: JobPolicy) -> int | None:
+    """The lease end of another live run of the job, when overlap is forbidden: the first in SMEMBERS's order."""
     if policy.overlap:
         return None
-    return next((o.lease_end for other, o in store.runs if other != slot and o.running and o.lease_end > now), None)
+    return next(iter(live_others(store, run, now)), None)
 
 
 def _start(
-    store: LeaseStore, slot: int, token: str, now: int, policy: JobPolicy, attempt: int
+    store: LeaseStore, run_id: str, token: str, now: int, policy: JobPolicy, attempt: int
 ) -> tuple[LeaseStore, Claim]:
     """The script starts the lease at its runs entry's id, which is ``now`` unless the server's clock went back
     below the stream's last id (then the lease starts at that id: later, never earlier). The conformance tests
     compare on servers whose clocks only move forward, where the two agree."""
     fence = store.fence + 1
     run = Run(RUNNING, attempt, token, now + policy.lease_ms, fence)
-    return store.put(slot, run, fence), Claim(Outcome.WON, attempt, fence, policy.lease_ms)
+    return store.put(run_id, run, fence), Claim(Outcome.WON, attempt, fence, policy.lease_ms)
 
 
-def heartbeat(store: LeaseStore, slot: int, token: str, now: int, policy: JobPolicy) -> tuple[LeaseStore, int]:
+def heartbeat(store: LeaseStore, run: str, token: str, now: int, policy: JobPolicy) -> tuple[LeaseStore, int]:
     """The lease ms left after the extension, 0 if refused. An expired lease is extended all the same when
     nobody took the run over."""
-    r = store.run(slot)
+    r = store.run(run)
     if r is None or not r.running or r.token != token or r.lease_end < 0:
         return store, 0
-    return store.put(slot, replace(r, lease_end=now + policy.lease_ms)), policy.lease_ms
+    return store.put(run, replace(r, lease_end=now + policy.lease_ms)), policy.lease_ms
 
 
 def finish(
-    store: LeaseStore, slot: int, token: str, status: str, now: int, policy: JobPolicy
+    store: LeaseStore, run: str, token: str, status: str, now: int, policy: JobPolicy
 ) -> tuple[LeaseStore, bool]:
-    r = store.run(slot)
+    r = store.run(run)
     if r is None or not r.running or r.token != token:
         return store, False
-    return trim(store.put(slot, r.close(status, slot, now)), now, policy), True
+    return trim(store.put(run, r.close(status, run_slot(run), now)), now, policy), True
 
 
-def release(store: LeaseStore, slot: int, token: str, now: int) -> tuple[LeaseStore, bool]:
+def release(store: LeaseStore, run: str, token: str, now: int) -> tuple[LeaseStore, bool]:
     """The current attempt gives its run back unfinished: its lease end becomes ``-now`` (over, and marked handed
     back), and a heartbeat or a claim of that attempt that arrives afterwards is refused."""
-    r = store.run(slot)
+    r = store.run(run)
     if r is None or not r.running or r.token != token:
         return store, False
-    return store.put(slot, replace(r, lease_end=-now)), True
+    return store.put(run, replace(r, lease_end=-now)), True
 
 
-def skip(store: LeaseStore, slot: int, token: str, now: int, policy: JobPolicy) -> tuple[LeaseStore, bool]:
+def skip(store: LeaseStore, run: str, token: str, now: int, policy: JobPolicy) -> tuple[LeaseStore, bool]:
     """Record a run claimed too late as skipped-late, unless it already has a state, or the store's clock says it
     is not late yet or more than ``keep_ms`` past its slot (its state may have been trimmed). A running attempt
     of the caller's own token (its claim won, the answer was lost, the retry came late) is closed as skipped."""
-    r = store.run(slot)
+    slot = run_slot(run)
+    r = store.run(run)
     if r is not None and r.running and r.token == token:
-        return trim(store.put(slot, r.close("skipped-late", slot, now)), now, policy), True
+        return trim(store.put(run, r.close("skipped-late", slot, now)), now, policy), True
     if r is not None or not slot + policy.late_after_ms < now <= slot + policy.keep_ms:
         return store, False
-    return trim(
-        store.put(slot, Run("skipped-late", 1, token, 0, 0).close("skipped-late", slot, now)), now, policy
-    ), True
+    return trim(store.put(run, Run("skipped-late", 1, token, 0, 0).close("skipped-late", slot, now)), now, policy), True
 
 
 def trim(store: LeaseStore, now: int, policy: JobPolicy) -> LeaseStore:
@@ -161,18 +177,18 @@ def trim(store: LeaseStore, now: int, policy: JobPolicy) -> LeaseStore:
     if not policy.history_ttl_ms and finished_before <= policy.history_size + slack:
         return store
     horizon = now - policy.keep_ms
-    active = [(slot, r) for slot, r in store.runs if r.running]
-    abandoned = [(slot, r) for slot, r in active if abs(r.lease_end) < horizon and slot < horizon]
+    active = [(run, r) for run, r in store.runs if r.running]
+    abandoned = [(run, r) for run, r in active if abs(r.lease_end) < horizon and run_slot(run) < horizon]
     if abandoned and len(active) > ABANDONED_SAMPLE:
         raise Unpredictable(f"trim closes the abandoned runs among {ABANDONED_SAMPLE} random active ones")
-    for slot, r in abandoned:
-        store = store.put(slot, r.close("interrupted", slot, now))
-    # ZRANGEBYSCORE order: by score, then by member (run ids of one length: by slot)
-    finished = sorted((r.closed, slot) for slot, r in store.runs if not r.running)
-    dropped: list[int] = []
+    for run, r in abandoned:
+        store = store.put(run, r.close("interrupted", run_slot(run), now))
+    # ZRANGEBYSCORE order: by score, then by member (the run id, as text)
+    finished = sorted((r.closed, run) for run, r in store.runs if not r.running)
+    dropped: list[str] = []
     excess = len(finished) - policy.history_size
     if excess > 0:
-        dropped += [slot for closed, slot in finished if closed < horizon][: min(excess, 100)]
+        dropped += [run for closed, run in finished if closed < horizon][: min(excess, 100)]
     if policy.history_ttl_ms:
-        dropped += [slot for closed, slot in finished if closed < min(now - policy.history_ttl_ms, horizon)][:100]
+        dropped += [run for closed, run in finished if closed < min(now - policy.history_ttl_ms, horizon)][:100]
     return store.drop(dropped)

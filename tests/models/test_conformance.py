@@ -97,11 +97,17 @@ class StoreMachine(RuleBasedStateMachine):
     def request(self, slot: int, token: str) -> RunRequest:
         return RunRequest(self.job, str(slot), slot, token, f"runner-{token}")
 
+    def run_request(self, run: str, token: str) -> RunRequest:
+        """A request for a run by its id: a scheduled run's, or a manual one's ("m<slot>-<tag>")."""
+        manual = run.startswith("m")
+        return RunRequest(self.job, run, lease.run_slot(run), token, f"runner-{token}", manual=manual)
+
 
 class LeaseMachine(StoreMachine):
-    slots = Bundle("slots")
-    # Slots a claim won: heartbeats, finishes and releases go mostly to runs in progress, where each changes
-    # something (on the others, they are refused alike); refusals still come from a wrong token or a run since ended.
+    runs = Bundle("runs")  # the run ids of the example (see place_runs)
+    # Runs a claim won (by run id): heartbeats, finishes and releases go mostly to runs in progress, where each
+    # changes something (on the others, they are refused alike); refusals still come from a wrong token or a run
+    # since ended.
     won = Bundle("won")
 
     def __init__(self) -> None:
@@ -111,6 +117,10 @@ class LeaseMachine(StoreMachine):
         self.policy = JobPolicy()
         self.skips = 0
         self.closed = False  # the last call closed a run (and so may have trimmed others)
+        # Whether the job's active set lists its runs in an order the model cannot tell: fakeredis lists a set in
+        # hash order, and on a server, once a manual run id has joined the set, it is no longer a sorted set of
+        # integers (an intset) but a hash table or, on Redis 7.2+ and Valkey, a list in insertion order.
+        self.unordered = bool(self.harness.target.is_fake)
 
     @initialize(
         overlap=st.booleans(),
@@ -134,19 +144,25 @@ class LeaseMachine(StoreMachine):
             history_ttl_ms=ttl_ms, late_after_ms=late_after_ms,
         )  # fmt: skip
 
-    # Four slots: trim runs in the call that closed a run, so it finds at most three active ones, and it looks at
-    # 3 random active runs: at them all.
-    @initialize(target=slots)
-    def place_slots(self) -> MultipleResults[int]:
+    # Four runs: trim runs in the call that closed a run, so it finds at most three active ones, and it looks at
+    # 3 random active runs: at them all. ``manual``: which of them, if any, is a manual run (run_now at that
+    # moment): a run of its own, which backups never take over (the other token claims it too, as no instance
+    # would, to compare those answers as well).
+    @initialize(target=runs, manual=st.sampled_from([None, *range(len(LEASE_AGES))]))
+    def place_runs(self, manual: int | None) -> MultipleResults[str]:
         now = self.harness.run(self.harness.target.server_ms())
-        return multiple(*(now - age for age in LEASE_AGES))
+        runs = [str(now - age) for age in LEASE_AGES]
+        if manual is not None:
+            runs[manual] = f"m{runs[manual]}-x"
+            self.unordered = True
+        return multiple(*runs)
 
     def update(self, model: lease.LeaseStore, *, settle: bool = False) -> None:
         """Take the model's state after a call, and sleep until the next call if it must come 1 ms or more later:
         ``settle`` when the call set a 1 ms lease or ended one, which must be over by then. And when it closed a
         run: its score is the server's clock of the call, which the model knows only to within the call's time, and
         a later trim compares it with its own clock less keep_ms (or history_ttl_ms), 0 (or 1) ms."""
-        self.closed = any(r.closed and r != self.model.run(slot) for slot, r in model.runs)
+        self.closed = any(r.closed and r != self.model.run(run) for run, r in model.runs)
         if settle or self.closed:
             self.harness.settle()
         self.model = model
@@ -161,12 +177,12 @@ class LeaseMachine(StoreMachine):
             return
         self.closed = False
         key = self.backend.strategy.keys.lease(self.job).slots
-        real = {int(as_text(run)): self.score(key, run) for run in as_list(self.raw("ZRANGE", key, 0, -1))}
-        expected = {slot: r.closed for slot, r in self.model.runs if not r.running}
+        real = {as_text(run): self.score(key, run) for run in as_list(self.raw("ZRANGE", key, 0, -1))}
+        expected = {run: r.closed for run, r in self.model.runs if not r.running}
         assert real.keys() == expected.keys(), f"finished runs: store {sorted(real)}, model {sorted(expected)}"
-        for slot, closed in expected.items():
+        for run, closed in expected.items():
             # A moment of closing differs by up to a call's time; a slot, not at all.
-            assert abs(real[slot] - closed) <= self.slack_ms, f"run {slot} scored {real[slot]}, in the model {closed}"
+            assert abs(real[run] - closed) <= self.slack_ms, f"run {run} scored {real[run]}, in the model {closed}"
         forgotten = self.raw("HGET", self.backend.strategy.keys.lease(self.job).state, "forgotten")
         assert int(as_text(forgotten) if forgotten else 0) == self.model.forgotten, "the latest slot trim dropped"
 
@@ -177,61 +193,64 @@ class LeaseMachine(StoreMachine):
         # One ZSCORE per run: fakeredis and the servers shape a ZRANGE WITHSCORES reply differently.
         return int(float(as_text(self.raw("ZSCORE", key, run))))
 
-    @rule(target=won, slot=slots, token=TOKENS, short=st.booleans())
-    def claim(self, slot: int, token: str, short: bool) -> MultipleResults[int]:
+    @rule(target=won, run=runs, token=TOKENS, short=st.booleans())
+    def claim(self, run: str, token: str, short: bool) -> MultipleResults[str]:
+        request = self.run_request(run, token)
         policy = replace(self.policy, lease_ms=SHORT_MS if short else LONG_MS)
         strategy, store = self.backend.strategy, self.backend.store
-        now, results = self.timed(strategy.claim(store, [(self.request(slot, token), policy)]))
+        now, results = self.timed(strategy.claim(store, [(request, policy)]))
         before = self.model
-        model, expected = lease.claim(self.model, slot, token, now, policy)
+        # As the strategy sends it: a manual run is not retried by backups.
+        sent = replace(policy, max_attempts=1) if request.manual else policy
+        model, expected = lease.claim(self.model, run, token, now, sent)
         self.update(model, settle=short and expected.outcome is Outcome.WON)
         real = one_claim(results)
-        if expected.outcome is Outcome.OVERLAP and self.harness.target.is_fake:
-            # fakeredis lists a set in hash order, where a server's set of integers comes sorted (the model's
-            # order): there, any other live run may be the one whose lease the answer gives.
-            lefts = [r.lease_end - now for s, r in before.runs if s != slot and r.running and r.lease_end > now]
+        lefts = [end - now for end in lease.live_others(before, run, now)]
+        if self.unordered and expected.outcome is not Outcome.WON and expected.lease_ms_left in lefts:
+            # The answer gives the lease of the first other live run its claim met (SMEMBERS order): any of them.
             closest = min(lefts, key=lambda left: abs(left - real.lease_ms_left))
             expected = expected._replace(lease_ms_left=closest)
         assert_same_claim(expected, real, self.slack_ms)
-        return multiple(slot) if real.outcome is Outcome.WON else multiple()
+        return multiple(run) if real.outcome is Outcome.WON else multiple()
 
-    def token_for(self, slot: int, token: str, holder: bool) -> str:
+    def token_for(self, run_id: str, token: str, holder: bool) -> str:
         """``holder``: the token of the run's current attempt (as the model has it), so that heartbeats and
         finishes are not mostly refused."""
-        run = self.model.run(slot)
+        run = self.model.run(run_id)
         return run.token if holder and run is not None else token
 
-    @rule(slot=won, token=TOKENS, holder=st.booleans(), short=st.booleans())
-    def heartbeat(self, slot: int, token: str, holder: bool, short: bool) -> None:
-        token = self.token_for(slot, token, holder)
+    @rule(run=won, token=TOKENS, holder=st.booleans(), short=st.booleans())
+    def heartbeat(self, run: str, token: str, holder: bool, short: bool) -> None:
+        token = self.token_for(run, token, holder)
         policy = replace(self.policy, lease_ms=SHORT_MS if short else LONG_MS)
-        beat = self.backend.strategy.heartbeat(self.backend.store, self.request(slot, token), policy)
+        beat = self.backend.strategy.heartbeat(self.backend.store, self.run_request(run, token), policy)
         now, left = self.timed(beat)
-        model, expected = lease.heartbeat(self.model, slot, token, now, policy)
+        model, expected = lease.heartbeat(self.model, run, token, now, policy)
         self.update(model, settle=short and expected > 0)
         assert left == expected, f"heartbeat: store {left}, model {expected}"
 
-    @rule(slot=won, token=TOKENS, holder=st.booleans(), status=st.sampled_from(["ok", "error", "interrupted"]))
-    def finish(self, slot: int, token: str, holder: bool, status: Status) -> None:
-        token = self.token_for(slot, token, holder)
-        request = self.request(slot, token)
+    @rule(run=won, token=TOKENS, holder=st.booleans(), status=st.sampled_from(["ok", "error", "interrupted"]))
+    def finish(self, run: str, token: str, holder: bool, status: Status) -> None:
+        token = self.token_for(run, token, holder)
+        request = self.run_request(run, token)
         record = RunRecord(
-            job=self.job, run=request.run, slot=slot, attempt=1, status=status, runner=request.runner, token=token,
-            fence=0, manual=False, started=slot, ended=slot + 1, message="boom" if status == "error" else None,
+            job=self.job, run=run, slot=request.slot, attempt=1, status=status, runner=request.runner, token=token,
+            fence=0, manual=request.manual, started=request.slot, ended=request.slot + 1,
+            message="boom" if status == "error" else None,
         )  # fmt: skip
         claim = Claim(Outcome.WON, 1)  # lease's finish goes by the token alone
         strategy, store = self.backend.strategy, self.backend.store
         now, accepted = self.timed(strategy.finish(store, request, claim, self.policy, record))
-        model, expected = lease.finish(self.model, slot, token, status, now, self.policy)
+        model, expected = lease.finish(self.model, run, token, status, now, self.policy)
         self.update(model)
         assert accepted == expected, f"finish: store {accepted}, model {expected}"
 
-    @rule(slot=won, token=TOKENS, holder=st.booleans())
-    def release(self, slot: int, token: str, holder: bool) -> None:
-        token = self.token_for(slot, token, holder)
-        releasing = self.backend.strategy.release(self.backend.store, self.request(slot, token))
+    @rule(run=won, token=TOKENS, holder=st.booleans())
+    def release(self, run: str, token: str, holder: bool) -> None:
+        token = self.token_for(run, token, holder)
+        releasing = self.backend.strategy.release(self.backend.store, self.run_request(run, token))
         now, released = self.timed(releasing)
-        model, expected = lease.release(self.model, slot, token, now)
+        model, expected = lease.release(self.model, run, token, now)
         # Settled after a hand-back: it is stamped with the server's moment of the call, which the model knows only
         # to within the call's time, and a later trim compares that moment with its own clock less keep_ms.
         self.update(model, settle=model != self.model)
@@ -240,14 +259,16 @@ class LeaseMachine(StoreMachine):
     # A recorded skip ends a run (until trimmed); with a few runs, more would leave little else to compare. A refused
     # one changes nothing, and each refusal has its reason: those are not counted.
     @precondition(lambda self: self.skips < 2)
-    @rule(slot=slots, token=TOKENS, holder=st.booleans())
-    def skip(self, slot: int, token: str, holder: bool) -> None:
-        token = self.token_for(slot, token, holder)
+    @rule(run=runs, token=TOKENS, holder=st.booleans())
+    def skip(self, run: str, token: str, holder: bool) -> None:
+        if run.startswith("m"):
+            return  # only a scheduled run is claimed late
+        token = self.token_for(run, token, holder)
         skipping = self.backend.strategy.skip(
-            self.backend.store, self.request(slot, token), self.policy, "skipped-late", "too late"
+            self.backend.store, self.run_request(run, token), self.policy, "skipped-late", "too late"
         )
         now, recorded = self.timed(skipping)
-        model, expected = lease.skip(self.model, slot, token, now, self.policy)
+        model, expected = lease.skip(self.model, run, token, now, self.policy)
         self.update(model)
         self.skips += expected
         assert recorded == expected, f"skip: store {recorded}, model {expected}"

@@ -131,7 +131,7 @@ def test_a_stop_records_a_run_on_its_last_attempt_interrupted_rather_than_handin
     world = explorer.initial()[0]
     for step in [("tick", -1, -1), ("claim", 0, 0), ("stop", 0, -1)]:
         world, _ = explorer.apply(world, step)
-    run = world.store.run(1)
+    run = world.store.run("1")
     assert run is not None
     assert (run.status, run.attempt) == ("interrupted", 1)
     _, note = explorer.apply(world, ("claim", 1, 0))
