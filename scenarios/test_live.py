@@ -88,5 +88,5 @@ async def test_an_instance_process_exits_once_the_run_that_started_it_is_gone(re
             process.stdin.close()
             assert await asyncio.wait_for(process.wait(), 10) == 0
         finally:
-            await instance.kill()
+            await instance.kill_all()
             await instance.proxy.close()

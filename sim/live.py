@@ -5,7 +5,8 @@ are compressed by :data:`SCALE` (a job every 10 s runs every 2 s, leases of 3 s 
 a scenario run side by side on one server, each with its own instances and key prefix. Faults are real:
 
 - crash: SIGKILL (and a new process on restart); stop: told on its stdin, the process runs
-  `Scheduler.stop(timeout_s)` and exits (a deploy); pause: SIGSTOP / SIGCONT;
+  `Scheduler.stop(timeout_s)` and exits (a deploy: a restart meanwhile starts the next process beside it);
+  pause: SIGSTOP / SIGCONT;
 - partition: each instance reaches the server through its own TCP proxy, owned here, which drops the instance's
   connections and refuses new ones while the partition lasts;
 - clock skew, drift and late claims: the instance's clock offset and rate, changed through its stdin and kept
@@ -165,7 +166,7 @@ async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
 
 @dataclass
 class Instance:
-    """One instance of one strategy's group: its proxy, its current process, its log."""
+    """One instance of one strategy's group: its proxy, its processes, its log."""
 
     name: str
     strategy: str
@@ -173,15 +174,18 @@ class Instance:
     log: Path
     config: dict[str, Any]
     clock: SkewedClock  # the run's copy of the instance's clocks, which its processes take on
-    process: asyncio.subprocess.Process | None = None
+    process: asyncio.subprocess.Process | None = None  # the current one, starting or up
+    # Processes told to stop, still exiting. A restart meanwhile starts the next process beside them, as a
+    # supervisor does in a deploy (and as in virtual mode); they still take clock changes and pauses.
+    leaving: list[asyncio.subprocess.Process] = field(default_factory=list)
     killed_at: list[tuple[int, float]] = field(default_factory=list)  # (pid, monotonic time)
+    crashes: int = 0  # crash faults struck: a restart under way gives up once its process is killed
     # Pauses in force. They strike the instance, not one process of it: a process restarted within one starts
     # paused. (Partitions live in the proxy, which a restarted process connects through.)
     pauses: int = 0
     # Held while a process of it is being started: restarts of overlapping faults take turns, each finding
     # what the one before it left (a process up, or killed while it started).
     starting: asyncio.Lock = field(default_factory=asyncio.Lock)
-    stopping: bool = False  # its process is stopping (a stop fault): not a "winner" any more, as in virtual mode
 
     async def spawn(self) -> None:
         clock = self.clock.state()
@@ -194,7 +198,7 @@ class Instance:
                 env={**os.environ, "PYTHONHASHSEED": "0"},
             )  # fmt: skip
         if self.clock.state() != clock:  # a fault changed it while the process was starting, with none to tell
-            await self.clock_changed()
+            await _tell(self.process, f"clock {json.dumps(self.clock.state())}")
 
     async def ready(self) -> bool:
         """Wait until the process says it has started; False if it exited first (killed, or it could not reach
@@ -218,22 +222,20 @@ class Instance:
     async def restart(self) -> bool:
         """Start a new process: paused if a pause is in force; again every START_RETRY_S (scaled) while it exits
         because its proxy refused it the store. False if there is nothing to restart: a process is up already
-        (two overlapping crashes end with one process), or the one starting was killed. A process that is
-        stopping is not up: the new one starts beside it, as a supervisor starts the next process of a deploy."""
+        (two overlapping crashes end with one process), or the one starting was killed."""
         async with self.starting:
             return await self._restart()
 
     async def _restart(self) -> bool:
-        kills = len(self.killed_at)
-        while not self.up and len(self.killed_at) == kills:
+        crashes = self.crashes
+        while self.process is None and self.crashes == crashes:
             refused = self.proxy.refused
-            self.stopping = False  # that is the process being replaced, which stop() sees to
             await self.spawn()
             if self.pauses:
                 self.signal(signal.SIGSTOP)
             if await self.ready():
                 return True
-            if len(self.killed_at) != kills:
+            if self.crashes != crashes:
                 return False
             process, self.process = self.process, None
             assert process is not None
@@ -253,8 +255,12 @@ class Instance:
             self.signal(signal.SIGCONT)
 
     def signal(self, number: signal.Signals) -> None:
-        if self.process is not None and self.process.returncode is None:
-            os.kill(self.process.pid, number)
+        for process in self._processes():
+            if process.returncode is None:
+                os.kill(process.pid, number)
+
+    def _processes(self) -> list[asyncio.subprocess.Process]:
+        return [*self.leaving, *([self.process] if self.process is not None else [])]
 
     @property
     def label(self) -> str:
@@ -262,11 +268,11 @@ class Instance:
 
     @property
     def alive(self) -> bool:
-        return self.process is not None
+        return bool(self._processes())
 
     @property
     def up(self) -> bool:
-        return self.process is not None and not self.stopping
+        return self.process is not None
 
     def cut_off(self) -> None:
         self.proxy.cut()
@@ -275,28 +281,35 @@ class Instance:
         self.proxy.heal()
 
     async def clock_changed(self) -> None:
-        await self.tell(f"clock {json.dumps(self.clock.state())}")
+        for process in self._processes():
+            await _tell(process, f"clock {json.dumps(self.clock.state())}")
 
     def cannot_run_now(self) -> str | None:
-        if self.process is None or self.stopping:
+        if self.process is None:
             return "down"
         return "starting" if self.starting.locked() else None
 
     async def run_now(self, job: str) -> str | None:
         """Told on its stdin; the claim's failure, if any, is in the process's own records."""
-        await self.tell(f"run_now {job}")
+        if self.process is not None:
+            await _tell(self.process, f"run_now {job}")
         return None
 
     async def crash(self) -> None:
-        await self.kill()
-
-    async def kill(self) -> None:
-        process = self.process
-        if process is None:
+        """SIGKILL the current process; with none, the ones still stopping (as in virtual mode)."""
+        self.crashes += 1
+        if self.process is not None:
+            process, self.process = self.process, None
+            await self._kill(process)
             return
-        await self._kill(process)
-        if self.process is process:
-            self.process, self.stopping = None, False
+        for process in list(self.leaving):
+            await self._kill(process)
+
+    async def kill_all(self) -> None:
+        """The end of the run: every process of the instance is killed."""
+        for process in self._processes():
+            await self._kill(process)
+        self.process, self.leaving = None, []
 
     async def _kill(self, process: asyncio.subprocess.Process) -> None:
         if process.returncode is None:
@@ -306,28 +319,26 @@ class Instance:
 
     async def stop(self, timeout_s: float) -> None:
         """A graceful stop, as a deploy does: the process runs ``Scheduler.stop(timeout_s)`` and exits. One that
-        has not exited well after that bound (paused meanwhile) is killed. A process started meanwhile (see
-        restart) is left alone."""
+        has not exited well after that bound (paused meanwhile) is killed."""
         process = self.process
         if process is None:
             return
-        self.stopping = True
-        await self.tell(f"stop {timeout_s}")
+        self.process = None
+        self.leaving.append(process)
+        await _tell(process, f"stop {timeout_s}")
         try:
             await asyncio.wait_for(process.wait(), timeout_s + STOP_GRACE_S)
         except TimeoutError:
             await self._kill(process)
-        finally:
-            if self.process is process:  # the stopping flag is the current process's (see restart)
-                self.stopping = False
-        if self.process is process:  # not killed, nor replaced by a restart, meanwhile
-            self.process = None
+        # Not when cancelled (the run ends): kill_all finds it then.
+        self.leaving = [other for other in self.leaving if other is not process]
 
-    async def tell(self, line: str) -> None:
-        if self.process is not None and self.process.stdin is not None:
-            self.process.stdin.write((line + "\n").encode())
-            with contextlib.suppress(ConnectionError):
-                await self.process.stdin.drain()
+
+async def _tell(process: asyncio.subprocess.Process, line: str) -> None:
+    if process.stdin is not None and process.returncode is None:
+        process.stdin.write((line + "\n").encode())
+        with contextlib.suppress(ConnectionError):
+            await process.stdin.drain()
 
 
 class LiveRun:
@@ -386,7 +397,7 @@ class LiveRun:
                 raise outcome
         for group in self.groups.values():
             for instance in group:
-                await instance.kill()  # the end: nothing after this moment is judged
+                await instance.kill_all()  # the end: nothing after this moment is judged
         return epoch_s
 
     def record_fault(self, fault: FaultSpec, detail: str) -> None:
@@ -449,8 +460,8 @@ class LiveRun:
         history = History(epoch_s=epoch_s)
         history.events.extend(self.faults)
         for instance in self.groups[strategy]:
-            kills = sorted(t - self.t0 for _, t in instance.killed_at)
-            by_token: dict[str, Execution] = {}
+            killed = {pid: t - self.t0 for pid, t in instance.killed_at}
+            by_token: dict[str, tuple[Execution, int]] = {}
             for record in _read(instance.log):
                 if "event" in record:
                     history.events.append(Event(**{**record["event"], "t": record["event"]["t"] - self.t0}))
@@ -458,15 +469,15 @@ class LiveRun:
                     s = record["start"]
                     execution = Execution(s["instance"], s["job"], s["slot"], str(s["slot"]), s["attempt"],
                                           s["fence"], s["token"], s["manual"], s["t"] - self.t0)  # fmt: skip
-                    by_token[s["token"]] = execution
+                    by_token[s["token"]] = execution, s["pid"]
                     history.executions.append(execution)
                 elif "end" in record and record["end"]["token"] in by_token:
-                    execution = by_token[record["end"]["token"]]
+                    execution, _ = by_token[record["end"]["token"]]
                     execution.ended = record["end"]["t"] - self.t0
                     execution.completed = record["end"]["completed"]
-            for execution in by_token.values():
-                if execution.ended is None:  # its process was killed: it stopped then
-                    execution.ended = next((k for k in kills if k >= execution.started), self.scenario.duration_s)
+            for execution, pid in by_token.values():
+                if execution.ended is None:  # its process was killed (two may run at once: see Instance.leaving)
+                    execution.ended = killed.get(pid, self.scenario.duration_s)
         runs = {e.token: e.run for e in history.events if e.op == "claim"}
         for execution in history.executions:
             execution.run = runs.get(execution.token, execution.run)  # a manual run's id is not its slot
@@ -484,16 +495,16 @@ def _read(path: Path) -> Iterator[dict[str, Any]]:
 
 
 def _running_since(path: Path, killed_at: Sequence[tuple[int, float]] = ()) -> list[float]:
-    """When the jobs running now started: those started and not ended, after the last kill (a killed process
-    writes no end to the jobs it was running)."""
-    last_kill = max((t for _, t in killed_at), default=-float("inf"))
-    started: dict[str, float] = {}
+    """When the jobs running now started: those started and not ended by a process not killed since (a killed
+    process writes no end to the jobs it was running)."""
+    killed = {pid for pid, _ in killed_at}
+    started: dict[str, tuple[float, int]] = {}
     for record in _read(path):
         if "start" in record:
-            started[record["start"]["token"]] = record["start"]["t"]
+            started[record["start"]["token"]] = record["start"]["t"], record["start"]["pid"]
         elif "end" in record:
             started.pop(record["end"]["token"], None)
-    return [t for t in started.values() if t > last_kill]
+    return [t for t, pid in started.values() if pid not in killed]
 
 
 def supported(strategy: str, server: RunningServer) -> bool:
@@ -517,7 +528,7 @@ async def run_live(scenario: Scenario, target: str, strategies: list[str]) -> di
             finally:
                 for group in run.groups.values():
                     for instance in group:
-                        await instance.kill()
+                        await instance.kill_all()
                         await instance.proxy.close()
             outcomes = {}
             for strategy in chosen:

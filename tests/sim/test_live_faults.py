@@ -89,8 +89,9 @@ def _log(instance: Instance, *records: dict[str, Any]) -> None:
             log.write(json.dumps(record) + "\n")
 
 
-def _started(token: str, t: float) -> dict[str, Any]:
-    return {"start": {"job": "tick", "slot": 0, "attempt": 1, "fence": 1, "manual": False, "token": token, "t": t}}
+def _started(token: str, t: float, pid: int) -> dict[str, Any]:
+    start = {"job": "tick", "slot": 0, "attempt": 1, "fence": 1, "manual": False, "token": token, "pid": pid}
+    return {"start": {**start, "t": t}}
 
 
 def test_the_winner_is_the_instance_up_whose_running_job_started_first(tmp_path: Path) -> None:
@@ -98,9 +99,9 @@ def test_the_winner_is_the_instance_up_whose_running_job_started_first(tmp_path:
     winner = FaultSpec(0.5, "pause", {"instance": "winner", "duration_s": 1})
     # a started a job, was killed without writing its end, and came back idle; b runs one since after that.
     now = time.monotonic()
-    _log(instances["a"], _started("A1", now - 10))
+    _log(instances["a"], _started("A1", now - 10, pid=1))
     instances["a"].killed_at.append((1, now - 9))
-    _log(instances["b"], _started("B1", now - 5))
+    _log(instances["b"], _started("B1", now - 5, pid=2))
     assert run._targets(winner) == [instances["b"]]
     _log(instances["b"], {"end": {"token": "B1", "t": now - 1, "completed": True}})
     instances["a"].process = None
@@ -171,6 +172,7 @@ async def test_a_restart_while_a_process_stops_starts_the_next_one_beside_it(
     await asyncio.sleep(0.05)
     assert a.alive
     assert not a.up
+    assert a.cannot_run_now() == "down"
     assert await a.restart()
     new = a.process
     assert new is not old
@@ -178,8 +180,47 @@ async def test_a_restart_while_a_process_stops_starts_the_next_one_beside_it(
     await stopping
     assert (old.returncode, cast(StandInProcess, new).returncode) == (-9, None)
     assert a.process is new
-    assert a.up
+    assert a.leaving == []
     assert [pid for pid, _ in a.killed_at] == [100]
+
+
+async def test_a_process_still_stopping_when_the_run_ends_is_killed_with_the_others(tmp_path: Path) -> None:
+    """The run's end cancels the stop that waits for it; the old process must not live on beside the new one's
+    end, writing records into the log that the history reads."""
+    _, instances = _run(tmp_path, up="")
+    a = instances["a"]
+    old = LingeringProcess(100)
+    a.process = cast(Any, old)
+    stopping = asyncio.ensure_future(a.stop(5.0))
+    await asyncio.sleep(0.05)
+    assert await a.restart()
+    new = cast(StandInProcess, a.process)
+    stopping.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await stopping
+    await a.kill_all()
+    assert (old.returncode, new.returncode) == (-9, -9)
+    assert not a.alive
+
+
+async def test_a_crash_strikes_the_new_process_and_leaves_the_stopping_one_to_its_stop(tmp_path: Path) -> None:
+    """As in virtual mode, a crash kills the instance's current process; with none up, the one still stopping."""
+    _, instances = _run(tmp_path, up="")
+    a = instances["a"]
+    old = LingeringProcess(100)
+    a.process = cast(Any, old)
+    stopping = asyncio.ensure_future(a.stop(5.0))
+    await asyncio.sleep(0.05)
+    assert await a.restart()
+    new = cast(StandInProcess, a.process)
+    await a.crash()
+    assert (old.returncode, new.returncode) == (None, -9)
+    assert a.alive  # the old one is still stopping
+    assert not a.up
+    await a.crash()
+    assert old.returncode == -9
+    await stopping
+    assert not a.alive
 
 
 def test_a_late_instance_is_back_on_time_in_the_history(tmp_path: Path) -> None:
