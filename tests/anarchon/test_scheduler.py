@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import json
 import logging
 import random
 import threading
@@ -1276,22 +1277,26 @@ def test_history_leaves_out_what_history_ttl_ms_has_aged_out_before_the_store_dr
     """The store drops history older than history_ttl_ms when it next writes: for a job that runs once a minute,
     up to a minute late. A reader must not see it meanwhile, nor miss what is younger."""
 
-    async def main() -> tuple[list[int], list[int], list[int]]:
-        server = fakeredis.FakeServer()
-        backend = RedisBackend(redis=fakeredis.FakeAsyncRedis(server=server), strategy=strategy)
+    async def main() -> tuple[list[int], list[int], list[int], list[int]]:
+        client = fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer())
+        backend = RedisBackend(redis=client, strategy=strategy)
         scheduler = Scheduler(backend, instance_id="a", clock=SimClock(), history_ttl_ms=5_000)
         scheduler.add_job("job", "0 * * * * *", Ledger().job("a"))
+        keys = KeySpace()
+        results = keys.lease("job").results if strategy == "lease" else keys.claim("job").results
         first = (VIRTUAL_EPOCH_S + 60) * 1000
-        seen = []
+        seen, stored = [], []
         async with scheduler:
             for at_s in (62, 66, 122):
                 await asyncio.sleep(at_s - (time.time() - VIRTUAL_EPOCH_S))
                 seen.append([r.slot - first for r in await scheduler.history("job")])
-        return seen[0], seen[1], seen[2]
+                stored.append([int(json.loads(m)["slot"]) - first for m in await client.zrange(results, 0, -1)])
+        return seen[0], seen[1], stored[1], seen[2]
 
-    fresh, aged, next_run = run_virtual(main(), epoch_s=VIRTUAL_EPOCH_S, seed=1)
+    fresh, aged, aged_in_store, next_run = run_virtual(main(), epoch_s=VIRTUAL_EPOCH_S, seed=1)
     assert fresh == [0]  # 2 s after its slot
-    assert aged == []  # 6 s after: older than history_ttl_ms, still in the store (nothing was written since)
+    assert aged == []  # 6 s after: older than history_ttl_ms
+    assert aged_in_store == [0]  # which the store still holds: nothing was written since
     assert next_run == [60_000]  # the next run is shown, the aged one not
 
 
