@@ -158,27 +158,35 @@ class LingeringProcess(StandInProcess):
         return self.returncode
 
 
+async def _stopping_beside_a_restart(
+    tmp_path: Path, stop_timeout_s: float
+) -> tuple[StandIn, LingeringProcess, asyncio.Future[None]]:
+    """Instance a with a process told to stop (it lingers until killed), and the restart due meanwhile."""
+    _, instances = _run(tmp_path, up="")
+    a = instances["a"]
+    old = LingeringProcess(100)
+    a.process = cast(Any, old)
+    stopping = asyncio.ensure_future(a.stop(stop_timeout_s))
+    await asyncio.sleep(0.05)
+    assert a.alive
+    assert not a.up
+    assert a.cannot_run_now() == "down"
+    assert await a.restart()
+    assert a.process is not old
+    assert a.up
+    return a, old, stopping
+
+
 async def test_a_restart_while_a_process_stops_starts_the_next_one_beside_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """As in virtual mode, a process that is stopping is not up: a restart due meanwhile (a crash's) starts the
     next process at once, and the end of the stop, here a kill once its grace ran out, leaves that one alone."""
     monkeypatch.setattr(live, "STOP_GRACE_S", 0.2)
-    _, instances = _run(tmp_path, up="")
-    a = instances["a"]
-    old = LingeringProcess(100)
-    a.process = cast(Any, old)
-    stopping = asyncio.ensure_future(a.stop(0.0))
-    await asyncio.sleep(0.05)
-    assert a.alive
-    assert not a.up
-    assert a.cannot_run_now() == "down"
-    assert await a.restart()
-    new = a.process
-    assert new is not old
-    assert a.up
+    a, old, stopping = await _stopping_beside_a_restart(tmp_path, 0.0)
+    new = cast(StandInProcess, a.process)
     await stopping
-    assert (old.returncode, cast(StandInProcess, new).returncode) == (-9, None)
+    assert (old.returncode, new.returncode) == (-9, None)
     assert a.process is new
     assert a.leaving == []
     assert [pid for pid, _ in a.killed_at] == [100]
@@ -187,13 +195,7 @@ async def test_a_restart_while_a_process_stops_starts_the_next_one_beside_it(
 async def test_a_process_still_stopping_when_the_run_ends_is_killed_with_the_others(tmp_path: Path) -> None:
     """The run's end cancels the stop that waits for it; the old process must not live on beside the new one's
     end, writing records into the log that the history reads."""
-    _, instances = _run(tmp_path, up="")
-    a = instances["a"]
-    old = LingeringProcess(100)
-    a.process = cast(Any, old)
-    stopping = asyncio.ensure_future(a.stop(5.0))
-    await asyncio.sleep(0.05)
-    assert await a.restart()
+    a, old, stopping = await _stopping_beside_a_restart(tmp_path, 5.0)
     new = cast(StandInProcess, a.process)
     stopping.cancel()
     with contextlib.suppress(asyncio.CancelledError):
@@ -205,13 +207,7 @@ async def test_a_process_still_stopping_when_the_run_ends_is_killed_with_the_oth
 
 async def test_a_crash_strikes_the_new_process_and_leaves_the_stopping_one_to_its_stop(tmp_path: Path) -> None:
     """As in virtual mode, a crash kills the instance's current process; with none up, the one still stopping."""
-    _, instances = _run(tmp_path, up="")
-    a = instances["a"]
-    old = LingeringProcess(100)
-    a.process = cast(Any, old)
-    stopping = asyncio.ensure_future(a.stop(5.0))
-    await asyncio.sleep(0.05)
-    assert await a.restart()
+    a, old, stopping = await _stopping_beside_a_restart(tmp_path, 5.0)
     new = cast(StandInProcess, a.process)
     await a.crash()
     assert (old.returncode, new.returncode) == (None, -9)
