@@ -178,7 +178,11 @@ class Instance:
     # Processes told to stop, still exiting. A restart meanwhile starts the next process beside them, as a
     # supervisor does in a deploy (and as in virtual mode); they still take clock changes and pauses.
     leaving: list[asyncio.subprocess.Process] = field(default_factory=list)
-    killed_at: list[tuple[int, float]] = field(default_factory=list)  # (pid, monotonic time)
+    # Each process of the instance has its number, the incarnation, which its start records carry: a kill ends
+    # the executions of the process it killed, however many run at once (a pid may come again).
+    incarnation: dict[int, int] = field(default_factory=dict)  # pid → incarnation, of the processes alive
+    incarnations: int = 0
+    killed_at: list[tuple[int, float]] = field(default_factory=list)  # (incarnation, monotonic time)
     crashes: int = 0  # crash faults struck: a restart under way gives up once its process is killed
     # Pauses in force. They strike the instance, not one process of it: a process restarted within one starts
     # paused. (Partitions live in the proxy, which a restarted process connects through.)
@@ -189,7 +193,8 @@ class Instance:
 
     async def spawn(self) -> None:
         clock = self.clock.state()
-        self.config["clock"] = clock
+        self.incarnations += 1
+        self.config["clock"], self.config["incarnation"] = clock, self.incarnations
         stderr = await asyncio.to_thread(open, self.log.with_suffix(".stderr"), "ab")  # its own log records
         with stderr:
             self.process = await asyncio.create_subprocess_exec(
@@ -197,6 +202,7 @@ class Instance:
                 cwd=REPO, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=stderr,
                 env={**os.environ, "PYTHONHASHSEED": "0"},
             )  # fmt: skip
+        self.incarnation[self.process.pid] = self.incarnations
         if self.clock.state() != clock:  # a fault changed it while the process was starting, with none to tell
             await _tell(self.process, f"clock {json.dumps(self.clock.state())}")
 
@@ -231,15 +237,17 @@ class Instance:
         while self.process is None and self.crashes == crashes:
             refused = self.proxy.refused
             await self.spawn()
+            starting = self.process
+            assert starting is not None
             if self.pauses:
                 self.signal(signal.SIGSTOP)
-            if await self.ready():
-                return True
-            if self.crashes != crashes:
+            started = await self.ready()
+            if self.process is not starting:  # killed or told to stop as it started: down, as that fault left it
                 return False
-            process, self.process = self.process, None
-            assert process is not None
-            await process.wait()
+            if started:
+                return True
+            self.process = None
+            await starting.wait()
             if self.proxy.refused == refused:
                 raise RuntimeError(f"instance {self.strategy}/{self.name} exited as it started; see {self.log}")
             await asyncio.sleep(START_RETRY_S * SCALE)
@@ -256,8 +264,8 @@ class Instance:
 
     def signal(self, number: signal.Signals) -> None:
         for process in self._processes():
-            if process.returncode is None:
-                os.kill(process.pid, number)
+            with contextlib.suppress(ProcessLookupError):  # it exited meanwhile
+                process.send_signal(number)
 
     def _processes(self) -> list[asyncio.subprocess.Process]:
         return [*self.leaving, *([self.process] if self.process is not None else [])]
@@ -285,9 +293,9 @@ class Instance:
             await _tell(process, f"clock {json.dumps(self.clock.state())}")
 
     def cannot_run_now(self) -> str | None:
-        if self.process is None:
-            return "down"
-        return "starting" if self.starting.locked() else None
+        if self.starting.locked():  # a restart is under way (its process may not exist yet)
+            return "starting"
+        return "down" if self.process is None else None
 
     async def run_now(self, job: str) -> str | None:
         """Told on its stdin; the claim's failure, if any, is in the process's own records."""
@@ -314,7 +322,7 @@ class Instance:
     async def _kill(self, process: asyncio.subprocess.Process) -> None:
         if process.returncode is None:
             process.kill()  # a paused (stopped) process too, without running a moment first
-            self.killed_at.append((process.pid, time.monotonic()))
+            self.killed_at.append((self.incarnation[process.pid], time.monotonic()))
         await process.wait()
 
     async def stop(self, timeout_s: float) -> None:
@@ -389,9 +397,11 @@ class LiveRun:
                 detail = f"instance {spec.name} clock {spec.offset_ms:+.0f} ms, drift {spec.drift:+g}"
                 self.faults.append(Event(0.0, "fault", "nemesis", "skew", value=detail))
         strikes = [asyncio.ensure_future(self._strike(f)) for f in self.scenario.faults]
-        await asyncio.sleep(self.scenario.duration_s)
-        for task in strikes:
-            task.cancel()
+        try:
+            await asyncio.sleep(self.scenario.duration_s)
+        finally:  # also when the run is cancelled: no restart may start a process after the end's kill_all
+            for task in strikes:
+                task.cancel()
         for outcome in await asyncio.gather(*strikes, return_exceptions=True):
             if isinstance(outcome, Exception):  # a fault that could not strike: never silent
                 raise outcome
@@ -460,7 +470,7 @@ class LiveRun:
         history = History(epoch_s=epoch_s)
         history.events.extend(self.faults)
         for instance in self.groups[strategy]:
-            killed = {pid: t - self.t0 for pid, t in instance.killed_at}
+            killed = {incarnation: t - self.t0 for incarnation, t in instance.killed_at}
             by_token: dict[str, tuple[Execution, int]] = {}
             for record in _read(instance.log):
                 if "event" in record:
@@ -469,15 +479,15 @@ class LiveRun:
                     s = record["start"]
                     execution = Execution(s["instance"], s["job"], s["slot"], str(s["slot"]), s["attempt"],
                                           s["fence"], s["token"], s["manual"], s["t"] - self.t0)  # fmt: skip
-                    by_token[s["token"]] = execution, s["pid"]
+                    by_token[s["token"]] = execution, s["incarnation"]
                     history.executions.append(execution)
                 elif "end" in record and record["end"]["token"] in by_token:
                     execution, _ = by_token[record["end"]["token"]]
                     execution.ended = record["end"]["t"] - self.t0
                     execution.completed = record["end"]["completed"]
-            for execution, pid in by_token.values():
+            for execution, incarnation in by_token.values():
                 if execution.ended is None:  # its process was killed (two may run at once: see Instance.leaving)
-                    execution.ended = killed.get(pid, self.scenario.duration_s)
+                    execution.ended = killed.get(incarnation, self.scenario.duration_s)
         runs = {e.token: e.run for e in history.events if e.op == "claim"}
         for execution in history.executions:
             execution.run = runs.get(execution.token, execution.run)  # a manual run's id is not its slot
@@ -497,14 +507,14 @@ def _read(path: Path) -> Iterator[dict[str, Any]]:
 def _running_since(path: Path, killed_at: Sequence[tuple[int, float]] = ()) -> list[float]:
     """When the jobs running now started: those started and not ended by a process not killed since (a killed
     process writes no end to the jobs it was running)."""
-    killed = {pid for pid, _ in killed_at}
+    killed = {incarnation for incarnation, _ in killed_at}
     started: dict[str, tuple[float, int]] = {}
     for record in _read(path):
         if "start" in record:
-            started[record["start"]["token"]] = record["start"]["t"], record["start"]["pid"]
+            started[record["start"]["token"]] = record["start"]["t"], record["start"]["incarnation"]
         elif "end" in record:
             started.pop(record["end"]["token"], None)
-    return [t for t, pid in started.values() if pid not in killed]
+    return [t for t, incarnation in started.values() if incarnation not in killed]
 
 
 def supported(strategy: str, server: RunningServer) -> bool:

@@ -111,7 +111,7 @@ async def serve(config: dict[str, Any]) -> None:
     def work(seconds: float) -> Any:
         async def job(run: RunContext) -> None:
             base = {"instance": name, "job": run.job, "slot": run.slot, "attempt": run.attempt, "fence": run.fence,
-                    "token": run.token, "manual": run.manual, "pid": os.getpid()}  # fmt: skip
+                    "token": run.token, "manual": run.manual, "incarnation": config["incarnation"]}  # fmt: skip
             history.write({"start": {**base, "t": time.monotonic()}})
             try:
                 await clock.sleep(seconds)  # the instance's seconds, as in virtual mode: a fast clock works faster

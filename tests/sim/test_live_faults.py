@@ -30,9 +30,13 @@ class StandInProcess:
         self.pid = pid
         self.returncode: int | None = None
         self.stdin = None  # what it is told goes nowhere
+        self.signals: list[int] = []  # never a real signal: the pid is no real process of ours
 
     def kill(self) -> None:
         self.returncode = -9
+
+    def send_signal(self, number: int) -> None:
+        self.signals.append(number)
 
     async def wait(self) -> int | None:
         return self.returncode
@@ -45,7 +49,13 @@ class StandIn(Instance):
 
     async def spawn(self) -> None:
         StandIn.spawned += 1
-        self.process = cast(Any, StandInProcess(StandIn.spawned))
+        self.adopt(StandInProcess(StandIn.spawned))
+
+    def adopt(self, process: StandInProcess) -> None:
+        """``process`` becomes the instance's current one, as spawn makes it."""
+        self.incarnations += 1
+        self.incarnation[process.pid] = self.incarnations
+        self.process = cast(Any, process)
 
     async def ready(self) -> bool:
         return True
@@ -67,7 +77,7 @@ def _run(tmp_path: Path, up: str = "abc", kind: type[StandIn] = StandIn) -> tupl
         instance = kind(name, "lease", Proxy("127.0.0.1", 1), tmp_path / f"{name}.jsonl", {}, SkewedClock())
         instance.log.write_text("")
         if name in up:
-            instance.process = cast(Any, StandInProcess(0))
+            instance.adopt(StandInProcess(0))
         instances[name] = instance
     run.groups["lease"] = list(instances.values())
     run.t0 = time.monotonic()
@@ -89,9 +99,9 @@ def _log(instance: Instance, *records: dict[str, Any]) -> None:
             log.write(json.dumps(record) + "\n")
 
 
-def _started(token: str, t: float, pid: int) -> dict[str, Any]:
-    start = {"job": "tick", "slot": 0, "attempt": 1, "fence": 1, "manual": False, "token": token, "pid": pid}
-    return {"start": {**start, "t": t}}
+def _started(token: str, t: float, incarnation: int = 1, instance: str = "a") -> dict[str, Any]:
+    start = {"instance": instance, "job": "tick", "slot": 0, "attempt": 1, "fence": 1, "manual": False}
+    return {"start": {**start, "token": token, "incarnation": incarnation, "t": t}}
 
 
 def test_the_winner_is_the_instance_up_whose_running_job_started_first(tmp_path: Path) -> None:
@@ -99,9 +109,9 @@ def test_the_winner_is_the_instance_up_whose_running_job_started_first(tmp_path:
     winner = FaultSpec(0.5, "pause", {"instance": "winner", "duration_s": 1})
     # a started a job, was killed without writing its end, and came back idle; b runs one since after that.
     now = time.monotonic()
-    _log(instances["a"], _started("A1", now - 10, pid=1))
+    _log(instances["a"], _started("A1", now - 10))
     instances["a"].killed_at.append((1, now - 9))
-    _log(instances["b"], _started("B1", now - 5, pid=2))
+    _log(instances["b"], _started("B1", now - 5, instance="b"))
     assert run._targets(winner) == [instances["b"]]
     _log(instances["b"], {"end": {"token": "B1", "t": now - 1, "completed": True}})
     instances["a"].process = None
@@ -109,6 +119,18 @@ def test_the_winner_is_the_instance_up_whose_running_job_started_first(tmp_path:
     for instance in instances.values():
         instance.process = None
     assert run._targets(winner) == [None]
+
+
+def test_an_execution_cut_short_ends_when_its_own_process_was_killed(tmp_path: Path) -> None:
+    """Two processes of one instance run jobs at once (the old one stopping, the next one started): each
+    execution they leave without an end ended when its own process was killed, not at another's kill."""
+    run, instances = _run(tmp_path)
+    a = instances["a"]
+    t0 = run.t0
+    _log(a, _started("OLD", t0 + 0.1, incarnation=1), _started("NEW", t0 + 0.2, incarnation=2))
+    a.killed_at.extend([(2, t0 + 0.5), (1, t0 + 0.8)])  # the new one crashed first; the old one's grace ran out
+    ended = {e.token: round(e.ended or 0, 3) for e in run.history("lease", epoch_s=0).executions}
+    assert ended == {"OLD": 0.8, "NEW": 0.5}
 
 
 def test_a_crash_of_an_instance_down_already_strikes_nothing_and_restarts_nothing(tmp_path: Path) -> None:
@@ -165,7 +187,7 @@ async def _stopping_beside_a_restart(
     _, instances = _run(tmp_path, up="")
     a = instances["a"]
     old = LingeringProcess(100)
-    a.process = cast(Any, old)
+    a.adopt(old)
     stopping = asyncio.ensure_future(a.stop(stop_timeout_s))
     await asyncio.sleep(0.05)
     assert a.alive
@@ -189,7 +211,7 @@ async def test_a_restart_while_a_process_stops_starts_the_next_one_beside_it(
     assert (old.returncode, new.returncode) == (-9, None)
     assert a.process is new
     assert a.leaving == []
-    assert [pid for pid, _ in a.killed_at] == [100]
+    assert [incarnation for incarnation, _ in a.killed_at] == [1]  # the old one
 
 
 async def test_a_process_still_stopping_when_the_run_ends_is_killed_with_the_others(tmp_path: Path) -> None:
@@ -217,6 +239,19 @@ async def test_a_crash_strikes_the_new_process_and_leaves_the_stopping_one_to_it
     assert old.returncode == -9
     await stopping
     assert not a.alive
+
+
+async def test_a_stop_that_strikes_a_process_as_it_starts_leaves_the_instance_down(tmp_path: Path) -> None:
+    """The process starting is up for faults (as in virtual mode): a stop moves it out before it says whether it
+    started. The restart then reports nothing restarted, instead of failing or calling a stopped process up."""
+    _, instances = _run(tmp_path, up="", kind=SlowStandIn)
+    a = instances["a"]
+    restarting = asyncio.ensure_future(a.restart())
+    await asyncio.sleep(0.1)
+    assert a.up
+    await a.stop(0.0)
+    assert await restarting is False
+    assert not a.up
 
 
 def test_a_late_instance_is_back_on_time_in_the_history(tmp_path: Path) -> None:
