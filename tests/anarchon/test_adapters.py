@@ -10,7 +10,7 @@ import dataclasses
 import inspect
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, cast
 
 import fakeredis
 import pytest
@@ -32,6 +32,7 @@ from glide import (
     ProtocolVersion,
     RequestError,
 )
+from redis._parsers import _AsyncHiredisParser, _AsyncRESP2Parser, _HiredisParser, _RESP2Parser
 from redis.crc import key_slot
 
 from anarchon import (
@@ -151,6 +152,15 @@ ClientOnServer = tuple[str, Any, RunningServer]  # the client's name in CLIENTS,
 CLIENTS: dict[str, tuple[bool, Callable[[RunningServer], Any]]] = {  # name: (cluster server?, factory)
     "redis-py-asyncio": (False, lambda s: redis.asyncio.Redis(host=s.host, port=s.port, protocol=2)),
     "redis-py-sync": (False, lambda s: redis.Redis(host=s.host, port=s.port, protocol=2)),
+    # redis-py reads replies with hiredis where it is installed (as in the dev set), else with its own parser.
+    "redis-py-asyncio-python-parser": (
+        False,
+        lambda s: redis.asyncio.Redis.from_url(s.url(), protocol=2, parser_class=_AsyncRESP2Parser),
+    ),
+    "redis-py-sync-python-parser": (
+        False,
+        lambda s: redis.Redis.from_url(s.url(), protocol=2, parser_class=_RESP2Parser),
+    ),
     "valkey-py-asyncio": (False, lambda s: valkey.asyncio.Valkey(host=s.host, port=s.port, protocol=2)),
     "valkey-py-sync": (False, lambda s: valkey.Valkey(host=s.host, port=s.port, protocol=2)),
     "glide": (False, glide(cluster=False, protocol=ProtocolVersion.RESP2)),
@@ -232,6 +242,22 @@ async def cluster_client(
 ) -> AsyncIterator[ClientOnServer]:
     async with _opened(request.param, real_server, server_pool) as opened:
         yield opened
+
+
+async def test_both_reply_parsers_of_redis_py_are_covered() -> None:
+    """The default redis-py clients read replies with hiredis (in the dev set, as ``anarchon[hiredis]`` installs
+    it); the *-python-parser clients with redis-py's own parser, which apps without hiredis use."""
+    assert redis.asyncio.connection.DefaultParser is _AsyncHiredisParser
+    assert redis.connection.DefaultParser is _HiredisParser
+    stand_in = cast(RunningServer, type("Unreachable", (), {"url": lambda self: "redis://127.0.0.1:1"})())
+    own_async = CLIENTS["redis-py-asyncio-python-parser"][1](stand_in)
+    own_sync = CLIENTS["redis-py-sync-python-parser"][1](stand_in)
+    try:
+        assert own_async.connection_pool.connection_kwargs["parser_class"] is _AsyncRESP2Parser
+        assert own_sync.connection_pool.connection_kwargs["parser_class"] is _RESP2Parser
+    finally:
+        await own_async.aclose()
+        own_sync.close()
 
 
 def req(slot: int, token: str) -> RunRequest:
