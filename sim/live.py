@@ -180,7 +180,7 @@ class Instance:
     leaving: list[asyncio.subprocess.Process] = field(default_factory=list)
     # Each process of the instance has its number, the incarnation, which its start records carry: a kill ends
     # the executions of the process it killed, however many run at once (a pid may come again).
-    incarnation: dict[int, int] = field(default_factory=dict)  # pid → incarnation, of the processes alive
+    incarnation: dict[int, int] = field(default_factory=dict)  # pid → incarnation (of the latest with that pid)
     incarnations: int = 0
     killed_at: list[tuple[int, float]] = field(default_factory=list)  # (incarnation, monotonic time)
     crashes: int = 0  # crash faults struck: a restart under way gives up once its process is killed
@@ -321,7 +321,8 @@ class Instance:
 
     async def _kill(self, process: asyncio.subprocess.Process) -> None:
         if process.returncode is None:
-            process.kill()  # a paused (stopped) process too, without running a moment first
+            with contextlib.suppress(ProcessLookupError):  # it exited a moment ago
+                process.kill()  # a paused (stopped) process too, without running a moment first
             self.killed_at.append((self.incarnation[process.pid], time.monotonic()))
         await process.wait()
 
