@@ -178,10 +178,9 @@ class Instance:
     # Processes told to stop, still exiting. A restart meanwhile starts the next process beside them, as a
     # supervisor does in a deploy (and as in virtual mode); they still take clock changes and pauses.
     leaving: list[asyncio.subprocess.Process] = field(default_factory=list)
-    # Each process of the instance has its number, the incarnation, which its start records carry: a kill ends
-    # the executions of the process it killed, however many run at once (a pid may come again).
-    incarnation: dict[int, int] = field(default_factory=dict)  # pid → incarnation (of the latest with that pid)
-    incarnations: int = 0
+    # Each process of the instance has its number, the incarnation (1, 2, … in the order they were started), which
+    # its start records carry: a kill ends the executions of the process it killed, however many run at once.
+    incarnation: dict[asyncio.subprocess.Process, int] = field(default_factory=dict)
     killed_at: list[tuple[int, float]] = field(default_factory=list)  # (incarnation, monotonic time)
     crashes: int = 0  # crash faults struck: a restart under way gives up once its process is killed
     # Pauses in force. They strike the instance, not one process of it: a process restarted within one starts
@@ -193,8 +192,8 @@ class Instance:
 
     async def spawn(self) -> None:
         clock = self.clock.state()
-        self.incarnations += 1
-        self.config["clock"], self.config["incarnation"] = clock, self.incarnations
+        number = len(self.incarnation) + 1
+        self.config["clock"], self.config["incarnation"] = clock, number
         stderr = await asyncio.to_thread(open, self.log.with_suffix(".stderr"), "ab")  # its own log records
         with stderr:
             self.process = await asyncio.create_subprocess_exec(
@@ -202,9 +201,9 @@ class Instance:
                 cwd=REPO, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=stderr,
                 env={**os.environ, "PYTHONHASHSEED": "0"},
             )  # fmt: skip
-        self.incarnation[self.process.pid] = self.incarnations
+        self.incarnation[self.process] = number
         if self.clock.state() != clock:  # a fault changed it while the process was starting, with none to tell
-            await _tell(self.process, f"clock {json.dumps(self.clock.state())}")
+            await _tell(self.process, self._clock_line())
 
     async def ready(self) -> bool:
         """Wait until the process says it has started; False if it exited first (killed, or it could not reach
@@ -290,7 +289,10 @@ class Instance:
 
     async def clock_changed(self) -> None:
         for process in self._processes():
-            await _tell(process, f"clock {json.dumps(self.clock.state())}")
+            await _tell(process, self._clock_line())
+
+    def _clock_line(self) -> str:
+        return f"clock {json.dumps(self.clock.state())}"
 
     def cannot_run_now(self) -> str | None:
         if self.starting.locked():  # a restart is under way (its process may not exist yet)
@@ -323,7 +325,7 @@ class Instance:
         if process.returncode is None:
             with contextlib.suppress(ProcessLookupError):  # it exited a moment ago
                 process.kill()  # a paused (stopped) process too, without running a moment first
-            self.killed_at.append((self.incarnation[process.pid], time.monotonic()))
+            self.killed_at.append((self.incarnation[process], time.monotonic()))
         await process.wait()
 
     async def stop(self, timeout_s: float) -> None:

@@ -95,7 +95,7 @@ class StoreMachine(RuleBasedStateMachine):
         return 2 * self.slowest_ms + 2
 
     def request(self, slot: int, token: str) -> RunRequest:
-        return RunRequest(self.job, str(slot), slot, token, f"runner-{token}")
+        return self.run_request(str(slot), token)
 
     def run_request(self, run: str, token: str) -> RunRequest:
         """A request for a run by its id: a scheduled run's, or a manual one's ("m<slot>-<tag>")."""

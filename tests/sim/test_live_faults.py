@@ -52,10 +52,9 @@ class StandIn(Instance):
         self.adopt(StandInProcess(StandIn.spawned))
 
     def adopt(self, process: StandInProcess) -> None:
-        """``process`` becomes the instance's current one, as spawn makes it."""
-        self.incarnations += 1
-        self.incarnation[process.pid] = self.incarnations
+        """``process`` becomes the instance's current one, numbered as spawn numbers it."""
         self.process = cast(Any, process)
+        self.incarnation[self.process] = len(self.incarnation) + 1
 
     async def ready(self) -> bool:
         return True
