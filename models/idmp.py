@@ -6,6 +6,8 @@ in insertion order, at most ``max_size`` of them (the oldest goes), and forgets 
 
 Redis forgets from its cron, once a second; the model forgets at the claim, the earliest the server may.
 ``MAXLEN ~`` trimming is left out: it removes whole stream nodes (100 entries), never the few a test makes.
+A late claim of a run whose entry it removed, while the server still knows the id, loses: the contract suite
+checks that on the server (``test_idmp_a_late_claim_of_a_run_whose_entry_was_trimmed_loses``).
 """
 
 from __future__ import annotations

@@ -336,6 +336,28 @@ async def test_idmp_no_late_skip_is_recorded_beside_a_run_whose_id_max_size_evic
     assert [r.status for r in history if r.slot == slot] == ["ok"]
 
 
+async def test_idmp_a_late_claim_of_a_run_whose_entry_was_trimmed_loses(target: StoreTarget) -> None:
+    """Each claim's XADD trims the stream to about history_size entries, while the server still knows the ids
+    of the runs whose entries went (up to max_size, for duration_sec). A late claim of such a run gets the old
+    entry's ID, reads back nothing, and must lose: the run ran."""
+    if not target.supports_idmp:
+        pytest.skip(f"idmp needs Redis 8.6+; {target.name} is {target.describe}")
+    backend = await target.started_backend({"name": "idmp", "duration_sec": 300, "max_size": 1000})
+    policy = JobPolicy(history_size=1)
+    node = await node_max_entries(target)
+    first = await target.server_ms() - 600_000
+    slots = [first + i * 1000 for i in range(node + 30)]  # more than a stream node: MAXLEN ~ 1 drops the first
+    for slot in slots:
+        assert (await claim_one(backend, request(slot, f"t{slot}"), policy)).outcome is Outcome.WON
+    entries = await target.raw("XRANGE", "cron:sync:runs", "-", "+")
+    assert str(first) not in {dict(zip(f[::2], f[1::2], strict=True))["slot"] for _, f in entries}  # gone
+    length = len(entries)
+    late = await claim_one(backend, request(first, "late"), policy)
+    assert late.outcome is Outcome.LOST
+    assert await target.raw("XLEN", "cron:sync:runs") == length  # the known id added no entry
+    assert (await claim_one(backend, request(slots[-1] + 1000, "next"), policy)).outcome is Outcome.WON
+
+
 @pytest.mark.parametrize("claim_only", ["stream-id", "idmp", "script"])
 async def test_history_ttl_ms_ages_the_claim_only_streams_out(target: StoreTarget, claim_only: str) -> None:
     """The manual stream and the runs stream (script's claim script ages its runs itself); idmp keeps its runs
