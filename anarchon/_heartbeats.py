@@ -68,7 +68,13 @@ class LeaseKeeper:
         self, request: RunRequest, policy: JobPolicy, sent: float, lease_ms_left: int, lose: Callable[[str], object]
     ) -> None:
         """Keep ``request``'s lease, won by a claim sent at ``sent`` (this keeper's clock)."""
-        held = _Held(request, policy, sent + lease_ms_left / 1000 - self.margin_s, sent + self.heartbeat_s, lose)
+        deadline = sent + lease_ms_left / 1000 - self.margin_s
+        first_beat = sent + self.heartbeat_s
+        if first_beat >= deadline:
+            # A claim retried with its own token may win with less of the lease left than a heartbeat period:
+            # its first beat comes halfway to the deadline, or none would be sent before the lease runs out.
+            first_beat = sent + (deadline - sent) / 2
+        held = _Held(request, policy, deadline, first_beat, lose)
         with self._lock:
             self._held[request.token] = held
             if min(held.next_beat, held.deadline) < self._sleeping_until:

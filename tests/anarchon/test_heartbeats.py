@@ -161,3 +161,32 @@ def test_a_run_learns_its_lease_is_lost_at_its_deadline_while_another_runs_beat_
 
     lost = run_virtual(main(), epoch_s=1_700_000_000, seed=1)
     assert lost == {"x": 0.95, "y": 1.2}
+
+
+class Extending:
+    def __init__(self, clock: SimClock) -> None:
+        self.clock = clock
+        self.beats: list[float] = []
+
+    async def heartbeat(self, store: Store, request: RunRequest, policy: JobPolicy) -> int:
+        self.beats.append(round(self.clock.monotonic(), 3))
+        return policy.lease_ms
+
+
+def test_a_run_won_with_less_lease_left_than_a_heartbeat_period_is_beaten_before_its_deadline() -> None:
+    # A claim retried with its own token won the run with 300 ms of its 1 s lease left: the deadline is 250 ms
+    # away (50 ms of margin), before the 333 ms heartbeat period. The first beat comes halfway, at 125 ms.
+    async def main() -> tuple[list[float], list[str]]:
+        clock = SimClock()
+        strategy = Extending(clock)
+        keeper = LeaseKeeper(cast(Strategy, strategy), cast(Store, None), clock, heartbeat_ms=333, margin_ms=50)
+        lost: list[str] = []
+        serving = asyncio.create_task(keeper.serve())
+        keeper.hold(REQUEST, JobPolicy(lease_ms=1000), clock.monotonic(), 300, lost.append)
+        await asyncio.sleep(1)
+        serving.cancel()
+        await asyncio.gather(serving, return_exceptions=True)
+        return strategy.beats, lost
+
+    beats, lost = run_virtual(main(), epoch_s=1_700_000_000, seed=1)
+    assert (beats, lost) == ([0.125, 0.458, 0.791], [])
