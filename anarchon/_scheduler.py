@@ -97,6 +97,7 @@ class _Running:
     task: asyncio.Task[object] | None = None  # the task awaiting the job function, while it does
     reason: str | None = None  # why the job was interrupted
     thread: concurrent.futures.Future[object] | None = None  # a sync job's call on its thread
+    cancels: int = 0  # the cancellations interrupt() sent the task, not yet withdrawn
 
     @property
     def thread_runs_on(self) -> bool:
@@ -112,6 +113,15 @@ class _Running:
         self.context.lease_lost.set()
         if self.task is not None:
             self.task.cancel()
+            self.cancels += 1
+
+    def withdraw_cancels(self, task: asyncio.Task[object] | None) -> None:
+        """Once the job has ended, the cancellations interrupt() sent it are over: withdrawn, so that the task
+        goes on to record the run (and catch-up to its next slot) instead of ending at its next check for a
+        cancellation. A job may also have caught one and returned."""
+        while self.cancels and task is not None and task.cancelling():
+            task.uncancel()
+            self.cancels -= 1
 
 
 class Scheduler(Generic[M]):
@@ -797,6 +807,7 @@ class Scheduler(Generic[M]):
             if running.reason is None:
                 running.task = task
                 await self._call(job, context, running)
+                running.withdraw_cancels(task)
             else:  # interrupted while the start hook ran: the job is not started
                 status, message = "interrupted", running.reason
         except asyncio.CancelledError as error:
@@ -806,9 +817,10 @@ class Scheduler(Generic[M]):
             elif running.reason is None or task is None:
                 raise  # this task was cancelled from outside: not an interruption the scheduler asked for
             else:
-                task.uncancel()
+                running.withdraw_cancels(task)
                 status, message = "interrupted", running.reason
         except Exception as error:
+            running.withdraw_cancels(task)
             status, message = "error", f"{type(error).__name__}: {error}"
             log.exception("job %s slot %d attempt %d failed", job.name, request.slot, claim.attempt, extra=extra)
         finally:

@@ -365,6 +365,45 @@ def test_a_catch_up_claims_no_slot_that_left_catch_up_ms_meanwhile() -> None:
     assert {slot: names for slot, names in runners.items() if len(names) > 1} == {}
 
 
+def test_a_catch_up_goes_on_after_a_job_that_caught_its_interruption() -> None:
+    """A job told its lease is lost may catch the cancellation and return, to clean up. The catch-up that ran it
+    goes on to the next missed slot: the cancellation was the job's, not the catch-up's. Here the first caught-up
+    run's state is deleted behind its back, so that its heartbeat is refused."""
+
+    async def main() -> list[int]:
+        server = fakeredis.FakeServer()
+        store = fakeredis.FakeAsyncRedis(server=server)
+        caught_up: list[int] = []
+
+        async def work(run: RunContext) -> None:
+            if run.slot >= started_ms:
+                return  # the dispatcher's own slots
+            caught_up.append(run.slot)
+            if len(caught_up) == 1:
+                await store.hdel("{cron:tick}:state", str(run.slot))
+            try:
+                await asyncio.sleep(5)
+            except asyncio.CancelledError:
+                return
+
+        def instance(name: str) -> Scheduler[Any]:
+            scheduler = _virtual_instance(server, name, lease_ms=1000)
+            scheduler.add_job("tick", "* * * * * *", work, catch_up_ms=10_000, overlap=True)
+            return scheduler
+
+        first = instance("a")  # the job's first start: catch-up reaches back to it
+        await first.start()
+        await first.stop()
+        await asyncio.sleep(3.5)  # three slots pass with no instance up
+        catching_up = instance("b")
+        started_ms = catching_up.clock.wall_ms()
+        async with catching_up:
+            await asyncio.sleep(20)
+        return [slot - caught_up[0] for slot in caught_up]
+
+    assert run_virtual(main(), epoch_s=VIRTUAL_EPOCH_S, seed=1) == [0, 1000, 2000]
+
+
 def test_a_slot_skipped_for_overlap_is_logged_like_a_late_one(caplog: pytest.LogCaptureFixture) -> None:
     """A slot that will not run, because the run before is still going, leaves a line in the log at INFO (it
     was DEBUG: at the usual levels runs vanished with no trace but their history)."""
