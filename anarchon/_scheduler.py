@@ -531,8 +531,14 @@ class Scheduler(Generic[M]):
         token = self._token()
         request = RunRequest(job.name, run_id(now, token[:8]), now, token, self.instance_id, manual=True)
         sent = self.clock.monotonic()
-        [claim] = await self.backend.strategy.claim(self.backend.store, [(request, self._policies[job.name])])
+        try:
+            [claim] = await self.backend.strategy.claim(self.backend.store, [(request, self._policies[job.name])])
+        except asyncio.CancelledError:
+            self._hand_back_unanswered(request)
+            raise
         if isinstance(claim, StoreError):
+            if isinstance(claim, StoreUnavailableError):
+                self._hand_back_unanswered(request)
             raise claim
         if claim.forgotten:  # a new run id, at a moment the store has forgotten: this clock is far behind
             return self._local_record(request, "skipped-late", FORGOTTEN)
@@ -541,6 +547,29 @@ class Scheduler(Generic[M]):
         if not self._started:  # stop() began while the claim was on its way: the job is not started
             return await self._not_started(request, claim)
         return await self._track(self._execute(job, request, claim, sent))
+
+    def _hand_back_unanswered(self, request: RunRequest) -> None:
+        """A manual claim whose answer never came (the store went out of reach, or the caller gave up) may have
+        won. Nothing runs it, and under leases its lease would keep the job's scheduled runs from starting
+        (skipped-overlap) until it ran out: it is handed back, in the background, tried again while the store is
+        out of reach, for as long as that lease could last. A claim that did not win is left as it is."""
+        if self.backend.leases:
+            self._spawn(self._hand_back_manual(request, self.clock.monotonic() + self.lease_ms / 1000))
+
+    async def _hand_back_manual(self, request: RunRequest, give_up: float) -> None:
+        while self.backend.started:
+            try:
+                if await self.backend.strategy.release(self.backend.store, request):
+                    log.info("job %s: a manual run whose claim went unanswered was handed back, not run", request.job)
+                return
+            except StoreUnavailableError:
+                if not self._started or self.clock.monotonic() + RETRY_MIN_S >= give_up:
+                    return
+                await self._nap(RETRY_MIN_S)
+            except StoreError as error:
+                log.warning("job %s: could not hand back a manual run whose claim went unanswered: %s",
+                            request.job, error)  # fmt: skip
+                return
 
     async def history(self, name: str, limit: int = 50) -> list[RunRecord]:
         """The job's recorded attempts, newest first. A scheduler not started reads them too (a web process

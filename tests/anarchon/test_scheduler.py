@@ -39,6 +39,7 @@ from anarchon import _scheduler as scheduler_module
 from anarchon._adapters import adapt
 from anarchon._keys import KeySpace
 from anarchon._scheduler import SchedulerThread
+from anarchon._store import Connection
 from anarchon._strategies import Claim, JobPolicy, Outcome, RunRequest, run_id
 from anarchon._strategies._claim_only import TRIM_STREAM
 from anarchon._strategies.lease import CLAIM
@@ -699,6 +700,67 @@ async def test_run_now_while_a_scheduled_run_is_going(target: StoreTarget, overl
         assert [e.manual for e in ledger.executions] == [False]
     assert history[0].manual
     assert history[0].status == record.status
+
+
+class HeldReplies:
+    """A store connection whose replies wait while ``held`` is clear (the commands themselves run at once)."""
+
+    def __init__(self, inner: Connection) -> None:
+        self.inner = inner
+        self.held = asyncio.Event()
+        self.held.set()
+        self.waiting = asyncio.Event()
+
+    async def execute(self, command: Any) -> Any:
+        return await self._held(self.inner.execute(command))
+
+    async def execute_many(self, commands: Any) -> Any:
+        return await self._held(self.inner.execute_many(commands))
+
+    async def _held(self, sending: Awaitable[Any]) -> Any:
+        reply = await sending
+        self.waiting.set()
+        await self.held.wait()
+        return reply
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+@pytest.mark.parametrize("unanswered", ["reply lost", "caller gave up"])
+async def test_a_manual_claim_that_went_unanswered_is_handed_back_and_holds_up_no_scheduled_run(
+    target: StoreTarget, unanswered: str
+) -> None:
+    """run_now's claim may win though its answer never comes: the reply was lost, or the caller gave up waiting.
+    Nothing runs that manual run, and its lease (10 s here) would keep the job's scheduled runs from starting
+    (skipped-overlap) until it ran out. It is handed back instead: the next slots run."""
+    ledger = Ledger()
+    backend, link = target.linked_backend("lease")
+    held = HeldReplies(link.inner)
+    link.inner = held
+    scheduler = Scheduler(backend, instance_id="a", lease_ms=10_000)
+    scheduler.add_job("tick", "* * * * * *", ledger.job("a"))
+    async with scheduler:
+        asked_ms = scheduler.clock.wall_ms()
+        if unanswered == "reply lost":
+            link.lose_replies = True
+            with pytest.raises(StoreUnavailableError):
+                await scheduler.run_now("tick")
+            link.heal()
+        else:
+            held.held.clear()
+            held.waiting.clear()
+            asking = asyncio.create_task(scheduler.run_now("tick"))
+            await asyncio.wait_for(held.waiting.wait(), 5)  # the claim ran in the store; its answer waits
+            asking.cancel()
+            held.held.set()
+            with pytest.raises(asyncio.CancelledError):
+                await asking
+        await eventually(lambda: len([e for e in ledger.of("tick") if e.slot > asked_ms]) >= 2, cap_s=5)
+        history = await scheduler.history("tick")
+    assert len([e for e in ledger.of("tick") if e.slot > asked_ms]) >= 2
+    assert [e for e in ledger.executions if e.manual] == []
+    assert [r.status for r in history if not r.manual and r.slot > asked_ms and r.status != "ok"] == []
 
 
 async def test_run_now_on_a_clock_behind_what_the_store_remembers_is_skipped_late(target: StoreTarget) -> None:
