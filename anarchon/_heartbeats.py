@@ -123,16 +123,14 @@ class LeaseKeeper:
     async def _beat(self, due: list[_Held]) -> None:
         sent = self.clock.monotonic()
         beats = [self.strategy.heartbeat(self.store, run.request, run.policy) for run in due]
-        # Waited for no longer than the first deadline of every run held, not only of these: another run whose
-        # beat failed earlier must learn it lost its lease at its deadline, not when these beats end.
-        with self._lock:
-            held = list(self._held.values())
+        answering = asyncio.ensure_future(asyncio.gather(*beats, return_exceptions=True))
         try:
-            timeout = max(0.0, min(run.deadline for run in (*due, *held)) - sent)
-            answers: list[int | BaseException] = await asyncio.wait_for(
-                asyncio.gather(*beats, return_exceptions=True), timeout
-            )
-        except TimeoutError:
+            answers = await self._answers_by_the_first_deadline(answering, due)
+        except asyncio.CancelledError:  # the keeper is stopping: the beats in flight end before it does
+            answering.cancel()
+            await asyncio.wait([answering])
+            raise
+        if answers is None:
             answers = [TimeoutError("no answer before the lease deadline")] * len(due)
         for run, answer in zip(due, answers, strict=True):
             if isinstance(answer, BaseException):
@@ -150,6 +148,33 @@ class LeaseKeeper:
             else:
                 run.deadline = sent + answer / 1000 - self.margin_s
                 run.next_beat = sent + self.heartbeat_s
+
+    async def _answers_by_the_first_deadline(
+        self, answering: asyncio.Future[list[int | BaseException]], due: list[_Held]
+    ) -> list[int | BaseException] | None:
+        """The beats' answers; None (the beats cancelled) if the first deadline of the runs held comes before them.
+        Of every run held, not only of these: another run whose beat failed earlier, or one held meanwhile (hold()
+        wakes this wait for it), must learn it lost its lease at its deadline, not when these beats end."""
+        loop = asyncio.get_running_loop()
+        while True:
+            woken = loop.create_future()
+            with self._lock:
+                first_deadline = min(run.deadline for run in (*due, *self._held.values()))
+                self._wake = partial(loop.call_soon_threadsafe, woken.cancel)
+                self._sleeping_until = first_deadline
+            try:
+                timeout = max(0.0, first_deadline - self.clock.monotonic())
+                done, _ = await asyncio.wait([answering, woken], timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                woken.cancel()
+                with self._lock:
+                    self._sleeping_until = -float("inf")
+            if answering.done():
+                return answering.result()
+            if not done:  # the first deadline came first
+                answering.cancel()
+                await asyncio.wait([answering])
+                return None
 
 
 class HeartbeatThread:

@@ -190,3 +190,46 @@ def test_a_run_won_with_less_lease_left_than_a_heartbeat_period_is_beaten_before
 
     beats, lost = run_virtual(main(), epoch_s=1_700_000_000, seed=1)
     assert (beats, lost) == ([0.125, 0.458, 0.791], [])
+
+
+class HangsFor:
+    """The heartbeats of one run get no answer until ``answer`` is set; the others' extend the lease."""
+
+    def __init__(self, hanging: RunRequest) -> None:
+        self.hanging = hanging
+        self.answer = asyncio.Event()
+
+    async def heartbeat(self, store: Store, request: RunRequest, policy: JobPolicy) -> int:
+        if request is self.hanging:
+            await self.answer.wait()
+        return policy.lease_ms
+
+
+def test_a_run_held_while_another_runs_beat_hangs_learns_its_lease_is_lost_at_its_own_deadline() -> None:
+    # y (a 60 s lease) sends its beat at 0.3 s, which hangs. x is won at 0.35 s with a lease of 1 s: its beat
+    # cannot go out behind y's, so its deadline (1.3 s) passes, and x must be told then, not at y's (59.95 s),
+    # long after a backup could have taken it over.
+    x = RunRequest("x", "1", 1, "token-x", "a")
+    y = RunRequest("y", "1", 1, "token-y", "a")
+
+    async def main() -> dict[str, float]:
+        clock = SimClock()
+        strategy = HangsFor(y)
+        keeper = LeaseKeeper(cast(Strategy, strategy), cast(Store, None), clock, heartbeat_ms=300, margin_ms=50)
+        lost: dict[str, float] = {}
+        serving = asyncio.create_task(keeper.serve())
+        keeper.hold(
+            y, JobPolicy(lease_ms=60_000), clock.monotonic(), 60_000, lambda _: lost.setdefault("y", clock.monotonic())
+        )
+        await asyncio.sleep(0.35)
+        keeper.hold(
+            x, JobPolicy(lease_ms=1000), clock.monotonic(), 1000, lambda _: lost.setdefault("x", clock.monotonic())
+        )
+        await asyncio.sleep(3)
+        strategy.answer.set()
+        await asyncio.sleep(0.1)
+        serving.cancel()
+        await asyncio.gather(serving, return_exceptions=True)
+        return lost
+
+    assert run_virtual(main(), epoch_s=1_700_000_000, seed=1) == {"x": 1.3}
