@@ -479,9 +479,11 @@ class Scheduler(Generic[M]):
         if self._job_threads is not None:  # a sync job cancelled above may still run: its thread ends with it
             self._job_threads.shutdown(wait=False)
             self._job_threads = None
-        await self._stop_keeper()
-        await self.backend.stop()
-        self.backend.scheduler = None
+        try:
+            await self._stop_keeper()
+        finally:  # a heartbeat thread that would not end leaves the connection to close all the same
+            await self.backend.stop()
+            self.backend.scheduler = None
         log.info("scheduler %s stopped", self.instance_id)
 
     async def __aenter__(self) -> Scheduler[M]:
@@ -975,6 +977,9 @@ class Scheduler(Generic[M]):
                 )  # fmt: skip
                 self._keeper, self._heartbeats = keeper, HeartbeatThread(keeper)
                 return
+        if type(self.clock) is SystemClock and fork is None:
+            log.info("heartbeats run on the event loop: this client cannot open a second connection for their thread "
+                     "(a job that blocks the loop delays them)")  # fmt: skip
         self._keeper = LeaseKeeper(
             self.backend.strategy, self.backend.store, self.clock, heartbeat_ms=self.heartbeat_ms, margin_ms=margin_ms
         )

@@ -14,6 +14,7 @@ import logging
 import random
 import threading
 import time
+import unittest.mock
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -1080,6 +1081,37 @@ async def test_heartbeats_stay_on_the_loop_when_the_client_cannot_be_copied() ->
         assert scheduler._heartbeats is None  # no thread: the keeper runs on the scheduler's loop
         await eventually(lambda: len(ledger.of()) >= 1, cap_s=3)
         assert len(ledger.of()) >= 1
+
+
+async def test_heartbeats_on_the_loop_are_logged_when_the_client_has_no_second_connection(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="anarchon")
+    scheduler = Scheduler(RedisBackend(redis=fakeredis.FakeRedis(server=fakeredis.FakeServer())))  # a sync client
+    scheduler.add_job("tick", "0 0 1 1 *", lambda: None)
+    async with scheduler:
+        assert scheduler._heartbeats is None
+    said = [r.getMessage() for r in caplog.records if "heartbeats run on the event loop" in r.getMessage()]
+    assert len(said) == 1
+
+
+async def test_stop_closes_the_store_connection_even_when_the_heartbeat_thread_fails_to_end(
+    fake_target: StoreTarget,
+) -> None:
+    scheduler = Scheduler(fake_target.backend("lease"))
+    scheduler.add_job("tick", "0 0 1 1 *", lambda: None)
+    await scheduler.start()
+    thread = scheduler._heartbeats
+    assert thread is not None
+
+    def stuck() -> None:
+        raise TimeoutError("the heartbeat thread did not end")
+
+    with unittest.mock.patch.object(thread, "close", stuck), pytest.raises(TimeoutError):
+        await scheduler.stop()
+    thread.close()
+    assert not scheduler.backend.started
+    assert scheduler.backend.scheduler is None
 
 
 class FailingClock(SystemClock):
