@@ -63,6 +63,7 @@ class LeaseKeeper:
         self._lock = threading.Lock()  # hold/release come from the scheduler's loop, serve may run elsewhere
         self._wake: Callable[[], object] = lambda: None
         self._sleeping_until = -float("inf")  # while awake, runs held meanwhile are seen on the next pass
+        self._awaiting_beats = False  # the wait is for a round's answers: only a sooner deadline matters to it
 
     def hold(
         self, request: RunRequest, policy: JobPolicy, sent: float, lease_ms_left: int, lose: Callable[[str], object]
@@ -77,7 +78,8 @@ class LeaseKeeper:
         held = _Held(request, policy, deadline, first_beat, lose)
         with self._lock:
             self._held[request.token] = held
-            if min(held.next_beat, held.deadline) < self._sleeping_until:
+            soonest = held.deadline if self._awaiting_beats else min(held.next_beat, held.deadline)
+            if soonest < self._sleeping_until:
                 self._wake()
                 # Woken once is enough: its next pass sees every run held until then. Without this, a burst of
                 # runs held before the keeper's thread gets to run would each send it another wake-up.
@@ -127,8 +129,7 @@ class LeaseKeeper:
         try:
             answers = await self._answers_by_the_first_deadline(answering, due)
         except asyncio.CancelledError:  # the keeper is stopping: the beats in flight end before it does
-            answering.cancel()
-            await asyncio.wait([answering])
+            await _cancelled(answering)
             raise
         if answers is None:
             answers = [TimeoutError("no answer before the lease deadline")] * len(due)
@@ -161,20 +162,28 @@ class LeaseKeeper:
             with self._lock:
                 first_deadline = min(run.deadline for run in (*due, *self._held.values()))
                 self._wake = partial(loop.call_soon_threadsafe, woken.cancel)
-                self._sleeping_until = first_deadline
+                self._sleeping_until, self._awaiting_beats = first_deadline, True
             try:
                 timeout = max(0.0, first_deadline - self.clock.monotonic())
                 done, _ = await asyncio.wait([answering, woken], timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
             finally:
                 woken.cancel()
                 with self._lock:
-                    self._sleeping_until = -float("inf")
+                    self._sleeping_until, self._awaiting_beats = -float("inf"), False
             if answering.done():
                 return answering.result()
             if not done:  # the first deadline came first
-                answering.cancel()
-                await asyncio.wait([answering])
+                await _cancelled(answering)
                 return None
+
+
+async def _cancelled(answering: asyncio.Future[list[int | BaseException]]) -> None:
+    """Cancel a round's beats and wait for them to end. Their gathered outcome (a CancelledError) is read, or
+    asyncio would log it as an exception never retrieved."""
+    answering.cancel()
+    await asyncio.wait([answering])
+    if not answering.cancelled():
+        answering.exception()
 
 
 class HeartbeatThread:
