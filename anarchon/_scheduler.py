@@ -554,8 +554,9 @@ class Scheduler(Generic[M]):
         """A manual claim whose answer never came (the store went out of reach, or the caller gave up) may have
         won. Nothing runs it, and under leases its lease would keep the job's scheduled runs from starting
         (skipped-overlap) until it ran out: it is handed back, in the background, tried again while the store is
-        out of reach, for as long as that lease could last. A claim that did not win is left as it is."""
-        if self.backend.leases:
+        out of reach, for as long as that lease could last. A claim that did not win is left as it is. Not once
+        stop() has begun: it would not wait for the hand-back, and the connection is about to close."""
+        if self.backend.leases and self._started:
             self._spawn(self._hand_back_manual(request, self.clock.monotonic() + self.lease_ms / 1000))
 
     async def _hand_back_manual(self, request: RunRequest, give_up: float) -> None:
