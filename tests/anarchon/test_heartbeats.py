@@ -122,6 +122,15 @@ def test_a_failed_heartbeat_of_a_short_lease_is_tried_again_before_the_lease_end
     assert (beats, lost) == ([1.0, 1.475, 2.475, 3.475], [])
 
 
+def hold_noting_the_loss(keeper: LeaseKeeper, request: RunRequest, lease_ms: int, lost: dict[str, float]) -> None:
+    """Hold a run just won with a whole lease of ``lease_ms``; ``lost[job]`` notes when it is told it lost it."""
+    clock = keeper.clock
+    keeper.hold(
+        request, JobPolicy(lease_ms=lease_ms), clock.monotonic(), lease_ms,
+        lambda _: lost.setdefault(request.job, clock.monotonic()),
+    )  # fmt: skip
+
+
 class OneFailsOneHangs:
     """The first run's heartbeats fail at once; the second run's get no answer."""
 
@@ -148,13 +157,9 @@ def test_a_run_learns_its_lease_is_lost_at_its_deadline_while_another_runs_beat_
         )
         lost: dict[str, float] = {}
         serving = asyncio.create_task(keeper.serve())
-        keeper.hold(
-            x, JobPolicy(lease_ms=1000), clock.monotonic(), 1000, lambda _: lost.setdefault("x", clock.monotonic())
-        )
+        hold_noting_the_loss(keeper, x, 1000, lost)
         await asyncio.sleep(0.25)
-        keeper.hold(
-            y, JobPolicy(lease_ms=1000), clock.monotonic(), 1000, lambda _: lost.setdefault("y", clock.monotonic())
-        )
+        hold_noting_the_loss(keeper, y, 1000, lost)
         await asyncio.sleep(3)
         serving.cancel()
         await asyncio.gather(serving, return_exceptions=True)
@@ -221,13 +226,9 @@ def test_a_run_held_while_another_runs_beat_hangs_learns_its_lease_is_lost_at_it
         keeper = LeaseKeeper(cast(Strategy, strategy), cast(Store, None), clock, heartbeat_ms=300, margin_ms=50)
         lost: dict[str, float] = {}
         serving = asyncio.create_task(keeper.serve())
-        keeper.hold(
-            y, JobPolicy(lease_ms=60_000), clock.monotonic(), 60_000, lambda _: lost.setdefault("y", clock.monotonic())
-        )
+        hold_noting_the_loss(keeper, y, 60_000, lost)
         await asyncio.sleep(0.35)
-        keeper.hold(
-            x, JobPolicy(lease_ms=1000), clock.monotonic(), 1000, lambda _: lost.setdefault("x", clock.monotonic())
-        )
+        hold_noting_the_loss(keeper, x, 1000, lost)
         await asyncio.sleep(3)
         strategy.answer.set()
         await asyncio.sleep(0.1)
