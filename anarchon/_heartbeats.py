@@ -94,7 +94,6 @@ class LeaseKeeper:
 
     async def serve(self) -> None:
         """Beat until cancelled."""
-        loop = asyncio.get_running_loop()
         while True:
             task = asyncio.current_task()
             if task is not None and task.cancelling():  # a cancellation a client call swallowed (3.11)
@@ -109,29 +108,55 @@ class LeaseKeeper:
             if due:
                 await self._beat(due)
                 continue
-            with self._lock:
-                upcoming = [min(run.next_beat, run.deadline) for run in list(self._held.values())]
-                target = min(upcoming, default=now + IDLE_S)
-                sleeper = asyncio.ensure_future(self.clock.sleep(target - now))
-                self._wake = partial(loop.call_soon_threadsafe, sleeper.cancel)
-                self._sleeping_until = target
-            try:
-                await asyncio.wait([sleeper])  # returns early when hold() wakes it
-            finally:
-                sleeper.cancel()
-                with self._lock:
-                    self._sleeping_until = -float("inf")  # awake: the next pass sees every run held meanwhile
+            await self._wait_until(partial(self._next_due, now + IDLE_S))
+
+    def _next_due(self, idle_until: float) -> float:
+        """The earliest beat or deadline of the runs held; ``idle_until`` when none is held."""
+        return min((min(run.next_beat, run.deadline) for run in list(self._held.values())), default=idle_until)
+
+    async def _wait_until(
+        self, moment: Callable[[], float], answering: asyncio.Future[list[int | BaseException]] | None = None
+    ) -> bool:
+        """Wait until the keeper-clock ``moment()`` (worked out under the lock, from the runs held), until hold()
+        wakes the wait for a run due sooner, or until ``answering`` (a round's beats) is done; True if the moment
+        came. While a round is answered, only a sooner deadline wakes the wait: beats go out after the round."""
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            until = moment()
+            sleeper = asyncio.ensure_future(self.clock.sleep(until - self.clock.monotonic()))
+            self._wake = partial(loop.call_soon_threadsafe, sleeper.cancel)
+            self._sleeping_until, self._awaiting_beats = until, answering is not None
+        waits: list[asyncio.Future[Any]] = [sleeper] if answering is None else [sleeper, answering]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            sleeper.cancel()
+            with self._lock:  # awake: the next pass sees every run held meanwhile
+                self._sleeping_until, self._awaiting_beats = -float("inf"), False
+        return sleeper.done() and not sleeper.cancelled()
 
     async def _beat(self, due: list[_Held]) -> None:
         sent = self.clock.monotonic()
         beats = [self.strategy.heartbeat(self.store, run.request, run.policy) for run in due]
         answering = asyncio.ensure_future(asyncio.gather(*beats, return_exceptions=True))
+
+        # Waited for no longer than the first deadline of every run held, not only of these: another run whose
+        # beat failed earlier, or one held meanwhile, must learn it lost its lease at its deadline, not when these
+        # beats end.
+        def first_deadline() -> float:
+            return min(run.deadline for run in (*due, *self._held.values()))
+
         try:
-            answers = await self._answers_by_the_first_deadline(answering, due)
+            deadline_came = False
+            while not (answering.done() or deadline_came):
+                deadline_came = await self._wait_until(first_deadline, answering)
         except asyncio.CancelledError:  # the keeper is stopping: the beats in flight end before it does
             await _cancelled(answering)
             raise
-        if answers is None:
+        if answering.done():
+            answers = answering.result()
+        else:
+            await _cancelled(answering)
             answers = [TimeoutError("no answer before the lease deadline")] * len(due)
         for run, answer in zip(due, answers, strict=True):
             if isinstance(answer, BaseException):
@@ -149,32 +174,6 @@ class LeaseKeeper:
             else:
                 run.deadline = sent + answer / 1000 - self.margin_s
                 run.next_beat = sent + self.heartbeat_s
-
-    async def _answers_by_the_first_deadline(
-        self, answering: asyncio.Future[list[int | BaseException]], due: list[_Held]
-    ) -> list[int | BaseException] | None:
-        """The beats' answers; None (the beats cancelled) if the first deadline of the runs held comes before them.
-        Of every run held, not only of these: another run whose beat failed earlier, or one held meanwhile (hold()
-        wakes this wait for it), must learn it lost its lease at its deadline, not when these beats end."""
-        loop = asyncio.get_running_loop()
-        while True:
-            woken = loop.create_future()
-            with self._lock:
-                first_deadline = min(run.deadline for run in (*due, *self._held.values()))
-                self._wake = partial(loop.call_soon_threadsafe, woken.cancel)
-                self._sleeping_until, self._awaiting_beats = first_deadline, True
-            try:
-                timeout = max(0.0, first_deadline - self.clock.monotonic())
-                done, _ = await asyncio.wait([answering, woken], timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                woken.cancel()
-                with self._lock:
-                    self._sleeping_until, self._awaiting_beats = -float("inf"), False
-            if answering.done():
-                return answering.result()
-            if not done:  # the first deadline came first
-                await _cancelled(answering)
-                return None
 
 
 async def _cancelled(answering: asyncio.Future[list[int | BaseException]]) -> None:

@@ -44,7 +44,7 @@ from ._heartbeats import HeartbeatThread, LeaseKeeper
 from ._job import DAY_MS, LEASE_OPTIONS, Job, JobFunction, JobOptions, check_claim_order, check_idmp_size, check_memory
 from ._keys import check_job_name
 from ._records import RunRecord, Status
-from ._store import Store
+from ._store import Connection, Store
 from ._strategies import Claim, JobPolicy, Outcome, RunRequest, run_id
 from ._strategies._base import CLAIM_MARGIN_MS
 
@@ -115,13 +115,14 @@ class _Running:
             self.task.cancel()
             self.cancels += 1
 
-    def withdraw_cancels(self, task: asyncio.Task[object] | None) -> None:
-        """Once the job has ended, the cancellations interrupt() sent it are over: withdrawn, so that the task
-        goes on to record the run (and catch-up to its next slot) instead of ending at its next check for a
-        cancellation. A job may also have caught one and returned."""
-        while self.cancels and task is not None and task.cancelling():
-            task.uncancel()
+    def job_ended(self) -> None:
+        """The job has ended, however it ended: interrupt() cancels nothing any more, and the cancellations it sent
+        are withdrawn, so that the task goes on to record the run (and catch-up to its next slot) instead of ending
+        at its next check for a cancellation. A job may also have caught one and returned."""
+        while self.cancels and self.task is not None and self.task.cancelling():
+            self.task.uncancel()
             self.cancels -= 1
+        self.task = None
 
 
 class Scheduler(Generic[M]):
@@ -839,7 +840,6 @@ class Scheduler(Generic[M]):
             if running.reason is None:
                 running.task = task
                 await self._call(job, context, running)
-                running.withdraw_cancels(task)
             else:  # interrupted while the start hook ran: the job is not started
                 status, message = "interrupted", running.reason
         except asyncio.CancelledError as error:
@@ -849,14 +849,12 @@ class Scheduler(Generic[M]):
             elif running.reason is None or task is None:
                 raise  # this task was cancelled from outside: not an interruption the scheduler asked for
             else:
-                running.withdraw_cancels(task)
                 status, message = "interrupted", running.reason
         except Exception as error:
-            running.withdraw_cancels(task)
             status, message = "error", f"{type(error).__name__}: {error}"
             log.exception("job %s slot %d attempt %d failed", job.name, request.slot, claim.attempt, extra=extra)
         finally:
-            running.task = None
+            running.job_ended()
             if self._keeper is not None:
                 self._keeper.release(request.token)
             del self._running[request.token]
@@ -965,26 +963,33 @@ class Scheduler(Generic[M]):
         if not self.backend.leases:
             return
         margin_ms = self.lease_ms * LEASE_MARGIN
-        fork = getattr(self.backend.store.connection, "fork", None)
-        if type(self.clock) is SystemClock and fork is not None:
-            try:
-                connection = fork()
-            except Exception as error:  # a pool anarchon cannot copy (Sentinel's needs its own arguments)
-                log.warning("heartbeats stay on the event loop: no second connection for their thread: %s", error)
-            else:
+        if type(self.clock) is SystemClock:
+            connection = self._heartbeat_connection()
+            if connection is not None:
                 keeper = LeaseKeeper(
                     self.backend.strategy, Store(connection, owned=True), SystemClock(),
                     heartbeat_ms=self.heartbeat_ms, margin_ms=margin_ms,
                 )  # fmt: skip
                 self._keeper, self._heartbeats = keeper, HeartbeatThread(keeper)
                 return
-        if type(self.clock) is SystemClock and fork is None:
-            log.info("heartbeats run on the event loop: this client cannot open a second connection for their thread "
-                     "(a job that blocks the loop delays them)")  # fmt: skip
         self._keeper = LeaseKeeper(
             self.backend.strategy, self.backend.store, self.clock, heartbeat_ms=self.heartbeat_ms, margin_ms=margin_ms
         )
         self._spawn(self._keeper.serve(), "anarchon-heartbeats")
+
+    def _heartbeat_connection(self) -> Connection | None:
+        """A second connection to the store, for the heartbeat thread; None (said in the log) when the client
+        cannot open one: the heartbeats then stay on the event loop, where a job that blocks it delays them."""
+        fork = getattr(self.backend.store.connection, "fork", None)
+        if fork is None:
+            log.info("heartbeats stay on the event loop: this client cannot open a second connection for their "
+                     "thread (a job that blocks the loop delays them)")  # fmt: skip
+            return None
+        try:
+            return cast(Connection, fork())
+        except Exception as error:  # a pool anarchon cannot copy (Sentinel's needs its own arguments)
+            log.warning("heartbeats stay on the event loop: no second connection for their thread: %s", error)
+            return None
 
     async def _stop_keeper(self) -> None:
         if self._heartbeats is not None:
