@@ -198,21 +198,31 @@ class HeartbeatThread:
     def submit(self, coroutine: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop)
 
-    async def _shut_down(self) -> None:
+    async def _shut_down(self, timeout: float) -> None:
         # Every task of this loop (the keeper, its sleeper, beats in flight) ends before the loop closes: a task
         # still pending then would be destroyed unfinished.
-        others = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
-        for task in others:
-            task.cancel()
-        await asyncio.gather(*others, return_exceptions=True)
-        await self.keeper.store.close()
-
-    def close(self) -> None:
-        """Stop beating, close the thread's connection and end the thread (blocking: call it from a worker
-        thread in async code)."""
         try:
-            self.submit(self._shut_down()).result(timeout=10)
+            others = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+            for task in others:
+                task.cancel()
+            await asyncio.gather(*others, return_exceptions=True)
+            await asyncio.wait_for(self.keeper.store.close(), timeout)
+        except TimeoutError:
+            log.warning("heartbeats: the heartbeat thread's connection did not close within %.1f s; dropped", timeout)
+        except Exception as error:  # the thread ends all the same
+            log.warning("heartbeats: closing the heartbeat thread's connection failed: %r", error)
         finally:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(timeout=10)
-            self._loop.close()
+            asyncio.get_running_loop().stop()
+
+    def close(self, timeout: float) -> None:
+        """Stop beating, close the thread's connection and end the thread, within ``timeout`` seconds, half of
+        them for the connection to close (blocking: call it from a worker thread in async code). A thread that
+        does not end by then (its event loop blocked) is left behind, logged: a daemon thread, it does not hold
+        the process up, and it ends once its loop runs again."""
+        self.submit(self._shut_down(timeout / 2))
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            log.error("heartbeats: the heartbeat thread did not end within %.1f s (its event loop is blocked); left "
+                      "behind", timeout)  # fmt: skip
+            return
+        self._loop.close()

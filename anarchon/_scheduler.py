@@ -422,9 +422,10 @@ class Scheduler(Generic[M]):
         anarchon opened. Under leases, a scheduled run cancelled with attempts left is handed back: another instance
         takes it over as the next attempt (which records this one as interrupted). Any other run cancelled is
         recorded as interrupted. Claims in flight, hand-backs and results get STOP_GRACE_S past ``timeout`` to reach
-        the store; what still waits then is cancelled, and given STOP_GRACE_S more to end. stop() returns by then
-        however the store or a job behaves: a sync job's thread, or an async job that ignores cancellation, may run
-        on (logged), and its run's lease runs out as after a crash.
+        the store; what still waits then is cancelled, and given STOP_GRACE_S more to end; the heartbeat thread gets
+        STOP_GRACE_S more to close its connection and end. stop() returns by then however the store or a job
+        behaves: a sync job's thread, or an async job that ignores cancellation, may run on (logged), and its run's
+        lease runs out as after a crash.
 
         Stopping goes on if the caller is cancelled meanwhile; calling stop() again waits for it to end. Called
         while start() runs, it waits for the start to end, then stops."""
@@ -993,7 +994,7 @@ class Scheduler(Generic[M]):
 
     async def _stop_keeper(self) -> None:
         if self._heartbeats is not None:
-            await asyncio.to_thread(self._heartbeats.close)
+            await asyncio.to_thread(self._heartbeats.close, STOP_GRACE_S)
         for task in [task for task in self._tasks if task.get_name() == "anarchon-heartbeats"]:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)

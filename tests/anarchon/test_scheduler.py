@@ -14,7 +14,6 @@ import logging
 import random
 import threading
 import time
-import unittest.mock
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -1102,23 +1101,52 @@ async def test_heartbeats_on_the_loop_are_logged_when_the_client_has_no_second_c
     assert len(said) == 1
 
 
-async def test_stop_closes_the_store_connection_even_when_the_heartbeat_thread_fails_to_end(
-    fake_target: StoreTarget,
+async def test_stop_returns_in_time_and_closes_the_store_connection_when_the_heartbeat_thread_is_stuck(
+    fake_target: StoreTarget, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(scheduler_module, "STOP_GRACE_S", 0.3)
     scheduler = Scheduler(fake_target.backend("lease"))
     scheduler.add_job("tick", "0 0 1 1 *", lambda: None)
     await scheduler.start()
     thread = scheduler._heartbeats
     assert thread is not None
 
-    def stuck() -> None:
-        raise TimeoutError("the heartbeat thread did not end")
+    async def block_the_loop() -> None:
+        time.sleep(1.5)  # noqa: ASYNC251 - what a job that blocks the thread's loop would do
 
-    with unittest.mock.patch.object(thread, "close", stuck), pytest.raises(TimeoutError):
-        await scheduler.stop()
-    thread.close()
+    thread.submit(block_the_loop())
+    began = time.monotonic()
+    await scheduler.stop(timeout=0.1)
+    took_s = time.monotonic() - began
+    assert took_s < 0.1 + 3 * 0.3 + 0.3  # timeout, then a grace each for claims, their ending, the thread
     assert not scheduler.backend.started
     assert scheduler.backend.scheduler is None
+    assert any("heartbeat thread did not end" in r.getMessage() for r in caplog.records)
+    thread._thread.join(5)  # the blocked loop then stops on its own
+    assert not thread._thread.is_alive()
+    thread._loop.close()
+
+
+async def test_a_heartbeat_connection_that_does_not_close_holds_stop_up_for_a_grace_only(
+    fake_target: StoreTarget, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(scheduler_module, "STOP_GRACE_S", 0.3)
+    scheduler = Scheduler(fake_target.backend("lease"))
+    scheduler.add_job("tick", "0 0 1 1 *", lambda: None)
+    await scheduler.start()
+    thread = scheduler._heartbeats
+    assert thread is not None
+
+    async def never() -> None:
+        await asyncio.Event().wait()
+
+    monkeypatch.setattr(thread.keeper.store, "close", never)
+    began = time.monotonic()
+    await scheduler.stop(timeout=0.1)
+    assert time.monotonic() - began < 0.1 + 3 * 0.3 + 0.3
+    assert not thread._thread.is_alive()
+    assert not scheduler.backend.started
+    assert any("did not close within" in r.getMessage() for r in caplog.records)
 
 
 class FailingClock(SystemClock):
