@@ -132,7 +132,7 @@ def judge(
 
     margins = lease_margins(history, int(scenario.scheduler.get("lease_ms", 30_000))) if strategy == "lease" else {}
     verdicts = {
-        "P1": _no_duplicate(by_slot, epoch),
+        "P1": _no_duplicate(strategy, by_slot, epoch),
         "P2": _no_missed(by_slot, expected, epoch),
         "P3": _no_overlap(scenario, runs + [e for e in history.executions if e.manual], epoch),
         "P4": _lease_safety(strategy, by_slot, epoch, margins),
@@ -170,13 +170,18 @@ def _describe(e: Execution) -> str:
     return f"{e.instance} attempt {e.attempt} [{e.started:.3f} .. {end}] {state}"
 
 
-def _no_duplicate(by_slot: dict[tuple[str, int], list[Execution]], epoch: float) -> Verdict:
+def _no_duplicate(strategy: str, by_slot: dict[tuple[str, int], list[Execution]], epoch: float) -> Verdict:
     bad = []
+
+    def retry(a: Execution, b: Execution) -> bool:
+        """Whether ``b`` is a lease retry of ``a``: a later attempt, begun after ``a`` had stopped short. Under the
+        claim-only strategies no run is retried, and under lease a second execution of the same attempt is a claim
+        won twice: both are duplicates however ``a`` ended."""
+        return strategy == "lease" and b.attempt > a.attempt and not a.completed and not a.overlaps(b)
+
     for (job, slot), executions in sorted(by_slot.items()):
-        # In start order, a later execution is a duplicate of an earlier one that it overlapped or that had run
-        # to the end before it began (its side effects happened, however far the later one got).
         in_order = sorted(executions, key=lambda e: e.started)
-        pair = next(((a, b) for a, b in itertools.combinations(in_order, 2) if a.overlaps(b) or a.completed), None)
+        pair = next(((a, b) for a, b in itertools.combinations(in_order, 2) if not retry(a, b)), None)
         if pair is not None:
             bad.append(f"{job} slot at {true_s(slot, epoch):.0f} s: {_describe(pair[0])}; {_describe(pair[1])}")
     return Verdict("P1", "invalid" if bad else "valid", bad[0] if bad else "", len(bad))

@@ -71,6 +71,22 @@ def test_a_slot_run_again_after_it_had_run_to_the_end_is_a_duplicate_even_if_the
     assert _judge([*_every_slot(skip=40), stopped, retry]).verdicts["P1"].status == "valid"
 
 
+@pytest.mark.parametrize("strategy", ["stream-id", "idmp", "script"])
+def test_a_claim_only_slot_run_again_after_its_first_run_stopped_early_is_a_duplicate(strategy: str) -> None:
+    # These strategies retry nothing: a second execution is a second winning claim (a window that forgot the
+    # first, a lost store), and it repeats whatever the first had done before it was killed.
+    stopped, again = _execution("a", 40, 40, 40.5, completed=False), _execution("b", 40, 55, 56)
+    verdict = _judge([*_every_slot(skip=40), stopped, again], strategy=strategy).verdicts["P1"]
+    assert verdict.status == "invalid"
+    assert verdict.witness.startswith("tick slot at 40 s: a attempt 1 [40.000 .. 40.500] stopped early; b attempt 1")
+
+
+def test_under_lease_the_same_attempt_run_again_after_it_stopped_early_is_a_duplicate() -> None:
+    # Not a retry (that would be attempt 2): the store granted attempt 1 twice, as after losing the first claim.
+    stopped, again = _execution("a", 40, 40, 40.5, completed=False), _execution("b", 40, 44, 45)
+    assert _judge([*_every_slot(skip=40), stopped, again]).verdicts["P1"].status == "invalid"
+
+
 # --- P2 no missed slot -----------------------------------------------------------------------------------------
 
 
