@@ -14,6 +14,7 @@ import contextlib
 import contextvars
 import dataclasses
 import functools
+import hashlib
 import heapq
 import inspect
 import logging
@@ -214,6 +215,9 @@ class Scheduler(Generic[M]):
         if instance_id is None:
             instance_id = f"{socket.gethostname()}-{os.getpid()}-{self.random.getrandbits(16):04x}"
         self.instance_id = _check_instance_id(instance_id)
+        # Tokens mix the instance in: instances given generators of one seed (for repeatable jitter) draw the same
+        # numbers, and two instances with one token would each take the other's claim for its own.
+        self._token_salt = int.from_bytes(hashlib.blake2b(self.instance_id.encode(), digest_size=8).digest(), "big")
         for name, hook in (("on_run_start", on_run_start), ("on_run_end", on_run_end)):
             if hook is not None and not callable(hook):
                 raise ConfigTypeError(name, f"got {type(hook).__name__}", "a function, or None")
@@ -1053,7 +1057,7 @@ class Scheduler(Generic[M]):
         )  # fmt: skip
 
     def _token(self) -> str:
-        return f"{self.random.getrandbits(64):016x}"
+        return f"{self.random.getrandbits(64) ^ self._token_salt:016x}"
 
     def __repr__(self) -> str:
         return f"Scheduler(backend={self.backend!r}, jobs={list(self._jobs)}, instance_id={self.instance_id!r})"
@@ -1150,4 +1154,6 @@ def _check_instance_id(value: object) -> str:
 
 
 def _new_random() -> random.Random:
-    return random.Random(int.from_bytes(os.urandom(8), "big"))
+    """The OS's randomness, drawn afresh each time: a seeded generator built before a fork (gunicorn's preload)
+    would draw the same tokens in every worker, and each would take every run for its own."""
+    return random.SystemRandom()

@@ -11,6 +11,7 @@ import contextlib
 import gc
 import json
 import logging
+import multiprocessing
 import random
 import threading
 import time
@@ -328,6 +329,56 @@ def _virtual_instance(server: fakeredis.FakeServer, name: str, **options: Any) -
     be coroutines: waiting for a sync job's thread lets virtual time jump on."""
     return Scheduler(RedisBackend(redis=fakeredis.FakeAsyncRedis(server=server)), instance_id=name, clock=SimClock(),
                      **options)  # fmt: skip
+
+
+@pytest.mark.parametrize("strategy", ["lease", "stream-id", "script"])
+def test_instances_given_generators_of_one_seed_run_each_slot_once(strategy: str) -> None:
+    """Repeatable jitter: every instance gets ``random.Random(42)``, so they draw the same numbers. Their tokens
+    still differ (they mix in the instance), or each would take the other's winning claim for its own retry."""
+
+    async def main() -> Counter[int]:
+        server = fakeredis.FakeServer()
+        ran: Counter[int] = Counter()
+
+        async def work(run: RunContext) -> None:
+            ran[run.slot] += 1
+
+        instances = []
+        for name in ("a", "b"):
+            backend = RedisBackend(redis=fakeredis.FakeAsyncRedis(server=server), strategy=strategy)
+            instance = Scheduler(backend, instance_id=name, clock=SimClock(), random=random.Random(42))
+            instance.add_job("tick", "* * * * * *", work, jitter_ms=300)
+            instances.append(instance)
+        for instance in instances:
+            await instance.start()
+        await asyncio.sleep(5)
+        for instance in instances:
+            await instance.stop()
+        return ran
+
+    ran = run_virtual(main(), epoch_s=VIRTUAL_EPOCH_S, seed=1)
+    assert len(ran) >= 4
+    assert set(ran.values()) == {1}, ran
+
+
+def _first_token(scheduler: Scheduler[Any], tokens: Any) -> None:
+    tokens.put(scheduler._token())
+
+
+def test_a_scheduler_built_before_a_fork_draws_other_tokens_in_each_process() -> None:
+    """A scheduler built at import time in a pre-forking server (gunicorn --preload): the workers must not share
+    the parent's random state, or every worker would hold the same tokens and take every run for its own."""
+    scheduler = Scheduler(RedisBackend(redis=fakeredis.FakeAsyncRedis()))
+    fork = multiprocessing.get_context("fork")
+    tokens = fork.Queue()
+    workers = [fork.Process(target=_first_token, args=(scheduler, tokens)) for _ in range(2)]
+    for worker in workers:
+        worker.start()
+    drawn = {tokens.get(timeout=10) for _ in workers}
+    for worker in workers:
+        worker.join(10)
+    drawn.add(scheduler._token())
+    assert len(drawn) == 3
 
 
 def test_a_catch_up_claims_no_slot_that_left_catch_up_ms_meanwhile() -> None:
