@@ -711,7 +711,7 @@ class Scheduler(Generic[M]):
     def _settle(self, entry: _Due, request: RunRequest, claim: Claim | StoreError, now: int, sent: float) -> None:
         _, _, name, slot, kind, failures, _ = entry
         if isinstance(claim, StoreError):
-            delay_s = min(RETRY_MAX_S, RETRY_MIN_S * 2**failures)
+            delay_s = min(RETRY_MAX_S, RETRY_MIN_S * 2 ** min(failures, 16))  # a backup may fail for hours
             log.warning(
                 "job %s: claim of slot %d failed (%s); retrying in %.1f s", name, slot, claim, delay_s,
                 extra={"job": name, "slot": slot},

@@ -361,6 +361,45 @@ def test_instances_given_generators_of_one_seed_run_each_slot_once(strategy: str
     assert set(ran.values()) == {1}, ran
 
 
+def test_a_backup_cut_off_for_nine_hours_schedules_again_once_the_store_answers() -> None:
+    """b stands by as backup of a 12-hour run and loses the store for 9 hours: over a thousand failed claims, each
+    retried after a longer wait up to RETRY_MAX_S. Once the store answers, b's other job runs again."""
+
+    async def main() -> tuple[bool, int]:
+        server = fakeredis.FakeServer()
+        solo_runs: list[int] = []
+
+        async def long(run: RunContext) -> None:
+            await asyncio.sleep(12 * 3600)
+
+        async def solo(run: RunContext) -> None:
+            solo_runs.append(run.slot)
+
+        a = Scheduler(RedisBackend(redis=fakeredis.FakeAsyncRedis(server=server)), instance_id="a",
+                      clock=SimClock(offset_ms=500), lease_ms=600_000)  # fmt: skip
+        link = Link(adapt(fakeredis.FakeAsyncRedis(server=server)), "b")
+        b = Scheduler(RedisBackend(redis=link), instance_id="b", clock=SimClock(), lease_ms=600_000)
+        for instance in (a, b):
+            instance.add_job("long", "0 0 * * * *", long, overlap=True)
+        b.add_job("solo", "0 * * * * *", solo)
+        await a.start()
+        await b.start()
+        await asyncio.sleep(3601)  # a, whose clock is ahead, runs the first hourly slot; b stands by
+        assert "backup" in [entry[4] for entry in b._queue if entry[2] == "long"]
+        link.cut()
+        await asyncio.sleep(9 * 3600)
+        link.heal()
+        healed = len(solo_runs)
+        await asyncio.sleep(600)
+        scheduling = b._dispatcher is not None and not b._dispatcher.done()
+        await asyncio.gather(a.stop(timeout=0.1), b.stop(timeout=0.1))
+        return scheduling, len(solo_runs) - healed
+
+    scheduling, solo_runs_after = run_virtual(main(), epoch_s=VIRTUAL_EPOCH_S, seed=1)
+    assert scheduling
+    assert solo_runs_after >= 9
+
+
 def _first_token(scheduler: Scheduler[Any], tokens: Any) -> None:
     tokens.put(scheduler._token())
 
