@@ -186,6 +186,7 @@ class Instance:
     # Pauses in force. They strike the instance, not one process of it: a process restarted within one starts
     # paused. (Partitions live in the proxy, which a restarted process connects through.)
     pauses: int = 0
+    paused_at: float | None = None  # monotonic time the pauses in force began
     # Held while a process of it is being started: restarts of overlapping faults take turns, each finding
     # what the one before it left (a process up, or killed while it started).
     starting: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -253,12 +254,15 @@ class Instance:
         return False
 
     def pause(self) -> None:
+        if not self.pauses:
+            self.paused_at = time.monotonic()
         self.pauses += 1
         self.signal(signal.SIGSTOP)
 
     def resume(self) -> None:
         self.pauses -= 1
         if not self.pauses:
+            self.paused_at = None
             self.signal(signal.SIGCONT)
 
     def signal(self, number: signal.Signals) -> None:
@@ -325,7 +329,9 @@ class Instance:
         if process.returncode is None:
             with contextlib.suppress(ProcessLookupError):  # it exited a moment ago
                 process.kill()  # a paused (stopped) process too, without running a moment first
-            self.killed_at.append((self.incarnation[process], time.monotonic()))
+            # Its jobs stopped when it was killed, or when the pause it was killed in began.
+            killed = time.monotonic() if self.paused_at is None else self.paused_at
+            self.killed_at.append((self.incarnation[process], killed))
         await process.wait()
 
     async def stop(self, timeout_s: float) -> None:

@@ -190,6 +190,7 @@ class SimInstance:
     # Pause and partition faults in force. They strike the instance, not one process of it: a process restarted
     # within them comes back paused or cut off until they end.
     pauses: int = 0
+    paused_at: float | None = None  # true time the pauses in force began: its jobs did nothing since
     partitions: int = 0
     kills: int = 0  # processes killed so far: a restart gives up once the process it is starting is killed
     stopping: bool = False  # its process is stopping (a stop fault): down for new faults, but it can still crash
@@ -287,8 +288,9 @@ class SimInstance:
         self.serving = False
         self.stopping = False
         self.link.kill()
-        killed = self.world.now()
-        for execution in self.running_jobs.values():  # stopped where they are: no work of it ends after this
+        # Its jobs stopped where they are: when the kill came, or when the pause it came in began.
+        killed = self.world.now() if self.paused_at is None else self.paused_at
+        for execution in self.running_jobs.values():
             execution.ended = killed
         self.running_jobs.clear()
         scheduler, self.scheduler = self.scheduler, None
@@ -330,12 +332,15 @@ class SimInstance:
         return False
 
     def pause(self) -> None:
+        if not self.pauses:
+            self.paused_at = self.world.now()
         self.pauses += 1
         self.clock.pause()
 
     def resume(self) -> None:
         self.pauses -= 1
         if not self.pauses:
+            self.paused_at = None
             self.clock.resume()
 
     def cut_off(self) -> None:

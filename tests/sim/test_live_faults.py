@@ -132,6 +132,22 @@ def test_an_execution_cut_short_ends_when_its_own_process_was_killed(tmp_path: P
     assert ended == {"OLD": 0.8, "NEW": 0.5}
 
 
+def test_an_execution_of_a_process_killed_while_paused_ended_when_the_pause_began(tmp_path: Path) -> None:
+    """SIGSTOP, then SIGKILL: the job did nothing after the pause began, and a backup that took its run over
+    meanwhile did not run beside it."""
+    run, instances = _run(tmp_path, up="a")
+    a = instances["a"]
+    _log(a, _started("A1", run.t0 + 0.1))
+    a.pause()
+    paused_at = time.monotonic()
+    time.sleep(0.3)
+    assert a.process is not None
+    asyncio.run(a._kill(a.process))
+    [execution] = run.history("lease", epoch_s=0).executions
+    assert execution.ended is not None
+    assert execution.ended == pytest.approx(paused_at - run.t0, abs=0.05)
+
+
 def test_a_crash_of_an_instance_down_already_strikes_nothing_and_restarts_nothing(tmp_path: Path) -> None:
     run, _ = _run(tmp_path)
     first = FaultSpec(0.0, "crash", {"instance": "a", "restart_after_s": 0.3})

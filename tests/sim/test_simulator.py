@@ -705,14 +705,19 @@ def _paused_then_killed(strategy: str, restart_after_s: float | None = None) -> 
 
 @pytest.mark.parametrize("strategy", ["lease", "stream-id"])
 def test_a_process_killed_while_paused_does_nothing_after_the_kill(strategy: str) -> None:
-    """SIGSTOP then SIGKILL: its work due during the pause never ends, and it sends nothing more. Under a
-    claim-only strategy nobody else runs the slot: P2 sees it missed."""
+    """SIGSTOP then SIGKILL: its work stopped at the pause, never to go on, and it sends nothing more. Under lease
+    a backup takes the run over once the lease has run out, after the work stopped: a retry, and the lease was
+    safe. Under a claim-only strategy nobody else runs the slot: P2 sees it missed."""
     outcome = _paused_then_killed(strategy)
     [killed] = [e for e in outcome.history.events if e.kind == "fault" and "killed" in str(e.value)]
     victim = str(killed.value).split()[1]
     [execution] = [x for x in outcome.history.executions if x.instance == victim and x.slot == (EPOCH_S + 40) * 1000]
-    assert (execution.ended, execution.completed) == (50.0, False)
+    assert (execution.ended, execution.completed) == (41.0, False)
     assert [e.t for e in outcome.history.events if e.process == victim and e.t > 50.0 and e.kind != "fault"] == []
+    if strategy == "lease":
+        [takeover] = [x for x in outcome.history.executions if x.slot == execution.slot and x.attempt == 2]
+        assert 41.0 < takeover.started < 50.0
+        assert [outcome.judgement.verdicts[p].status for p in ("P1", "P3", "P4")] == ["valid"] * 3
     if strategy == "stream-id":
         assert outcome.judgement.verdicts["P2"].status == "invalid"
 
