@@ -83,6 +83,8 @@ async def strike(run: Run[T], fault: FaultSpec, target: T) -> None:
             await asyncio.sleep(max(0.0, end - run.now()))  # from the fault's start: a stop takes a while
             if await target.restart():
                 run.record_fault(fault, f"{detail} restarted")
+                if run.now() > end:  # a stop that waited for its jobs, or a store out of reach: down until now
+                    run.fault_window(fault, end, run.now(), target)
     elif fault.kind in ("pause", "partition"):
         pause = fault.kind == "pause"
         run.record_fault(fault, f"{detail} {'paused' if pause else 'cut off from the store'}")

@@ -783,6 +783,23 @@ def test_a_stop_hands_the_run_back_and_a_backup_runs_it_as_attempt_2() -> None:
     assert [e.t for e in outcome.history.events if e.kind == "fault" and "restarted" in str(e.value)] == [31.0]
 
 
+@pytest.mark.parametrize("strategy", ["lease", "stream-id"])
+def test_an_instance_is_down_until_a_stop_that_waited_for_its_jobs_has_restarted_it(strategy: str) -> None:
+    """The only instance is told at 30.5 s to stop within 20 s and come back 1 s later: it waits for its run
+    (30..38 s) and restarts at 38 s. The slot at 35 s came due while it was down, not missed."""
+    scenario = parse({
+        "name": "slow-stop", "duration_s": 120, "scheduler": {"lease_ms": 3000, "heartbeat_ms": 1000},
+        "instances": [{"name": "a"}],
+        "jobs": [{"name": "tick", "cron": "*/5 * * * * *", "work_s": 8.0, "overlap": True}],
+        "faults": [{"at_s": 30.5, "kind": "stop", "instance": "a", "timeout_s": 20, "restart_after_s": 1}],
+    })  # fmt: skip
+    outcome = simulate(scenario, strategy, 1)
+    assert [e.t for e in outcome.history.events if e.kind == "fault" and "restarted" in str(e.value)] == [38.0]
+    assert (EPOCH_S + 35) * 1000 not in {x.slot for x in outcome.history.executions}
+    assert max(w.end for w in outcome.fault_windows) == 38.0
+    assert outcome.judgement.verdicts["P2"].status == "valid"
+
+
 def test_a_stop_that_waits_for_its_job_can_still_be_cut_short_by_a_crash() -> None:
     """a is told to stop at 21 s with 10 s to finish its run (19..25 s), and is killed at 23 s: as in live mode,
     where the process runs until it has stopped, the kill strikes. The run ends there, unfinished, and without
