@@ -23,6 +23,7 @@ verdict each strategy is expected to get. The virtual and the live mode run the 
 
 from __future__ import annotations
 
+import math
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -164,6 +165,8 @@ def parse(data: dict[str, Any], path: Path | None = None) -> Scenario:
 
     def number(table: dict[str, Any], key: str, context: str, least: float, least_allowed: bool) -> float:
         value = float(need(table, key, (int, float), context))
+        if not math.isfinite(value):  # TOML has nan and inf: every comparison with nan is false
+            raise fail(f"{context}.{key} = {value:g} must be a finite number")
         if value < least or (value == least and not least_allowed):
             raise fail(f"{context}.{key} = {value:g} must be {'at least' if least_allowed else 'above'} {least:g}")
         return value
@@ -193,6 +196,8 @@ def parse(data: dict[str, Any], path: Path | None = None) -> Scenario:
     if not instances:
         raise fail("at least one [[instances]] is needed")
     unique([i.name for i in instances], "instances")
+    if "winner" in {i.name for i in instances}:
+        raise fail('"winner" is not an instance name: a fault on instance "winner" strikes the one running a job')
     names = {i.name for i in instances}
     jobs = []
     for j in data.get("jobs", []):

@@ -666,6 +666,10 @@ def test_bad_scenarios_are_refused_with_the_reason() -> None:
         ({"faults": [{"at_s": 1, "kind": "manual", "instance": "a", "job": "k"}]}, "unknown job 'k'"),
         ({"strategies": {"scrip": {"window_ms": 5}}}, "strategies.scrip is not a strategy"),
         ({"expect": {"lease": "valid"}}, "expect.lease must be a table"),
+        ({"duration_s": float("nan")}, "duration_s = nan must be a finite number"),  # TOML writes nan and inf
+        ({"jobs": [{"name": "j", "cron": "* * * * *", "work_s": float("inf")}]}, "work_s = inf must be a finite"),
+        ({"faults": [{"at_s": 1, "kind": "pause", "instance": "a", "duration_s": float("nan")}]}, "finite"),
+        ({"instances": [{"name": "winner"}]}, '"winner" is not an instance name'),
     ],
 )
 def test_a_scenario_with_a_mistake_is_refused_instead_of_run_as_another(change: dict[str, Any], reason: str) -> None:
