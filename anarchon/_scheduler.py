@@ -674,9 +674,17 @@ class Scheduler(Generic[M]):
                 for _, _, name, slot, kind, _, _ in due[first : first + CLAIM_BATCH]:
                     if kind == "scheduled":
                         # After a stall or a clock jump, on from the first slot that may still be claimed: one
-                        # skip for the missed ones, not one each.
+                        # skip recorded for the missed ones, not one each, and one line in the log for the rest.
                         scheduled = self._jobs[name]
-                        self._schedule_next(scheduled, max(slot, now - scheduled.options.late_after_ms))
+                        resume_after = max(slot, now - scheduled.options.late_after_ms)
+                        skipped = scheduled.schedule.next_after(slot)
+                        if skipped is not None and skipped <= resume_after:
+                            log.warning(
+                                "job %s: every slot from %d up to %d skipped as well (later than max_late_ms: the "
+                                "scheduler was stalled, or its clock jumped forward)", name, skipped, resume_after,
+                                extra={"job": name},
+                            )  # fmt: skip
+                        self._schedule_next(scheduled, resume_after)
             if parts:
                 await asyncio.wait(parts)  # unlike gather's, this wait cancelled leaves the pipelines to settle
             for part in parts:

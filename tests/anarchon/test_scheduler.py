@@ -400,6 +400,39 @@ def test_a_backup_cut_off_for_nine_hours_schedules_again_once_the_store_answers(
     assert solo_runs_after >= 9
 
 
+def test_slots_skipped_after_a_stall_are_all_in_the_log(caplog: pytest.LogCaptureFixture) -> None:
+    """A job every minute; the process stalls from 61 s to 261 s. The first slot missed is recorded
+    skipped-late; the others (180 s, and 240 s had it come before 201 s) are named in one line of the log."""
+    caplog.set_level(logging.WARNING, logger="anarchon")
+
+    async def main() -> list[tuple[int, str]]:
+        scheduler = _virtual_instance(fakeredis.FakeServer(), "a")
+        scheduler.add_job("m", "0 * * * * *", _virtual_noop)
+        await scheduler.start()
+        await asyncio.sleep(61)
+        scheduler.clock.pause()  # type: ignore[attr-defined]
+        await asyncio.sleep(200)
+        scheduler.clock.resume()  # type: ignore[attr-defined]
+        await asyncio.sleep(130)
+        history = await scheduler.history("m", 20)
+        await scheduler.stop()
+        return sorted((r.slot // 1000 - VIRTUAL_EPOCH_S, r.status) for r in history)
+
+    history = run_virtual(main(), epoch_s=VIRTUAL_EPOCH_S, seed=1)
+    assert history == [(60, "ok"), (120, "skipped-late"), (240, "ok"), (300, "ok"), (360, "ok")]
+    epoch_ms = VIRTUAL_EPOCH_S * 1000
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("job m")]
+    assert said == [
+        f"job m slot {epoch_ms + 120_000} skipped: claim came 141000 ms after the slot; max_late_ms is 60000",
+        f"job m: every slot from {epoch_ms + 180_000} up to {epoch_ms + 201_000} skipped as well (later than "
+        "max_late_ms: the scheduler was stalled, or its clock jumped forward)",
+    ]
+
+
+async def _virtual_noop(run: RunContext) -> None:
+    """A job for virtual time: a coroutine (a sync job's thread would let virtual time jump on)."""
+
+
 def _first_token(scheduler: Scheduler[Any], tokens: Any) -> None:
     tokens.put(scheduler._token())
 
