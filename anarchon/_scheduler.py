@@ -230,7 +230,6 @@ class Scheduler(Generic[M]):
         self._seq = 0
         self._running: dict[str, _Running] = {}  # by token
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._forget_task = self._tasks.discard
         # Given no context, a done-callback runs in a copy of the current one: one more object for each of the
         # thousands of runs a burst starts. Forgetting a task needs none; one empty context per scheduler (a
         # context is entered by one thread at a time, and each scheduler's callbacks run on its loop's thread).
@@ -824,8 +823,15 @@ class Scheduler(Generic[M]):
     def _spawn(self, coroutine: Coroutine[Any, Any, S], name: str = "anarchon-run") -> asyncio.Task[S]:
         task = asyncio.create_task(coroutine, name=name)
         self._tasks.add(task)
-        task.add_done_callback(self._forget_task, context=self._callback_context)
+        task.add_done_callback(self._task_ended, context=self._callback_context)
         return task
+
+    def _task_ended(self, task: asyncio.Task[Any]) -> None:
+        """Forget a task, and say how it failed if it did: no task is meant to raise, and asyncio would only
+        mention it when the task is garbage-collected, if ever."""
+        self._tasks.discard(task)
+        if not task.cancelled() and (error := task.exception()) is not None:
+            log.error("scheduler %s: %s failed", self.instance_id, task.get_name(), exc_info=error)
 
     async def _track(self, coroutine: Coroutine[Any, Any, RunRecord]) -> RunRecord:
         return await asyncio.shield(self._spawn(coroutine))

@@ -429,6 +429,28 @@ def test_slots_skipped_after_a_stall_are_all_in_the_log(caplog: pytest.LogCaptur
     ]
 
 
+def test_a_catch_up_that_fails_unexpectedly_is_logged(caplog: pytest.LogCaptureFixture) -> None:
+    """An error anarchon does not expect (not a store error) ends the catch-up: the log says so at once."""
+
+    async def main() -> None:
+        scheduler = _virtual_instance(fakeredis.FakeServer(), "a")
+        scheduler.add_job("m", "0 * * * * *", _virtual_noop, catch_up_ms=3_600_000)
+
+        async def broken(*args: object) -> int:
+            raise RuntimeError("an answer nobody expected")
+
+        scheduler.backend.strategy.catch_up_since = broken  # type: ignore[method-assign]
+        await scheduler.start()
+        await asyncio.sleep(1)
+        await scheduler.stop()
+
+    run_virtual(main(), epoch_s=VIRTUAL_EPOCH_S, seed=1)
+    [failed] = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert failed.getMessage() == "scheduler a: anarchon-catch-up failed"
+    assert failed.exc_info is not None
+    assert "an answer nobody expected" in str(failed.exc_info[1])
+
+
 async def _virtual_noop(run: RunContext) -> None:
     """A job for virtual time: a coroutine (a sync job's thread would let virtual time jump on)."""
 
