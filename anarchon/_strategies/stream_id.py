@@ -1,8 +1,10 @@
 """stream-id: XADD with the run's slot as the explicit entry ID; the server's refusal is the lost claim.
 
 The server refuses an ID that is not greater than the stream's last one, so only the first XADD of a slot
-succeeds, and runs are remembered forever (IDs only grow, also after trimming). A retried claim that is refused
-reads the slot's entry back, to tell its own lost win from another instance's. The catch: once a later slot
+succeeds, and runs are remembered forever (IDs only grow, also after trimming). A claim that is refused reads
+the slot's entry back, to tell its own win from another instance's: its own first try may have written it (a
+retried claim whose answer was lost, or a client that sent the XADD again after a timeout, as redis-py's default
+retry does). The catch: once a later slot
 was claimed, an earlier one can no longer be (a late claim, or a skewed clock, misses it).
 """
 
@@ -33,9 +35,9 @@ class StreamIdStrategy(ClaimOnlyStrategy):
         ]  # fmt: skip
         replies = await store.execute_many(commands)
         refused = [_refused(reply) for reply in replies]
-        # A retried claim may be refused because its own first try wrote the entry (that answer was lost): it
-        # reads the entry back, and its token there is a win. First tries cost no read.
-        rereads = [i for i, (r, _) in enumerate(requests) if r.retry and refused[i]]
+        # A claim may be refused because its own first try wrote the entry (that answer was lost, or the client
+        # sent the XADD again itself): it reads the entry back, and its token there is a win. Winners cost no read.
+        rereads = [i for i in range(len(requests)) if refused[i]]
         try:
             tokens = await self._tokens_at(store, [requests[i][0] for i in rereads])
         except StoreError as error:  # only these claims are retried again: the others have their answers

@@ -229,6 +229,17 @@ async def test_a_retried_claim_recognises_its_own_token(target: StoreTarget, str
     assert rival.outcome is (Outcome.RUNNING if strategy == "lease" else Outcome.LOST)
 
 
+async def test_a_claim_the_client_sent_twice_is_won(target: StoreTarget, strategy: str) -> None:
+    """A client that sends a command again when its reply is late (redis-py's default retry, on a client the app
+    passes in): the second copy meets the first's write, and the claim is still the caller's, not another's."""
+    backend = await target.started_backend(strategy)
+    req = request(SLOT, "mine")
+    first = await claim_one(backend, req, JobPolicy())
+    again = await claim_one(backend, req, JobPolicy())  # not marked as a retry: anarchon did not send it again
+    assert first.outcome is again.outcome is Outcome.WON
+    assert first.fence == again.fence
+
+
 async def test_a_retried_claim_renews_its_own_lease_that_ran_out_meanwhile(target: StoreTarget) -> None:
     """The first claim's answer was lost and the store stayed out of reach past the lease; nobody took over."""
     backend = await target.started_backend("lease")
