@@ -51,6 +51,7 @@ from typing import Any, Generic, TypeAlias, TypeVar
 from anarchon._strategies import Claim, JobPolicy, Outcome
 
 from . import idmp, lease, script, stream_id
+from .common import LOST
 
 FIRST_SLOT = 1
 MANUAL_RUN = 1_000_000  # the manual run's slot in the store model: unlike any scheduled slot, and never forgotten
@@ -141,7 +142,11 @@ class StreamIdModel(StoreModel[stream_id.StreamIdStore]):
     def claim(
         self, store: stream_id.StreamIdStore, slot: int, token: str, now: int
     ) -> tuple[stream_id.StreamIdStore, Claim]:
-        return stream_id.claim(store, slot, "")  # no retries here: tokens would only tell equal states apart
+        # Tokens are left out of the states, which they would only tell apart; no claim is sent twice here, so a
+        # refused one is always another instance's win (the model reads the entry back for its own token).
+        if (slot, 0) <= store.last:
+            return store, LOST
+        return stream_id.claim(store, slot, "")
 
 
 class IdmpModel(StoreModel[idmp.IdmpStore]):

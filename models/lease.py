@@ -82,7 +82,8 @@ def claim(store: LeaseStore, run: str, token: str, now: int, policy: JobPolicy) 
             return store, Claim(Outcome.DONE)
         if other_end is not None:
             skipped = Run("skipped-overlap", 1, token, 0, 0).close("skipped-overlap", slot, now)
-            return store.put(run, skipped), Claim(Outcome.OVERLAP, 0, 0, other_end - now)
+            # A run that ends in its claim has no finish to trim after it: the claim trims.
+            return trim(store.put(run, skipped), now, policy), Claim(Outcome.OVERLAP, 0, 0, other_end - now)
         return _start(store, run, token, now, policy, 1)
     if not r.running:
         return store, Claim(Outcome.DONE, r.attempt, r.fence)
@@ -98,7 +99,8 @@ def claim(store: LeaseStore, run: str, token: str, now: int, policy: JobPolicy) 
     if r.lease_end > now:
         return store, Claim(Outcome.RUNNING, r.attempt, r.fence, r.lease_end - now)
     if r.attempt >= policy.max_attempts:
-        return store.put(run, r.close("interrupted", slot, now)), Claim(Outcome.DONE, r.attempt, r.fence)
+        interrupted = r.close("interrupted", slot, now)
+        return trim(store.put(run, interrupted), now, policy), Claim(Outcome.DONE, r.attempt, r.fence)
     if other_end is not None:  # a takeover would run beside another live run: the backup waits for its lease
         return store, Claim(Outcome.RUNNING, r.attempt, r.fence, other_end - now)
     return _start(store, run, token, now, policy, r.attempt + 1)

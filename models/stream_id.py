@@ -2,10 +2,10 @@
 
 The first claim of a slot wins and every later one loses, forever (trimming never lowers the last id). The
 catch: once a later slot was claimed, an earlier one is refused too, so a late claim or a skewed clock misses
-it. Tokens play no part in the XADD: a claim sent again loses against its own earlier entry. So a retry (a claim
-sent again after its answer was lost) that is refused reads the slot's entry back, and its own token there is
-its first try's win. ``MAXLEN ~`` trimming is left out: it removes whole stream nodes (100 entries), never the
-few a test makes.
+it. Tokens play no part in the XADD: a claim sent again loses against its own earlier entry. So a claim that is
+refused reads the slot's entry back (it may be a retry whose first answer was lost, or a copy the client sent
+again), and its own token there is its first try's win. ``MAXLEN ~`` trimming is left out: it removes whole
+stream nodes (100 entries), never the few a test makes.
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ class StreamIdStore:
     tokens: tuple[tuple[int, str], ...] = ()  # the token of each slot's entry, oldest first
 
 
-def claim(store: StreamIdStore, slot: int, token: str, *, retry: bool = False) -> tuple[StreamIdStore, Claim]:
+def claim(store: StreamIdStore, slot: int, token: str) -> tuple[StreamIdStore, Claim]:
     entry_id = (slot, 0)
     if entry_id <= store.last:  # "equal or smaller than the target stream top item"
-        if retry and (slot, token) in store.tokens:  # XRANGE runs <slot>-0 <slot>-0: its own entry
+        if (slot, token) in store.tokens:  # XRANGE runs <slot>-0 <slot>-0: its own entry
             return store, won(entry_fence(entry_id))
         return store, LOST
     return StreamIdStore(entry_id, (*store.tokens, (slot, token))), won(entry_fence(entry_id))
