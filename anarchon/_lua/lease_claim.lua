@@ -3,6 +3,7 @@
 -- ARGV[1]  run id: the slot (epoch ms) for a scheduled run, "m<slot>-<tag>" for a manual one
 -- ARGV[2]  token of this attempt     ARGV[3] runner (instance id)
 -- ARGV[4]  lease_ms                  ARGV[5] max_attempts          ARGV[6] overlap allowed: "1" or "0"
+-- ARGV[7]  history_size              ARGV[8] keep_ms               ARGV[9] history_ttl_ms ("0": none)
 -- returns "<answer> <attempt> <fence> <lease_ms_left>" (one string: a client reads it faster than an array)
 --   "won"      the caller runs it: a new attempt was stored (or the caller's own token already holds it,
 --              when a claim whose reply was lost is retried: its lease renewed if it ran out); lease_ms_left is
@@ -19,6 +20,11 @@ local slot, manual = run_slot(run)
 -- The server's ms, read (TIME) only where an answer depends on it: a new run with no other run in progress,
 -- the common claim, takes its time from the runs entry it adds instead.
 local now
+
+-- A run that ends here (skipped for overlap, or out of attempts) has no finish to trim after it: the claim trims.
+local function trim_after_close()
+  trim(now, tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9]))
+end
 
 local function reply(answer, attempt, fence, lease_ms_left)
   return answer .. ' ' .. attempt .. ' ' .. fence .. ' ' .. lease_ms_left
@@ -62,6 +68,7 @@ if not r then
     local skipped = { status = 'skipped-overlap', attempt = 1, token = token, runner = runner, lease_end = 0,
       fence = 0, slot = slot, manual = manual, started = now }
     close_run(run, skipped, 'skipped-overlap', now, '"run ' .. other .. ' was still running"')
+    trim_after_close()
     return reply('overlap', 0, 0, other_end - now)
   end
   return start_attempt(1)
@@ -94,6 +101,7 @@ end
 local ended = r.lease_end < 0 and 'handed back' or 'lease expired'
 if r.attempt >= max_attempts then
   close_run(run, r, 'interrupted', now, '"' .. ended .. '; no attempts left"')
+  trim_after_close()
   return reply('done', r.attempt, r.fence, 0)
 end
 local _, other_end = live_other()

@@ -66,7 +66,8 @@ class LeaseStrategy:
     def claim_call(self, request: RunRequest, policy: JobPolicy) -> ScriptCall:
         # The run id carries the slot and whether the run is manual (see RunRequest).
         max_attempts = 1 if request.manual else policy.max_attempts  # a manual run is not retried by backups
-        args = (request.run, request.token, request.runner, policy.lease_ms, max_attempts, _flag(policy.overlap))
+        args = (request.run, request.token, request.runner, policy.lease_ms, max_attempts, _flag(policy.overlap),
+                *_trim_args(policy))  # fmt: skip
         return ScriptCall(CLAIM, self.job_keys(request.job), args)
 
     async def claim(self, store: Store, requests: Sequence[tuple[RunRequest, JobPolicy]]) -> list[Claim | StoreError]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
@@ -506,6 +507,30 @@ async def test_history_is_trimmed_but_never_a_running_or_claimable_run(target: S
         assert runs_len == 1 + finished
     else:  # stream-id, idmp: every claim's XADD trims with MAXLEN ~ history_size
         assert history_size <= runs_len <= history_size + node - 1, runs_len
+
+
+async def test_lease_runs_that_end_in_the_claim_are_trimmed_too(target: StoreTarget) -> None:
+    """A job whose every attempt dies (its worker killed each time): no finish ever comes, and each run ends in a
+    claim, out of attempts. Its slots skipped for overlap end there too. The claim trims the history then, as a
+    finish would: it stays about history_size runs instead of growing with every run."""
+    backend = await target.started_backend("lease")
+    history_size, runs = 5, 40
+    policy = JobPolicy(lease_ms=10, max_attempts=1, history_size=history_size, keep_ms=0)
+    now = int(await target.server_ms())
+    for i in range(runs):
+        slot = now - 3_600_000 + i * 1000
+        assert (await claim_one(backend, request(slot, "dies"), policy)).outcome is Outcome.WON
+        overlap = await claim_one(backend, request(slot + 500, "next"), policy)  # while the first is live
+        await asyncio.sleep(0.012)  # the lease runs out: the worker died
+        done = await claim_one(backend, request(slot, "backup"), policy)
+        assert (overlap.outcome, done.outcome) == (Outcome.OVERLAP, Outcome.DONE)
+    state_fields = await target.raw("HLEN", "{cron:sync}:state")
+    statuses = Counter(r.status for r in await backend.strategy.history(backend.store, "sync", 1000))
+    assert sum(statuses.values()) <= history_size + 1
+    assert set(statuses) <= {"interrupted", "skipped-overlap"}
+    assert await target.raw("ZCARD", "{cron:sync}:slots") <= history_size + 1
+    assert state_fields <= history_size + 1 + 2  # and the fence counter and "forgotten"
+    assert await target.raw("SCARD", "{cron:sync}:active") == 0
 
 
 async def test_lease_a_claim_for_a_run_trim_dropped_is_done_not_won_again(target: StoreTarget) -> None:
