@@ -185,6 +185,7 @@ class Store:
         self._in_flight = 0
         self._pending: list[tuple[Command, asyncio.Future[Reply]]] = []
         self._deliveries: set[asyncio.Task[None]] = set()
+        self._closed = False
 
     # execute and run hand back their inner coroutine instead of awaiting it in one of their own: a burst keeps
     # thousands of commands waiting at once, and each coroutine less is less for the garbage collector to walk.
@@ -195,6 +196,7 @@ class Store:
         """Send commands together; an error reply (or a node out of reach) is returned in its command's place."""
         if len(commands) == 1:
             return [await _kept(self._send(commands[0]))]
+        self._check_open()
         self._in_flight += 1
         try:
             return await self.connection.execute_many(commands) if commands else []
@@ -249,6 +251,7 @@ class Store:
             return [error] * len(commands)
 
     async def _send(self, command: Command) -> Reply:
+        self._check_open()
         if self._in_flight or self._pending:
             future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
             self._pending.append((command, future))
@@ -263,10 +266,19 @@ class Store:
         finally:
             self._done()
 
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreUnavailableError("the store connection is closed")
+
     def _done(self) -> None:
         self._in_flight -= 1
         if not self._in_flight and self._pending:
             batch, self._pending = self._pending, []
+            if self._closed:  # sent now, they would open a new connection behind close()'s back
+                for _, future in batch:
+                    if not future.done():
+                        future.set_exception(StoreUnavailableError("the store connection was closed"))
+                return
             self._in_flight += 1
             delivery = asyncio.ensure_future(self._deliver(batch))
             self._deliveries.add(delivery)
@@ -309,6 +321,9 @@ class Store:
         return await self.connection.server_info()
 
     async def close(self) -> None:
+        """Deliver what is on its way, fail what still waits (nothing is sent after this), close an owned
+        connection."""
+        self._closed = True
         if self._deliveries:
             await asyncio.gather(*self._deliveries, return_exceptions=True)
         if self.owned:

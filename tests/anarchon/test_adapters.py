@@ -989,6 +989,47 @@ async def test_a_node_out_of_reach_fails_only_its_commands_of_a_batch() -> None:
     assert [type(claim) for claim in claims] == [StoreUnavailableError] * 2
 
 
+class _Held:
+    """A connection whose commands wait until ``answer`` is set; it counts what reaches it."""
+
+    def __init__(self) -> None:
+        self.answer = asyncio.Event()
+        self.received: list[Command] = []
+
+    async def execute(self, command: Command) -> Reply:
+        self.received.append(command)
+        await self.answer.wait()
+        return "OK"
+
+    async def execute_many(self, commands: Sequence[Command]) -> list[Reply | StoreError]:
+        return [await self.execute(command) for command in commands]
+
+    async def server_info(self) -> ServerInfo:
+        return ServerInfo("redis", (7, 0))
+
+    async def close(self) -> None:
+        return None
+
+
+async def test_a_closed_store_sends_nothing_more() -> None:
+    """Commands queued behind one in flight when the store closes fail, instead of going out afterwards (on a
+    pool anarchon had closed, they would open a new connection after stop()); so does any command sent later."""
+    connection = _Held()
+    store = Store(connection, owned=True)
+    in_flight = asyncio.ensure_future(store.execute("SET", "a", "1"))
+    await asyncio.sleep(0)
+    queued = asyncio.ensure_future(store.execute("SET", "b", "1"))
+    await asyncio.sleep(0)
+    await store.close()
+    connection.answer.set()
+    assert await in_flight == "OK"
+    with pytest.raises(StoreUnavailableError, match="closed"):
+        await queued
+    with pytest.raises(StoreUnavailableError, match="closed"):
+        await store.execute("SET", "c", "1")
+    assert [command[1] for command in connection.received] == ["a"]
+
+
 class _StubNode:
     """A cluster node as a blocking redis-py cluster client holds it: a name and a plain client, whose pipeline
     answers each command with ``answer`` (a reply, or a redis-py exception for an error reply). A node that is
