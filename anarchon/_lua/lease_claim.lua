@@ -21,11 +21,6 @@ local slot, manual = run_slot(run)
 -- the common claim, takes its time from the runs entry it adds instead.
 local now
 
--- A run that ends here (skipped for overlap, or out of attempts) has no finish to trim after it: the claim trims.
-local function trim_after_close()
-  trim(now, tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9]))
-end
-
 local function reply(answer, attempt, fence, lease_ms_left)
   return answer .. ' ' .. attempt .. ' ' .. fence .. ' ' .. lease_ms_left
 end
@@ -68,7 +63,8 @@ if not r then
     local skipped = { status = 'skipped-overlap', attempt = 1, token = token, runner = runner, lease_end = 0,
       fence = 0, slot = slot, manual = manual, started = now }
     close_run(run, skipped, 'skipped-overlap', now, '"run ' .. other .. ' was still running"')
-    trim_after_close()
+    -- A run that ends here has no finish to trim after it: the claim trims (as below, for one out of attempts).
+    trim(now, tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9]))
     return reply('overlap', 0, 0, other_end - now)
   end
   return start_attempt(1)
@@ -101,7 +97,7 @@ end
 local ended = r.lease_end < 0 and 'handed back' or 'lease expired'
 if r.attempt >= max_attempts then
   close_run(run, r, 'interrupted', now, '"' .. ended .. '; no attempts left"')
-  trim_after_close()
+  trim(now, tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9]))
   return reply('done', r.attempt, r.fence, 0)
 end
 local _, other_end = live_other()
