@@ -300,7 +300,10 @@ async def test_every_client_drives_the_lease_strategy(client_on_server: ClientOn
     assert (history.slot, history.status, history.token) == (SLOT, "ok", "a")
 
     await backend.stop()  # the client was passed in: it stays open
-    assert await RedisBackend(redis=client, prefix=f"{name}:").strategy.history(store, "sync", 1)
+    with pytest.raises(StoreUnavailableError, match="closed"):  # though the backend's store sends nothing more
+        await store.execute("PING")
+    again = Store(adapt(client), owned=False)
+    assert await RedisBackend(redis=client, prefix=f"{name}:").strategy.history(again, "sync", 1)
 
 
 @contextlib.contextmanager
