@@ -212,12 +212,9 @@ class Scheduler(Generic[M]):
         ):
             raise ConfigTypeError("random", f"got {type(random).__name__}", "a random.Random instance, or None")
         self.random = _new_random() if random is None else random
-        if instance_id is None:
-            instance_id = f"{socket.gethostname()}-{os.getpid()}-{self.random.getrandbits(16):04x}"
-        self.instance_id = _check_instance_id(instance_id)
-        # Tokens mix the instance in: instances given generators of one seed (for repeatable jitter) draw the same
-        # numbers, and two instances with one token would each take the other's claim for its own.
-        self._token_salt = int.from_bytes(hashlib.blake2b(self.instance_id.encode(), digest_size=8).digest(), "big")
+        # A default id names this process; a process forked from it (gunicorn --preload) takes its own at start.
+        self._named_by_pid = os.getpid() if instance_id is None else None
+        self._name(self._default_id() if instance_id is None else instance_id)
         for name, hook in (("on_run_start", on_run_start), ("on_run_end", on_run_end)):
             if hook is not None and not callable(hook):
                 raise ConfigTypeError(name, f"got {type(hook).__name__}", "a function, or None")
@@ -398,6 +395,9 @@ class Scheduler(Generic[M]):
                 "the backend serves another started scheduler: give each scheduler a backend of its own "
                 "(they may share a client)"
             )
+        if self._named_by_pid not in (None, os.getpid()):
+            self._named_by_pid = os.getpid()
+            self._name(self._default_id())
         starting = self._starting = asyncio.Event()
         self._loop = asyncio.get_running_loop()
         self.backend.scheduler = self
@@ -679,7 +679,7 @@ class Scheduler(Generic[M]):
                         skipped = scheduled.schedule.next_after(slot)
                         if skipped is not None and skipped <= resume_after:
                             log.warning(
-                                "job %s: every slot from %d up to %d skipped as well (later than max_late_ms: the "
+                                "job %s: every slot due from %d until %d skipped as well (later than max_late_ms: the "
                                 "scheduler was stalled, or its clock jumped forward)", name, skipped, resume_after,
                                 extra={"job": name},
                             )  # fmt: skip
@@ -1069,6 +1069,15 @@ class Scheduler(Generic[M]):
             runner=request.runner, token=request.token, fence=fence, manual=request.manual,
             started=now if started is None else started, ended=now, message=message,
         )  # fmt: skip
+
+    def _default_id(self) -> str:
+        return f"{socket.gethostname()}-{os.getpid()}-{self.random.getrandbits(16):04x}"
+
+    def _name(self, instance_id: object) -> None:
+        self.instance_id = _check_instance_id(instance_id)
+        # Tokens mix the instance in: instances given generators of one seed (for repeatable jitter) draw the same
+        # numbers, and two instances with one token would each take the other's claim for its own.
+        self._token_salt = int.from_bytes(hashlib.blake2b(self.instance_id.encode(), digest_size=8).digest(), "big")
 
     def _token(self) -> str:
         return f"{self.random.getrandbits(64) ^ self._token_salt:016x}"

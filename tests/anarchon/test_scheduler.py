@@ -424,7 +424,7 @@ def test_slots_skipped_after_a_stall_are_all_in_the_log(caplog: pytest.LogCaptur
     said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("job m")]
     assert said == [
         f"job m slot {epoch_ms + 120_000} skipped: claim came 141000 ms after the slot; max_late_ms is 60000",
-        f"job m: every slot from {epoch_ms + 180_000} up to {epoch_ms + 201_000} skipped as well (later than "
+        f"job m: every slot due from {epoch_ms + 180_000} until {epoch_ms + 201_000} skipped as well (later than "
         "max_late_ms: the scheduler was stalled, or its clock jumped forward)",
     ]
 
@@ -456,23 +456,32 @@ async def _virtual_noop(run: RunContext) -> None:
 
 
 def _first_token(scheduler: Scheduler[Any], tokens: Any) -> None:
-    tokens.put(scheduler._token())
+    async def started() -> tuple[str, str]:
+        async with scheduler:
+            return scheduler.instance_id, scheduler._token()
+
+    tokens.put(asyncio.run(started()))
 
 
-def test_a_scheduler_built_before_a_fork_draws_other_tokens_in_each_process() -> None:
-    """A scheduler built at import time in a pre-forking server (gunicorn --preload): the workers must not share
-    the parent's random state, or every worker would hold the same tokens and take every run for its own."""
-    scheduler = Scheduler(RedisBackend(redis=fakeredis.FakeAsyncRedis()))
+@pytest.mark.filterwarnings("ignore:.*fork:DeprecationWarning")  # Python 3.12+ warns of a fork beside threads
+@pytest.mark.parametrize("seed", [None, 7], ids=["os-random", "seeded"])
+def test_a_scheduler_built_before_a_fork_draws_other_tokens_in_each_process(seed: int | None) -> None:
+    """A scheduler built at import time in a pre-forking server (gunicorn --preload), each worker starting its
+    copy: the workers must not share the parent's random state (the OS's is drawn afresh), nor, with a seeded
+    generator, its default instance id (each takes its own at start), or every worker would hold the same
+    tokens and take every run for its own."""
+    given = None if seed is None else random.Random(seed)
+    scheduler = Scheduler(RedisBackend(redis=fakeredis.FakeAsyncRedis()), random=given)
     fork = multiprocessing.get_context("fork")
     tokens = fork.Queue()
     workers = [fork.Process(target=_first_token, args=(scheduler, tokens)) for _ in range(2)]
     for worker in workers:
         worker.start()
-    drawn = {tokens.get(timeout=10) for _ in workers}
+    drawn = [tokens.get(timeout=10) for _ in workers]
     for worker in workers:
         worker.join(10)
-    drawn.add(scheduler._token())
-    assert len(drawn) == 3
+    assert len({instance_id for instance_id, _ in drawn}) == 2
+    assert len({token for _, token in drawn}) == 2
 
 
 def test_a_catch_up_claims_no_slot_that_left_catch_up_ms_meanwhile() -> None:
