@@ -1,8 +1,9 @@
 """Checkers: each reads a run's history and ledger and returns valid / invalid / unknown with a witness.
 
-P1 no duplicate: a slot is executed at most once. Two executions of one slot count as a duplicate if they
-   overlapped in true time, or if the earlier one had run to the end before the later one began, however far the
-   later one got (a retry after a crash is fine once the first had stopped short of its end).
+P1 no duplicate: a slot is executed at most once. The one exception is a lease retry: a later attempt, begun
+   after the earlier one had stopped short of its end (a crash, a lost lease). Under the claim-only strategies,
+   which retry nothing, and for two executions of one lease attempt, a second execution is a duplicate however the
+   first ended.
 P2 no missed slot: every slot due while at least one instance was healthy (up, not paused, not cut off, then
    and throughout a settling time after) has an execution that ran to the end, judged once every fault has healed.
 P3 no overlap: two runs of a job whose overlap is forbidden never execute at once in true time (a manual run is a
