@@ -38,6 +38,7 @@ from anarchon import (
 )
 from anarchon import _scheduler as scheduler_module
 from anarchon._adapters import adapt
+from anarchon._heartbeats import HeartbeatThread
 from anarchon._keys import KeySpace
 from anarchon._scheduler import SchedulerThread
 from anarchon._store import Connection
@@ -324,6 +325,15 @@ async def test_catch_up_runs_the_slots_missed_while_every_instance_was_down(targ
     assert len(caught_up) >= 4  # the slots of the 5 s when nobody ran
 
 
+async def _run_for(schedulers: list[Scheduler[Any]], seconds: float) -> None:
+    """Start the schedulers one after another, let them run for ``seconds``, stop them one after another."""
+    for scheduler in schedulers:
+        await scheduler.start()
+    await asyncio.sleep(seconds)
+    for scheduler in schedulers:
+        await scheduler.stop()
+
+
 def _virtual_instance(server: fakeredis.FakeServer, name: str, **options: Any) -> Scheduler[Any]:
     """An instance for a test in virtual time (``run_virtual``), on the embedded store ``server``. Its jobs should
     be coroutines: waiting for a sync job's thread lets virtual time jump on."""
@@ -349,11 +359,7 @@ def test_instances_given_generators_of_one_seed_run_each_slot_once(strategy: str
             instance = Scheduler(backend, instance_id=name, clock=SimClock(), random=random.Random(42))
             instance.add_job("tick", "* * * * * *", work, jitter_ms=300)
             instances.append(instance)
-        for instance in instances:
-            await instance.start()
-        await asyncio.sleep(5)
-        for instance in instances:
-            await instance.stop()
+        await _run_for(instances, 5)
         return ran
 
     ran = run_virtual(main(), epoch_s=VIRTUAL_EPOCH_S, seed=1)
@@ -608,11 +614,7 @@ def test_a_run_longer_than_keep_ms_is_not_run_again_by_its_backup(trimming: dict
 
             scheduler.add_job("job", "0 * * * * *", work, max_attempts=1, max_late_ms=1000)
             schedulers.append(scheduler)
-        for scheduler in schedulers:
-            await scheduler.start()
-        await asyncio.sleep(260)
-        for scheduler in schedulers:
-            await scheduler.stop()
+        await _run_for(schedulers, 260)
         return ran
 
     ran = run_virtual(main(), epoch_s=VIRTUAL_EPOCH_S, seed=1)
@@ -1255,26 +1257,40 @@ async def test_heartbeats_on_the_loop_are_logged_when_the_client_has_no_second_c
     assert len(said) == 1
 
 
+GRACE_S = 0.3
+
+
+async def _started_with_a_heartbeat_thread(
+    target: StoreTarget, monkeypatch: pytest.MonkeyPatch
+) -> tuple[Scheduler[Any], HeartbeatThread]:
+    """A started scheduler whose heartbeats have a thread of their own; each step of its stop has GRACE_S."""
+    monkeypatch.setattr(scheduler_module, "STOP_GRACE_S", GRACE_S)
+    scheduler = Scheduler(target.backend("lease"))
+    scheduler.add_job("tick", "0 0 1 1 *", lambda: None)
+    await scheduler.start()
+    assert scheduler._heartbeats is not None
+    return scheduler, scheduler._heartbeats
+
+
+async def _stop_within_its_bound(scheduler: Scheduler[Any]) -> None:
+    began = time.monotonic()
+    await scheduler.stop(timeout=0.1)
+    # The timeout, then a grace each for claims, their ending and the heartbeat thread; room for a loaded machine.
+    assert time.monotonic() - began < 0.1 + 3 * GRACE_S + 0.3
+    assert not scheduler.backend.started
+    assert scheduler.backend.scheduler is None
+
+
 async def test_stop_returns_in_time_and_closes_the_store_connection_when_the_heartbeat_thread_is_stuck(
     fake_target: StoreTarget, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(scheduler_module, "STOP_GRACE_S", 0.3)
-    scheduler = Scheduler(fake_target.backend("lease"))
-    scheduler.add_job("tick", "0 0 1 1 *", lambda: None)
-    await scheduler.start()
-    thread = scheduler._heartbeats
-    assert thread is not None
+    scheduler, thread = await _started_with_a_heartbeat_thread(fake_target, monkeypatch)
 
     async def block_the_loop() -> None:
         time.sleep(1.5)  # noqa: ASYNC251 - what a job that blocks the thread's loop would do
 
     thread.submit(block_the_loop())
-    began = time.monotonic()
-    await scheduler.stop(timeout=0.1)
-    took_s = time.monotonic() - began
-    assert took_s < 0.1 + 3 * 0.3 + 0.3  # timeout, then a grace each for claims, their ending, the thread
-    assert not scheduler.backend.started
-    assert scheduler.backend.scheduler is None
+    await _stop_within_its_bound(scheduler)
     assert any("heartbeat thread did not end" in r.getMessage() for r in caplog.records)
     thread._thread.join(5)  # the blocked loop then stops on its own
     assert not thread._thread.is_alive()
@@ -1284,22 +1300,14 @@ async def test_stop_returns_in_time_and_closes_the_store_connection_when_the_hea
 async def test_a_heartbeat_connection_that_does_not_close_holds_stop_up_for_a_grace_only(
     fake_target: StoreTarget, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(scheduler_module, "STOP_GRACE_S", 0.3)
-    scheduler = Scheduler(fake_target.backend("lease"))
-    scheduler.add_job("tick", "0 0 1 1 *", lambda: None)
-    await scheduler.start()
-    thread = scheduler._heartbeats
-    assert thread is not None
+    scheduler, thread = await _started_with_a_heartbeat_thread(fake_target, monkeypatch)
 
     async def never() -> None:
         await asyncio.Event().wait()
 
     monkeypatch.setattr(thread.keeper.store, "close", never)
-    began = time.monotonic()
-    await scheduler.stop(timeout=0.1)
-    assert time.monotonic() - began < 0.1 + 3 * 0.3 + 0.3
+    await _stop_within_its_bound(scheduler)
     assert not thread._thread.is_alive()
-    assert not scheduler.backend.started
     assert any("did not close within" in r.getMessage() for r in caplog.records)
 
 
