@@ -56,6 +56,7 @@ S = TypeVar("S")
 RunStartHook = Callable[[RunContext], object]
 RunEndHook = Callable[[RunContext, RunRecord], object]
 
+DEFAULT_LEASE_MS = 30_000
 RETRY_MIN_S = 0.5
 RETRY_MAX_S = 30.0
 MAX_SLEEP_S = 60.0  # wake at least this often, so a wall clock that jumps is noticed
@@ -188,7 +189,7 @@ class Scheduler(Generic[M]):
             for option, value in (("lease_ms", lease_ms), ("heartbeat_ms", heartbeat_ms)):
                 if value is not None:
                     raise _lease_only(option, self.backend.config.name)
-        self.lease_ms = check_int("lease_ms", 30_000 if lease_ms is None else lease_ms, 10, DAY_MS)
+        self.lease_ms = check_int("lease_ms", DEFAULT_LEASE_MS if lease_ms is None else lease_ms, 10, DAY_MS)
         default_heartbeat = max(1, self.lease_ms // 3)
         self.heartbeat_ms = check_int(
             # At most half the lease: a heartbeat that failed is tried again before the lease ends, and the keeper

@@ -36,6 +36,7 @@ from zoneinfo import ZoneInfo
 
 from anarchon._cron import CronSchedule
 from anarchon._job import JobOptions
+from anarchon._scheduler import DEFAULT_LEASE_MS
 from sim.history import Execution, History
 from sim.scenario import JobSpec, Scenario
 from sim.world import FaultWindow
@@ -110,7 +111,7 @@ def judge(
     by_slot: dict[tuple[str, int], list[Execution]] = defaultdict(list)
     for execution in runs:
         by_slot[(execution.job, execution.slot)].append(execution)
-    lease_s = float(scenario.scheduler.get("lease_ms", 30_000)) / 1000
+    lease_s = float(scenario.scheduler.get("lease_ms", DEFAULT_LEASE_MS)) / 1000
     longest = max(job.work_s for job in scenario.jobs)
     jitter_s = max(_jitter_ms(job) for job in scenario.jobs) / 1000  # a claim may come this long after its slot
     settle_s = lease_s * 3 + jitter_s + longest + slack_s  # long enough for backups to take a run over and finish it
@@ -131,7 +132,9 @@ def judge(
         if someone_healthy(true_s(slot, epoch))
     ]
 
-    margins = lease_margins(history, int(scenario.scheduler.get("lease_ms", 30_000))) if strategy == "lease" else {}
+    margins = (
+        lease_margins(history, int(scenario.scheduler.get("lease_ms", DEFAULT_LEASE_MS))) if strategy == "lease" else {}
+    )
     verdicts = {
         "P1": _no_duplicate(strategy, by_slot, epoch),
         "P2": _no_missed(by_slot, expected, epoch),

@@ -33,10 +33,13 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from anarchon._config import STRATEGY_NAMES, parse_strategy
+from anarchon._job import JobOptions
+from anarchon._scheduler import DEFAULT_LEASE_MS
 from sim import nemesis
 from sim.checkers import Judgement, judge
 from sim.history import Event, Execution, History
@@ -57,8 +60,11 @@ VIRTUAL_ONLY = ("replication-hold", "replication-drop")
 
 
 def scaled(scenario: Scenario, factor: float = SCALE) -> Scenario:
-    """The scenario in live time: every duration, offset and period multiplied by ``factor``, and the run cut
-    ``SETTLE_AFTER_FAULTS_S`` scenario seconds after the last fault heals."""
+    """The scenario in live time: every duration, offset and period multiplied by ``factor``, the library's
+    defaults of the time options it leaves unset included (lease_ms, max_late_ms, window_ms, duration_sec, …),
+    and the run cut ``SETTLE_AFTER_FAULTS_S`` scenario seconds after the last fault heals. The library's own
+    constants (retry delays, stop grace) stay as they are: live runs wait for a store that answers no more than
+    a production instance would."""
     for spec in scenario.faults:
         if spec.kind in VIRTUAL_ONLY:
             raise ScenarioError(f"{scenario.name}: {spec.kind} is a fault of the virtual mode's replication log only")
@@ -74,7 +80,9 @@ def scaled(scenario: Scenario, factor: float = SCALE) -> Scenario:
         if not match or period != int(period) or period < 1:
             raise ScenarioError(f"{scenario.name}: live mode scales crons like '*/10 * * * * *' to whole seconds; "
                                 f"{spec.cron!r} does not scale by {factor}")  # fmt: skip
-        options = {k: ms(v) if k.endswith("_ms") else v for k, v in spec.options.items()}
+        options = {
+            k: ms(v) if k.endswith("_ms") else v for k, v in {**_time_defaults(JobOptions()), **spec.options}.items()
+        }
         return replace(spec, cron=f"*/{int(period)} * * * * *", work_s=spec.work_s * factor, options=options)
 
     def fault(spec: FaultSpec) -> FaultSpec:
@@ -85,16 +93,23 @@ def scaled(scenario: Scenario, factor: float = SCALE) -> Scenario:
         return replace(spec, at_s=spec.at_s * factor, settings=settings)
 
     strategies = {
-        name: {k: max(1, round(v * factor)) if k.endswith(("_ms", "_sec")) else v for k, v in settings.items()}
-        for name, settings in scenario.strategies.items()
+        name: {
+            k: max(1, round(v * factor)) if k.endswith(("_ms", "_sec")) else v
+            for k, v in {
+                **_time_defaults(parse_strategy(name, STRATEGY_NAMES, "")),
+                **scenario.strategies.get(name, {}),
+            }.items()
+        }
+        for name in STRATEGY_NAMES
     }
+    scheduler = {"lease_ms": DEFAULT_LEASE_MS, **scenario.scheduler}
     return replace(
         scenario,
         duration_s=duration * factor,
         instances=tuple(replace(i, offset_ms=ms(i.offset_ms)) for i in scenario.instances),
         jobs=tuple(job(j) for j in scenario.jobs),
         faults=tuple(fault(f) for f in scenario.faults),
-        scheduler={k: ms(v) if k.endswith("_ms") else v for k, v in scenario.scheduler.items()},
+        scheduler={k: ms(v) if k.endswith("_ms") else v for k, v in scheduler.items()},
         strategies=strategies,
     )
 
@@ -524,6 +539,11 @@ def _running_since(path: Path, killed_at: Sequence[tuple[int, float]] = ()) -> l
         elif "end" in record:
             started.pop(record["end"]["token"], None)
     return [t for t, incarnation in started.values() if incarnation not in killed]
+
+
+def _time_defaults(options: Any) -> dict[str, int]:
+    """The time settings of a library options dataclass (a job's, a strategy's), at their defaults."""
+    return {f.name: getattr(options, f.name) for f in fields(options) if f.name.endswith(("_ms", "_sec"))}
 
 
 def supported(strategy: str, server: RunningServer) -> bool:

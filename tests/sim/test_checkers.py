@@ -406,3 +406,20 @@ def test_a_claim_only_manual_runs_fence_is_not_judged_against_the_slots() -> Non
         assert any(e.manual for e in outcome.history.executions), "no manual run: the test tests nothing"
         assert outcome.judgement.verdict("P6").status == "valid", (strategy, fences)
     assert simulate(scenario, "stream-id", 1).judgement.verdict("P3").status == "invalid"  # still judged apart
+
+
+def test_a_live_run_compresses_the_defaults_of_the_time_options_a_scenario_leaves_unset() -> None:
+    """Else a live run would judge lateness against max_late_ms's 60 s where its scenario allows 12 live s, and
+    keep script windows and idmp durations 5x longer than the scenario's."""
+    scenario = parse({
+        "name": "defaults", "duration_s": 100, "instances": [{"name": "a"}],
+        "jobs": [{"name": "tick", "cron": "*/10 * * * * *", "work_s": 1.0, "jitter_ms": 500}],
+        "strategies": {"script": {"window_ms": 50_000}},
+    })  # fmt: skip
+    live = scaled(scenario)
+    [job] = live.jobs
+    assert (job.options["max_late_ms"], job.options["jitter_ms"], job.options["catch_up_ms"]) == (12_000, 100, 0)
+    assert live.scheduler["lease_ms"] == 6_000
+    assert live.strategy_option("idmp") == {"name": "idmp", "duration_sec": 60}
+    assert live.strategies["script"]["window_ms"] == 10_000  # set: compressed as before
+    assert scenario.jobs[0].options == {"jitter_ms": 500}  # the scenario itself is left as it was
