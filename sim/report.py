@@ -62,7 +62,9 @@ class Cell:
     counts: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     slots: int = 0
     first_violation: dict[str, Outcome] = field(default_factory=dict)
-    targets: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))  # live: where each was seen
+    runs_on: dict[str, int] = field(default_factory=lambda: defaultdict(int))  # live: runs per server
+    # live: per checker, the runs per server it found violated in
+    violations_on: dict[str, dict[str, int]] = field(default_factory=lambda: defaultdict(lambda: defaultdict(int)))
 
 
 @dataclass
@@ -84,12 +86,15 @@ class Results:
     def add(self, outcome: Outcome, target: str = "") -> None:
         cell = self.cells.setdefault((outcome.scenario.name, outcome.strategy), Cell())
         cell.runs += 1
+        if target:
+            cell.runs_on[target] += 1
         cell.slots += outcome.judgement.slots_checked
         for name, verdict in outcome.judgement.verdicts.items():
             if verdict.status == "invalid":
                 cell.violations[name] += 1
                 cell.counts[name] += verdict.count
-                cell.targets[name].add(target)
+                if target:
+                    cell.violations_on[name][target] += 1
                 shortest = cell.first_violation.get(name)
                 if shortest is None or len(outcome.history.events) < len(shortest.history.events):
                     cell.first_violation[name] = outcome
@@ -151,6 +156,11 @@ def _png(figure: Any) -> bytes:
     return buffer.getvalue()
 
 
+def _ms(results: Results) -> str:
+    """The unit of the report's times: a live run's are compressed with its scenario."""
+    return "live ms" if results.mode == "live" else "ms"
+
+
 def lateness_figure(results: Results) -> bytes:
     figure, axis = plt.subplots(figsize=(7, 3.6))
     for strategy, values in results.lateness.items():
@@ -159,7 +169,7 @@ def lateness_figure(results: Results) -> bytes:
             axis.step(ordered, [(i + 1) / len(ordered) for i in range(len(ordered))], where="post",
                       label=f"{strategy} (n={len(ordered)})", color=COLOURS[strategy])  # fmt: skip
     axis.set_xscale("symlog", linthresh=10)
-    axis.set_xlabel("start − slot (ms), first attempts, all scenarios")
+    axis.set_xlabel(f"start − slot ({_ms(results)}), first attempts, all scenarios")
     axis.set_ylabel("fraction of runs")
     axis.set_title("Run lateness")
     axis.grid(alpha=0.3)
@@ -173,7 +183,9 @@ def margin_figure(results: Results) -> bytes:
     if results.margins:
         axis.hist(results.margins, bins=30, color=COLOURS["lease"])
     axis.axvline(0, color="black", linewidth=1)
-    axis.set_xlabel("lease expiry as last acknowledged − end of the attempt's work (ms); below 0: past its lease")
+    axis.set_xlabel(
+        f"lease expiry as last acknowledged − end of the attempt's work ({_ms(results)}); below 0: past its lease"
+    )
     axis.set_ylabel("attempts")
     axis.set_title("Lease margin per attempt (lease)")
     axis.grid(alpha=0.3)
@@ -234,9 +246,14 @@ def _focus_time(outcome: Outcome, checker: str) -> float:
 
 
 def _commit() -> str:
+    """The commit the report was made at, and whether the code differed from it."""
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], capture_output=True, text=True, check=True).stdout.strip()
+
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()  # fmt: skip
+        changed = git("status", "--porcelain", "--untracked-files=no")
+        return git("rev-parse", "--short", "HEAD") + (" with uncommitted changes" if changed else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
 
@@ -304,24 +321,25 @@ def _lateness_row(results: Results, strategy: str) -> str:
                 _rate(results.late_runs.get(strategy, 0), results.runs[strategy]))  # fmt: skip
 
 
-def _margin_summary(margins: list[float]) -> str:
+def _margin_summary(margins: list[float], unit: str) -> str:
     if not margins:
         return "Lease margins: no lease attempt with an acknowledged lease."
     past = sum(1 for m in margins if m < 0)
     return (f"Lease margin (lease only): each attempt's lease expiry, as its holder last heard it (the last won "
             f"claim's or heartbeat's reply + the lease granted), − the end of its work. {len(margins)} attempts, "
-            f"{past} worked past their lease; min {min(margins):.0f} ms, "
-            f"p50 {percentile(margins, 50):.0f} ms.")  # fmt: skip
+            f"{past} worked past their lease; min {min(margins):.0f} {unit}, "
+            f"p50 {percentile(margins, 50):.0f} {unit}.")  # fmt: skip
 
 
-def _verdict_cell(results: Results, cell: Cell, strategy: str) -> str:
-    """The checkers violated (in how many runs, and where), then those that could not judge some runs."""
+def _verdict_cell(cell: Cell, strategy: str) -> str:
+    """The checkers violated (in how many runs; live, on which servers in how many of their runs), then those
+    that could not judge some runs."""
     if not cell.runs:
         return "not run"
-    bad = [
-        f"{name} {_rate(n, cell.runs)}" + (f" on {', '.join(sorted(cell.targets[name]))}" if results.targets else "")
-        for name, n in sorted(cell.violations.items())
-    ]
+    bad = []
+    for name, n in sorted(cell.violations.items()):
+        where = [f"{target} {k}/{cell.runs_on[target]}" for target, k in sorted(cell.violations_on[name].items())]
+        bad.append(f"{name} {_rate(n, cell.runs)}" + (f" on {', '.join(where)}" if where else ""))
     # P4 is of leases: the other strategies have none to judge, which is no doubt about them.
     unknown = [f"{name} not judged in {n}/{cell.runs}" for name, n in sorted(cell.unknown.items())
                if name != "P4" or strategy == "lease"]  # fmt: skip
@@ -352,13 +370,17 @@ def render(results: Results, figure: Callable[[str, bytes], str]) -> str:
             "XADD emulated as in its source, since fakeredis's own is incomplete).",
         ]
     else:
+        from sim.live import SCALE, SETTLE_AFTER_FAULTS_S
+
         how = [
             f"{len(results.scenarios)} scenarios × {len(STRATEGIES)} strategies on {', '.join(results.targets)},",
             f"{results.seeds} run(s) each, in real time: instances are OS processes, crashes SIGKILL, stops",
             "Scheduler.stop() told on stdin, pauses SIGSTOP, partitions and failovers go through TCP proxies and a",
-            "real replica; durations are compressed 5x. idmp",
-            "runs where the server has IDMP (Redis 8.6). Times in witnesses and lateness figures are live time: a",
-            "fifth of the scenario's (the slot at 40 s of a scenario's description is the slot at 8 s of its run).",
+            f"real replica. Durations are compressed {1 / SCALE:g}x, the defaults of the time options a scenario",
+            "leaves unset included (the library's own retry delays are not). A run ends at the scenario's end or",
+            f"{SETTLE_AFTER_FAULTS_S} scenario s after its last fault heals, whichever is sooner. idmp runs where the",
+            "server has IDMP (Redis 8.6). Times in witnesses and lateness figures are live time: a fifth of the",
+            "scenario's (the slot at 40 s of a scenario's description is the slot at 8 s of its run).",
         ]
     lines = [
         "# Strategy comparison",
@@ -377,7 +399,7 @@ def render(results: Results, figure: Callable[[str, bytes], str]) -> str:
     for scenario in results.scenarios:
         row = [f"**{scenario.name}**"]
         for strategy in STRATEGIES:
-            row.append(_verdict_cell(results, results.cells.get((scenario.name, strategy), Cell()), strategy))
+            row.append(_verdict_cell(results.cells.get((scenario.name, strategy), Cell()), strategy))
         lines.append(_row(*row))
     lines += ["", "Scenarios:", ""]
     lines += [f"- **{s.name}**: {' '.join(s.description.split())}" for s in results.scenarios]
@@ -404,12 +426,17 @@ def render(results: Results, figure: Callable[[str, bytes], str]) -> str:
         "its job's jitter_ms + max_late_ms (catch_up_ms under lease, if larger) + 1 s"
         + (" of scenario time (0.2 s live)." if results.mode == "live" else "."),
         "",
-        *_head("strategy", "first attempts", "p50 (ms)", "p99 (ms)", "max (ms)", "simulations with a late run"),
+        *_head(
+            "strategy",
+            "first attempts",
+            *(f"{p} ({_ms(results)})" for p in ("p50", "p99", "max")),
+            "simulations with a late run",
+        ),
         *[_lateness_row(results, strategy) for strategy in STRATEGIES],
         "",
         figure("lateness.png", lateness_figure(results)),
         "",
-        _margin_summary(results.margins),
+        _margin_summary(results.margins, _ms(results)),
         "",
         figure("lease-margin.png", margin_figure(results)),
         "",

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import re
+import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from sim import report
+from sim.checkers import Verdict
 from sim.run import simulate
 from sim.scenario import load, parse
 
@@ -70,3 +74,51 @@ def test_a_live_report_counts_its_live_runs_and_the_strategy_runs_judged_in_them
     assert line == (f"- 2 live runs, each judged once per strategy that ran side by side in it (7 judged); "
                     f"{2 * steady.duration_s / 60:.0f} min of live time ({hours:.1f} h of scenario time) in 100 s "
                     "of wall time")  # fmt: skip
+
+
+def test_a_live_verdict_names_each_server_with_its_own_count_of_runs() -> None:
+    """Pooled over servers, "P1 2/4 on redis-7" would read as one failure in two there: it was every run there."""
+    zombie = load("zombie")
+    results = report.Results("live", 2, ["redis-7", "redis-8.6"], [zombie])
+    for target in results.targets:
+        for seed in (1, 2):
+            outcome = simulate(zombie, "lease", seed)  # P1 invalid with every seed
+            if target == "redis-8.6":
+                verdicts = {**outcome.judgement.verdicts, "P1": Verdict("P1", "valid")}
+                outcome = replace(outcome, judgement=replace(outcome.judgement, verdicts=verdicts))
+            results.add(outcome, target)
+    [row] = [line for line in _render(results) if line.startswith("| **zombie**")]
+    lease = row.split(" | ")[1]
+    assert re.fullmatch(
+        r"P1 2/4 \(\d+–\d+%\) on redis-7 2/2<br>P4 4/4 \(\d+–100%\) on redis-7 2/2, redis-8\.6 2/2", lease
+    )
+
+
+def test_a_live_report_gives_its_times_in_live_ms() -> None:
+    zombie = load("zombie")
+    for mode, unit in (("virtual", "ms"), ("live", "live ms")):
+        results = report.Results(mode, 1, ["redis-7"] if mode == "live" else [], [zombie])
+        results.add(simulate(zombie, "lease", 1), "redis-7" if mode == "live" else "")
+        text = "\n".join(_render(results))
+        assert f"| strategy | first attempts | p50 ({unit}) | p99 ({unit}) | max ({unit}) |" in text
+        assert re.search(rf"worked past their lease; min -?\d+ {unit}, p50 -?\d+ {unit}\.", text)
+
+
+def test_a_report_says_when_the_code_it_was_made_with_differs_from_its_commit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def git(*args: str) -> None:
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path, check=True,
+                       capture_output=True)  # fmt: skip
+
+    git("init", "-q")
+    (tmp_path / "code.py").write_text("x = 1\n")
+    git("add", "code.py")
+    git("commit", "-q", "-m", "code")
+    monkeypatch.chdir(tmp_path)
+    commit = report._commit()
+    assert re.fullmatch(r"[0-9a-f]{7,}", commit)
+    (tmp_path / "notes.txt").write_text("not tracked\n")  # a report's own output, say
+    assert report._commit() == commit
+    (tmp_path / "code.py").write_text("x = 2\n")
+    assert report._commit() == f"{commit} with uncommitted changes"
