@@ -9,11 +9,14 @@ IDMP (Redis 8.6+).
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from sim.live import SCALE, LiveRun, _toml, run_live, scaled
+from sim.live import REPO, SCALE, LiveRun, _toml, run_live, scaled
 from sim.scenario import Scenario, load_all, parse
 from sim.servers import start_server
 
@@ -92,3 +95,29 @@ async def test_an_instance_process_exits_once_the_run_that_started_it_is_gone(re
         finally:
             await instance.kill_all()
             await instance.proxy.close()
+
+
+def test_the_command_line_runs_a_scenario_live_and_names_the_command_that_runs_it_again(
+    real_target: str, tmp_path: Path
+) -> None:
+    """The live report's counterexamples name this command: it must judge a live run as `sim run` judges a
+    simulated one, and print it the same way."""
+    path = tmp_path / "crash.toml"
+    path.write_text(_toml(parse({
+        "name": "crash", "duration_s": 60, "scheduler": {"lease_ms": 3000, "heartbeat_ms": 1000},
+        "instances": [{"name": "a"}, {"name": "b"}],
+        "jobs": [{"name": "tick", "cron": "*/10 * * * * *", "work_s": 4.0}],
+        "faults": [{"at_s": 21, "kind": "crash", "instance": "winner"}],
+    })))  # fmt: skip
+    command = [sys.executable, "-m", "sim", "run", str(path), "--strategy", "lease", "--server", real_target]
+    done = subprocess.run([*command, "--json"], cwd=REPO, capture_output=True, text=True, timeout=240, check=True)
+    outcome = json.loads(done.stdout)
+    assert (outcome["scenario"], outcome["strategy"], outcome["server"]) == ("crash", "lease", real_target)
+    assert outcome["server_version"]
+    assert outcome["replay"] == " ".join(["python", *command[1:]])
+    assert outcome["verdicts"]["P1"] == "valid"
+    assert outcome["verdicts"]["P2"] == "valid"  # the backup ran slot 20 s again after the winner's crash
+    assert outcome["executions"] >= 6
+    refused = subprocess.run([*command[:-1], "no-such-server"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2
+    assert "--server: 'no-such-server' is not provisioned here" in refused.stderr

@@ -1,6 +1,7 @@
 """python -m sim: the testbed's command line.
 
 - python -m sim run SCENARIO --strategy S --seed N [--json]: one simulated run, judged
+- python -m sim run SCENARIO --strategy S --server TARGET [--json]: one live run on a real server, judged
 - python -m sim report [--seeds N] [--out DIR]: compare the strategies (report.md, index.html)
 - python -m sim search --strategy S --budget SECONDS: find fault schedules that break a checker, shrunk
 """
@@ -15,8 +16,8 @@ import time
 from pathlib import Path
 
 from sim import report as comparison
-from sim.run import simulate
-from sim.scenario import STRATEGIES, ScenarioError, load
+from sim.run import Outcome, simulate
+from sim.scenario import STRATEGIES, Scenario, ScenarioError, load
 from sim.servers import available_targets
 
 
@@ -35,13 +36,22 @@ def run(args: argparse.Namespace) -> int:
         print(error, file=sys.stderr)
         return 2
     began = time.perf_counter()
-    outcome = simulate(scenario, args.strategy, args.seed)
+    if args.server:
+        outcome = _run_live(scenario, args.strategy, args.server)
+        if outcome is None:
+            return 2
+    else:
+        outcome = simulate(scenario, args.strategy, args.seed)
     elapsed = time.perf_counter() - began
     if args.json:
         print(json.dumps(outcome.as_json()))
         return 0
-    print(f"{scenario.name} / {args.strategy} / seed {args.seed}: {scenario.duration_s:.0f} s simulated in "
-          f"{elapsed:.2f} s ({scenario.duration_s / elapsed:,.0f}x)")  # fmt: skip
+    if args.server:
+        print(f"{scenario.name} / {args.strategy} / {args.server} {outcome.server_version}: a live run of "
+              f"{outcome.scenario.duration_s:.0f} s (the scenario compressed) in {elapsed:.0f} s")  # fmt: skip
+    else:
+        print(f"{scenario.name} / {args.strategy} / seed {args.seed}: {scenario.duration_s:.0f} s simulated in "
+              f"{elapsed:.2f} s ({scenario.duration_s / elapsed:,.0f}x)")  # fmt: skip
     print(f"digest {outcome.digest}; {len(outcome.history.executions)} executions, "
           f"{outcome.judgement.slots_checked} slots checked")  # fmt: skip
     checks = outcome.judgement.checks
@@ -55,6 +65,23 @@ def run(args: argparse.Namespace) -> int:
     if any(v.status == "invalid" for v in checks.values()):
         print(f"replay: {outcome.replay_command()}")
     return 0
+
+
+def _run_live(scenario: Scenario, strategy: str, server: str) -> Outcome | None:
+    """One live run of ``scenario`` on a fresh ``server``, every strategy it has side by side as in the live
+    report; the outcome of ``strategy``."""
+    import asyncio
+
+    from sim.live import run_live
+
+    if server not in available_targets():
+        print(f"--server: {server!r} is not provisioned here ({', '.join(available_targets())})", file=sys.stderr)
+        return None
+    outcomes = asyncio.run(run_live(scenario, server, list(STRATEGIES)))
+    if strategy not in outcomes:
+        print(f"--strategy: {server} cannot run {strategy} ({', '.join(outcomes)} can)", file=sys.stderr)
+        return None
+    return outcomes[strategy]
 
 
 def report(args: argparse.Namespace) -> int:
@@ -80,6 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     one.add_argument("--strategy", choices=STRATEGIES, default="lease")
     one.add_argument("--seed", type=int, default=1)
     one.add_argument("--json", action="store_true", help="one JSON object: digest, verdicts, seed, …")
+    live = "run live on a fresh server of this target (e.g. redis-7): strategies side by side, not repeatable"
+    one.add_argument("--server", default="", help=live)
     one.set_defaults(handler=run)
     compare = commands.add_parser("report", help="compare the strategies under faults; write report.md")
     compare.add_argument("--out", type=Path, default=Path("reports/latest"))

@@ -266,8 +266,7 @@ def _rate(violations: int, runs: int) -> str:
 def _replay(outcome: Outcome, commit: str) -> str:
     if outcome.target:
         where = f"{outcome.target} {outcome.server_version}"
-        return (f"pytest scenarios/test_live.py --servers={outcome.target} -k '{outcome.scenario.name}'"
-                f"   # commit {commit}, {where}, a live run (timing varies)")  # fmt: skip
+        return f"{outcome.replay_command()}   # commit {commit}, {where}, a live run (timing varies)"
     return f"{outcome.replay_command()}   # commit {commit}, embedded store (fakeredis, Redis 7.0 semantics)"
 
 

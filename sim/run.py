@@ -36,6 +36,8 @@ class Outcome:
         target: Path | str = self.scenario.name
         if path is not None:
             target = path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path
+        if self.target:  # a live run: run again on the same kind of server, strategies side by side as before
+            return f"python -m sim run {target} --strategy {self.strategy} --server {self.target}"
         return f"python -m sim run {target} --strategy {self.strategy} --seed {self.seed}"
 
     def as_json(self) -> dict[str, Any]:
@@ -48,6 +50,7 @@ class Outcome:
             **self.judgement.as_json(),
             "executions": len(self.history.executions),
             "events": len(self.history.events),
+            **({"server": self.target, "server_version": self.server_version} if self.target else {}),
         }
 
 
