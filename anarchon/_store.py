@@ -193,19 +193,29 @@ class Store:
         return self._send(command)
 
     async def execute_many(self, commands: Sequence[Command]) -> list[Reply | StoreError]:
-        """Send commands together; an error reply (or a node out of reach) is returned in its command's place."""
+        """Send commands together; an error reply (or a node out of reach) is returned in its command's place.
+
+        A batch goes out at once, beside whatever is in flight (the claim lanes of a burst run side by side).
+        Commands queued before it leave with it, in front: a claim retried behind a slow reply must not reach the
+        store after a claim of the job's next slot sent later."""
         if len(commands) == 1:
             return [await _kept(self._send(commands[0]))]
+        if not commands:
+            return []
         self._check_open()
+        queued, self._pending = self._pending, []
         self._in_flight += 1
         try:
-            return await self.connection.execute_many(commands) if commands else []
-        except StoreError:
+            replies = await self.connection.execute_many([*(command for command, _ in queued), *commands])
+        except BaseException as error:
+            _fail(queued, error)
+            if isinstance(error, Exception) and not isinstance(error, StoreError):
+                raise _unknown_outcome(error) from error
             raise
-        except Exception as error:
-            raise _unknown_outcome(error) from error
         finally:
             self._done()
+        _settle(queued, replies[: len(queued)])
+        return replies[len(queued) :]
 
     def run(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Coroutine[Any, Any, Reply]:
         return self._run(ScriptCall(script, keys, args))
@@ -292,25 +302,13 @@ class Store:
             else:
                 replies = await self.connection.execute_many([command for command, _ in batch])
         except BaseException as error:
-            # Every caller learns what happened; a delivery cancelled mid-way has an unknown outcome.
-            failure = error if isinstance(error, StoreError) else None
-            if failure is None and isinstance(error, Exception):
-                failure = _unknown_outcome(error)
-            for _, future in batch:
-                if not future.done():
-                    future.set_exception(failure or StoreUnavailableError("the command was cancelled"))
-            if failure is None:
+            _fail(batch, error)
+            if not isinstance(error, Exception):
                 raise
             return
         finally:
             self._done()
-        for (_, future), reply in zip(batch, replies, strict=True):
-            if future.done():  # its caller was cancelled
-                continue
-            if isinstance(reply, StoreError):
-                future.set_exception(reply)
-            else:
-                future.set_result(reply)
+        _settle(batch, replies)
 
     async def load(self, scripts: Sequence[Script]) -> None:
         """Cache scripts on the server ahead of use, so that a first burst is not answered NOSCRIPT. One that could
@@ -328,6 +326,28 @@ class Store:
             await asyncio.gather(*self._deliveries, return_exceptions=True)
         if self.owned:
             await self.connection.close()
+
+
+def _settle(waiting: Sequence[tuple[Command, asyncio.Future[Reply]]], replies: Sequence[Reply | StoreError]) -> None:
+    """Hand each queued command's caller its reply (a store error raised)."""
+    for (_, future), reply in zip(waiting, replies, strict=True):
+        if future.done():  # its caller was cancelled
+            continue
+        if isinstance(reply, StoreError):
+            future.set_exception(reply)
+        else:
+            future.set_result(reply)
+
+
+def _fail(waiting: Sequence[tuple[Command, asyncio.Future[Reply]]], error: BaseException) -> None:
+    """Every queued command's caller learns what happened to the delivery; one cancelled mid-way has an unknown
+    outcome."""
+    failure = error if isinstance(error, StoreError) else None
+    if failure is None and isinstance(error, Exception):
+        failure = _unknown_outcome(error)
+    for _, future in waiting:
+        if not future.done():
+            future.set_exception(failure or StoreUnavailableError("the command was cancelled"))
 
 
 def _unknown_outcome(error: Exception) -> StoreUnavailableError:

@@ -1033,6 +1033,44 @@ async def test_a_closed_store_sends_nothing_more() -> None:
     assert [command[1] for command in connection.received] == ["a"]
 
 
+async def test_a_batch_takes_the_commands_queued_before_it_along_in_front() -> None:
+    """A batch goes out at once, beside the command in flight; the command queued behind that one leaves with the
+    batch, ahead of it. Sent after it, a claim retried behind a slow reply would reach the store after a claim of
+    the job's next slot (stream-id would refuse the earlier slot; lease would skip it as an overlap)."""
+    connection = _Held()
+    store = Store(connection, owned=False)
+    in_flight = asyncio.ensure_future(store.execute("SET", "a", "1"))
+    await asyncio.sleep(0)
+    queued = asyncio.ensure_future(store.execute("SET", "b", "1"))
+    await asyncio.sleep(0)
+    batch = asyncio.ensure_future(store.execute_many([("SET", "c", "1"), ("SET", "d", "1")]))
+    await asyncio.sleep(0)
+    assert [command[1] for command in connection.received] == ["a", "b"]  # out at once, b first
+    connection.answer.set()
+    assert [await in_flight, await queued, await batch] == ["OK", "OK", ["OK", "OK"]]
+    assert [command[1] for command in connection.received] == ["a", "b", "c", "d"]
+
+
+async def test_a_batch_that_fails_fails_the_commands_it_took_along() -> None:
+    class Down(_Held):
+        async def execute_many(self, commands: Sequence[Command]) -> list[Reply | StoreError]:
+            raise ConnectionResetError("reset by peer")
+
+    connection = Down()
+    store = Store(connection, owned=False)
+    in_flight = asyncio.ensure_future(store.execute("SET", "a", "1"))
+    await asyncio.sleep(0)
+    queued = asyncio.ensure_future(store.execute("SET", "b", "1"))
+    await asyncio.sleep(0)
+    with pytest.raises(StoreUnavailableError, match="ConnectionResetError: reset by peer"):
+        await store.execute_many([("SET", "c", "1"), ("SET", "d", "1")])
+    with pytest.raises(StoreUnavailableError, match="ConnectionResetError: reset by peer"):
+        await queued
+    connection.answer.set()
+    assert await in_flight == "OK"
+    assert await store.execute("SET", "e", "1") == "OK"  # nothing is left counted in flight
+
+
 class _StubNode:
     """A cluster node as a blocking redis-py cluster client holds it: a name and a plain client, whose pipeline
     answers each command with ``answer`` (a reply, or a redis-py exception for an error reply). A node that is
