@@ -33,8 +33,9 @@ P1 no duplicate: no slot runs to the end twice, and no two executions of a slot 
 P2 no missed slot: a slot scheduled by an instance that stayed healthy (never crashed, stopped or paused) runs to the
    end, unless some instance still means to claim or finish it, or it was skipped by the overlap rule.
 P3 no overlap (lease): executions of two runs (slots, or a slot and the manual run) are never under way at once.
-P4 lease safety (lease): two attempts of one slot are never under way at once.
-P5 no lost acknowledged claim: a slot won before a failover is not won again, first attempt, by another.
+P4 lease safety (lease): no two holders of one slot are under way at once, whatever their attempts.
+P5 no lost acknowledged claim: a win the failover lost (acknowledged, not yet replicated) is not won again by
+   another instance (under lease: with the same attempt or an earlier one, which only the lost win explains).
 P6 fencing: each acknowledged win carries a larger fence than every win acknowledged before it.
 """
 
@@ -74,6 +75,7 @@ PROPERTIES = {
 }
 
 S = TypeVar("S", bound=Hashable)
+M = TypeVar("M", bound=Hashable)
 
 
 class StoreModel(Generic[S]):
@@ -82,6 +84,7 @@ class StoreModel(Generic[S]):
     so that no claim after it wins."""
 
     leases = False
+    remembers: int | None = None  # how long after its slot the store knows a run was claimed (None: for ever)
 
     def initial(self) -> S:
         raise NotImplementedError
@@ -96,6 +99,11 @@ class StoreModel(Generic[S]):
         return store
 
     def skip(self, store: S, slot: int, token: str, now: int) -> S:
+        """As ClaimOnlyStrategy.skip: a run that the store's clock does not see as late yet (an instance whose
+        clock runs ahead skips early), or that the store no longer remembers (its margin is well under a
+        quantum), is left alone; any other is claimed."""
+        if now <= slot + MAX_LATE or (self.remembers is not None and now > slot + self.remembers):
+            return store
         return self.claim(store, slot, token, now)[0]
 
     def stop_run(self, store: S, slot: int, token: str, now: int, attempt: int, manual: bool) -> S:
@@ -150,6 +158,8 @@ class StreamIdModel(StoreModel[stream_id.StreamIdStore]):
 
 
 class IdmpModel(StoreModel[idmp.IdmpStore]):
+    remembers = WINDOW
+
     def initial(self) -> idmp.IdmpStore:
         return idmp.IdmpStore()
 
@@ -158,6 +168,8 @@ class IdmpModel(StoreModel[idmp.IdmpStore]):
 
 
 class ScriptModel(StoreModel[script.ScriptStore]):
+    remembers = WINDOW
+
     def initial(self) -> script.ScriptStore:
         return script.ScriptStore()
 
@@ -221,8 +233,10 @@ class World(Generic[S]):
     instances: tuple[Instance, ...]
     completed: tuple[int, ...]  # per slot: executions that ran to the end (2 means "more than one")
     skipped: frozenset[int]  # slots answered "overlap"
-    winners: tuple[frozenset[int], ...]  # per slot, with failover only: instances whose win was acknowledged
-    forgotten: tuple[frozenset[int], ...]  # per slot: winners acknowledged before the latest failover
+    # Per run, with failover only: (instance, attempt) of each win acknowledged since the replica last caught up,
+    # and of each such win a failover lost.
+    unreplicated: tuple[frozenset[tuple[int, int]], ...]
+    forgotten: tuple[frozenset[tuple[int, int]], ...]
     top_fence: int  # the largest fence acknowledged
     manual_left: bool = False  # run_now may still be called (with the manual fault)
 
@@ -265,7 +279,7 @@ class Explorer(Generic[S]):
         """One world per mix of clocks (instances are interchangeable, so skews come sorted)."""
         skews = (0, 1) if "skew" in self.faults else (0,)
         store = self.model.initial()
-        empty: tuple[frozenset[int], ...] = (frozenset(),) * self.runs
+        empty: tuple[frozenset[tuple[int, int]], ...] = (frozenset(),) * self.runs
         return [
             World(0, store, store if self.failover else None, tuple(self._started(skew) for skew in assignment),
                   (0,) * self.runs, frozenset(), empty, empty, 0, manual_left="manual" in self.faults)
@@ -320,12 +334,13 @@ class Explorer(Generic[S]):
         kind, i, k = step
         if kind == "tick":
             return replace(w, now=w.now + 1), None
+        none: tuple[frozenset[tuple[int, int]], ...] = (frozenset(),) * self.runs
         if kind == "replicate":
-            return replace(w, replica=w.store), None
+            return replace(w, replica=w.store, unreplicated=none), None
         if kind == "failover":
             assert w.replica is not None
-            forgotten = tuple(f | won for f, won in zip(w.forgotten, w.winners, strict=True))
-            return replace(w, store=w.replica, forgotten=forgotten), None
+            forgotten = tuple(f | won for f, won in zip(w.forgotten, w.unreplicated, strict=True))
+            return replace(w, store=w.replica, unreplicated=none, forgotten=forgotten), None
         inst = w.instances[i]
         if kind == "crash":
             return self._with(w, i, Instance(CRASHED, inst.skew, (DONE,) * self.runs)), None
@@ -348,7 +363,7 @@ class Explorer(Generic[S]):
                 phase = Holding(claim.attempt, w.now + claim.lease_ms_left)
                 w = replace(w, top_fence=max(w.top_fence, claim.fence))
                 if self.failover:
-                    w = replace(w, winners=_add(w.winners, k, i))
+                    w = replace(w, unreplicated=_add(w.unreplicated, k, (i, claim.attempt)))
             elif claim.outcome is Outcome.RUNNING:
                 phase = Backup(w.now + claim.lease_ms_left)
             else:
@@ -380,8 +395,8 @@ class Explorer(Generic[S]):
             return []
         _, i, k = step
         problems = []
-        others = before.forgotten[k] - {i}
-        if others and (not self.model.leases or note.attempt == 1):
+        others = {o for o, attempt in before.forgotten[k] if o != i and note.attempt <= attempt}
+        if others:
             who = ", ".join(token(o) for o in sorted(others))
             lost = f"after the failover lost {who}'s acknowledged win"
             problems.append(f"P5: {self.run_name(k)} won by {token(i)} {lost}")
@@ -405,8 +420,8 @@ class Explorer(Generic[S]):
             if len(running) > 1:
                 who = " and ".join(f"{token(i)} (attempt {a})" for i, a in running)
                 problems.append(f"P1: {self.run_name(k)} is executed by {who} at once")
-                if self.model.leases and len({a for _, a in running}) > 1:
-                    problems.append(f"P4: attempts of {self.run_name(k)} are under way at once: {who}")
+                if self.model.leases:  # whatever their attempts: a failover can grant one attempt twice
+                    problems.append(f"P4: {self.run_name(k)} is held by {who} at once")
         if self.model.leases and len(holders) > 1:
             problems.append(f"P3: {' and '.join(self.run_name(k) for k in sorted(holders))} are executed at once")
         for k in range(self.k):
@@ -490,7 +505,7 @@ def _answer(claim: Claim, now: int) -> str:
             return claim.outcome.value
 
 
-def _add(sets: tuple[frozenset[int], ...], k: int, member: int) -> tuple[frozenset[int], ...]:
+def _add(sets: tuple[frozenset[M], ...], k: int, member: M) -> tuple[frozenset[M], ...]:
     return tuple(s | {member} if j == k else s for j, s in enumerate(sets))
 
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
 from anarchon._strategies import Claim, Outcome
 from models import lease
-from models.explore import MODELS, POLICY, PROPERTIES, Explorer, LeaseModel, Result, main
+from models.explore import MODELS, POLICY, PROPERTIES, Explorer, LeaseModel, Result, Step, main
 
 
 def explore(
@@ -199,3 +200,48 @@ def test_lease_never_runs_a_manual_run_beside_a_slot() -> None:
     assert violated(overlapping) == {"P3"}
     assert any("calls run_now: won attempt 1" in line for line in overlapping.trace)
     assert "the manual run" in overlapping.problems[0]
+
+
+def _follow(explorer: Explorer[Any], steps: Sequence[Step]) -> list[str]:
+    """The problems found along ``steps`` from the world where every clock is the store's; each step must be
+    one the explorer itself would take there."""
+    [world] = [w for w in explorer.initial() if all(inst.skew == 0 for inst in w.instances)]
+    problems = []
+    for step in steps:
+        assert step in explorer.moves(world), step
+        after, note = explorer.apply(world, step)
+        problems += explorer.transition_problems(world, step, note) + explorer.state_problems(after)
+        world = after
+    return problems
+
+
+TICK, REPLICATE, FAILOVER = ("tick", -1, -1), ("replicate", -1, -1), ("failover", -1, -1)
+
+
+@pytest.mark.parametrize("strategy", ["script", "idmp"])
+def test_a_claim_only_skip_leaves_alone_a_run_the_stores_clock_does_not_see_late(strategy: str) -> None:
+    """An instance whose clock runs ahead, resumed at a slot's due time, skips it as late; the store's clock is
+    at the slot, so ClaimOnlyStrategy.skip claims nothing and the others still run it."""
+    result = explore(strategy, ["pause", "skew"], check="P2")
+    assert result.problems == []
+    assert result.states > 2000
+
+
+def test_a_failover_loses_only_the_wins_the_replica_had_not_caught_up_with() -> None:
+    """Slot 0 won and replicated, slot 1 won, then the failover: a late claim that wins slot 0 again (its window
+    over) runs it twice (P1) but lost no acknowledged claim (P5)."""
+    explorer = Explorer(MODELS["script"], 2, 2, ["failover", "late"], list(PROPERTIES))
+    steps = [TICK, ("claim", 0, 0), REPLICATE, TICK, ("claim", 0, 1), FAILOVER, TICK, ("claim", 1, 0)]
+    assert _follow(explorer, steps) == ["P1: slot 0 is executed by i0 (attempt 1) and i1 (attempt 1) at once"]
+
+
+def test_a_lease_takeover_the_failover_lost_is_granted_again_with_the_same_attempt() -> None:
+    """i0 wins and is replicated, crashes; i1 takes over as attempt 2, which the failover loses; i2 then wins
+    attempt 2 as well. Both hold the run at once with one attempt number: P4 and P5 name it (P4 is of holders,
+    not of attempt numbers, and P5 of every lost acknowledged attempt, not only first ones)."""
+    explorer = Explorer(MODELS["lease"], 3, 1, ["crash", "failover"], list(PROPERTIES))
+    steps = [TICK, ("claim", 0, 0), ("claim", 1, 0), ("claim", 2, 0), REPLICATE, ("crash", 0, -1), TICK, TICK,
+             ("claim", 1, 0), FAILOVER, ("claim", 2, 0)]  # fmt: skip
+    problems = _follow(explorer, steps)
+    assert "P5: slot 0 won by i2 after the failover lost i1's acknowledged win" in problems
+    assert "P4: slot 0 is held by i1 (attempt 2) and i2 (attempt 2) at once" in problems
