@@ -38,15 +38,19 @@ def _at() -> st.SearchStrategy[float]:
     return st.integers(5, 90).map(float)
 
 
-def _fault(kind: str, **settings: st.SearchStrategy[Any]) -> st.SearchStrategy[dict[str, Any]]:
-    return st.fixed_dictionaries({"at_s": _at(), "kind": st.just(kind), **settings})
+def _fault(
+    kind: str, optional: dict[str, st.SearchStrategy[Any]] | None = None, **settings: st.SearchStrategy[Any]
+) -> st.SearchStrategy[dict[str, Any]]:
+    required: dict[str, st.SearchStrategy[Any]] = {"at_s": _at(), "kind": st.just(kind), **settings}
+    return st.fixed_dictionaries(required, optional=optional or {})
 
 
 _INSTANCE = st.sampled_from(TARGETS)
 # One fault of each kind a scenario can have (sim.scenario.FAULT_KINDS), with the settings the search varies.
 FAULT_KINDS: dict[str, st.SearchStrategy[dict[str, Any]]] = {
-    "crash": _fault("crash", instance=_INSTANCE, restart_after_s=st.integers(1, 30)),
-    "stop": _fault("stop", instance=_INSTANCE, timeout_s=st.integers(0, 5), restart_after_s=st.integers(1, 30)),
+    # Without restart_after_s the instance stays down to the end.
+    "crash": _fault("crash", {"restart_after_s": st.integers(1, 30)}, instance=_INSTANCE),
+    "stop": _fault("stop", {"restart_after_s": st.integers(1, 30)}, instance=_INSTANCE, timeout_s=st.integers(0, 5)),
     "pause": _fault("pause", instance=_INSTANCE, duration_s=st.integers(1, 20)),
     "partition": _fault("partition", instance=_INSTANCE, duration_s=st.integers(1, 20)),
     "skew": _fault("skew", instance=_INSTANCE, offset_ms=st.integers(-15_000, 15_000)),
@@ -160,23 +164,32 @@ def search_checker(
         return None
     # The last failure Hypothesis tried is the smallest it reached: it only tries schedules smaller than the last
     # failing one, and ends by replaying the smallest.
-    return shrink(found[-1], strategy, budget)
+    return shrink(found[-1], strategy, budget, broken)
 
 
-def shrink(finding: Finding, strategy: str, budget: Budget | None = None) -> Finding:
+def shrink(
+    finding: Finding, strategy: str, budget: Budget | None = None, broken: list[Breakage] | None = None
+) -> Finding:
     """The smallest failing subset of the finding's schedule, with the same seed.
 
     Hypothesis's shrinking does not promise a smallest schedule (it once stopped at four faults, two of them the
     same crash, where a pause alone broke the checker), and dropping one fault at a time does not either: a run
     is not monotonic in its faults (each changes who wins what), so a fault the failure does not need can be
     needed for the others to fail. Schedules are small, so :func:`smallest_failing` tries every subset of fewer
-    than three faults. Once ``budget`` stops shrinking, the finding says it may not be minimal."""
+    than three faults. Once ``budget`` stops shrinking, the finding says it may not be minimal. A subset whose
+    simulation raises is added to ``broken`` and counts as passing (without ``broken`` it propagates)."""
     budget = budget or Budget()
     checker, seed = finding.checker, finding.seed
     failures = [finding]  # the last one is the schedule smallest_failing settles on
 
     def fails(faults: list[dict[str, Any]]) -> bool:
-        outcome = budget.simulate(faults, strategy, seed)
+        try:
+            outcome = budget.simulate(faults, strategy, seed)
+        except Exception as error:
+            if broken is None:
+                raise
+            broken.append(Breakage(faults, seed, f"{type(error).__name__}: {error}"))
+            return False
         if outcome.judgement.verdicts[checker].status != "invalid":
             return False
         failures.append(Finding(checker, faults, seed, outcome))

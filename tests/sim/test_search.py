@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -184,6 +185,34 @@ def test_a_simulator_failure_is_reported_apart_and_the_search_goes_on(monkeypatc
         search.search_checker("lease", "P1", examples=5, derandomize=True)
 
 
+def test_a_simulator_failure_while_shrinking_is_reported_apart_and_the_shrink_goes_on() -> None:
+    """The schedule fails the checker with both its faults; the simulator raises under the crash alone. The shrink
+    keeps the finding instead of ending the search (and losing what it found and the checkers after it)."""
+    crash = {"at_s": 31.0, "kind": "crash", "instance": "winner", "restart_after_s": 5}
+    pause = {"at_s": 41.0, "kind": "pause", "instance": "a", "duration_s": 6}
+
+    def judged(status: str) -> Any:
+        return SimpleNamespace(judgement=SimpleNamespace(verdicts={"P1": SimpleNamespace(status=status)}))
+
+    def simulate(faults: list[dict[str, Any]], strategy: str, seed: int) -> Any:
+        if faults == [crash]:
+            raise RuntimeError("the simulator broke")
+        return judged("invalid" if faults == [crash, pause] else "valid")
+
+    budget = search.Budget()
+    budget.simulate = simulate  # type: ignore[method-assign]
+    breakages: list[search.Breakage] = []
+    finding = search.Finding("P1", [crash, pause], 7, judged("invalid"))
+    shrunk = search.shrink(finding, "lease", budget, breakages)
+    assert (shrunk.faults, shrunk.minimal) == ([crash, pause], True)
+    assert breakages
+    assert {(str(b.faults), b.seed, b.error) for b in breakages} == {
+        (str([crash]), 7, "RuntimeError: the simulator broke")
+    }
+    with pytest.raises(RuntimeError, match="the simulator broke"):
+        search.shrink(finding, "lease", budget)
+
+
 @pytest.mark.slow
 def test_the_search_keeps_to_its_budget_shrinking_included(tmp_path: Path) -> None:
     lines: list[str] = []
@@ -191,3 +220,16 @@ def test_the_search_keeps_to_its_budget_shrinking_included(tmp_path: Path) -> No
     search.run("lease", 4.0, tmp_path, report=lines.append)
     assert time.perf_counter() - began < 4.0 + 1.0  # the overrun: a simulation in progress at the deadline
     assert lines[-1].startswith("searched for")
+
+
+@pytest.mark.parametrize("kind", ["crash", "stop"])
+def test_the_search_draws_instances_that_stay_down_as_well_as_restarted_ones(kind: str) -> None:
+    restarts: list[bool] = []
+
+    @settings(max_examples=40, derandomize=True, deadline=None, database=None)
+    @given(fault=search.FAULT_KINDS[kind])
+    def draw(fault: dict[str, Any]) -> None:
+        restarts.append("restart_after_s" in fault)
+
+    draw()
+    assert set(restarts) == {True, False}
