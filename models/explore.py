@@ -26,12 +26,15 @@ claim-only strategies record a manual run in a stream of its own, apart from the
 ``pause`` freezes one until it resumes, still executing and believing in its lease until a heartbeat says
 otherwise; ``skew`` gives instances clocks one quantum ahead (every mix); ``late`` lets claims arrive at any time
 after the slot; ``failover`` keeps a replica that a ``replicate`` step brings up to date, and a ``failover`` step
-makes it the store, losing what was not replicated.
+makes it the store, losing what was not replicated; ``unanswered`` lets any claim reach the store and its answer
+be lost: the instance sends it again with the same token, whenever (the scheduler's backoff), as a skip once past
+``max_late_ms`` (a backup's is never late), and the store's answer to a claim it already took decides.
 
 Properties (``--check``, default all), judged where meaningful:
 P1 no duplicate: no slot runs to the end twice, and no two executions of a slot are under way at once.
-P2 no missed slot: a slot scheduled by an instance that stayed healthy (never crashed, stopped or paused) runs to the
-   end, unless some instance still means to claim or finish it, or it was skipped by the overlap rule.
+P2 no missed slot: a slot scheduled by an instance that stayed healthy (never crashed, stopped or paused, and heard
+   every answer about the slot) runs to the end, unless some instance still means to claim or finish it, or it was
+   skipped by the overlap rule.
 P3 no overlap (lease): executions of two runs (slots, or a slot and the manual run) are never under way at once.
 P4 lease safety (lease): no two holders of one slot are under way at once, whatever their attempts.
 P5 no lost acknowledged claim: a win the failover lost (acknowledged, not yet replicated) is not won again by
@@ -52,7 +55,6 @@ from typing import Any, Generic, TypeAlias, TypeVar
 from anarchon._strategies import Claim, JobPolicy, Outcome
 
 from . import idmp, lease, script, stream_id
-from .common import LOST
 
 FIRST_SLOT = 1
 MANUAL_RUN = 1_000_000  # the manual run's slot in the store model: unlike any scheduled slot, and never forgotten
@@ -63,7 +65,7 @@ POLICY = JobPolicy(
     lease_ms=LEASE, max_attempts=3, overlap=False, history_size=1000, keep_ms=1_000_000, late_after_ms=MAX_LATE
 )
 
-FAULTS = ("crash", "stop", "pause", "skew", "late", "failover", "manual")
+FAULTS = ("crash", "stop", "pause", "skew", "late", "failover", "manual", "unanswered")
 DEFAULT_FAULTS = ("crash", "skew")
 PROPERTIES = {
     "P1": "no duplicate",
@@ -150,11 +152,7 @@ class StreamIdModel(StoreModel[stream_id.StreamIdStore]):
     def claim(
         self, store: stream_id.StreamIdStore, slot: int, token: str, now: int
     ) -> tuple[stream_id.StreamIdStore, Claim]:
-        # Tokens are left out of the states, which they would only tell apart; no claim is sent twice here, so a
-        # refused one is always another instance's win (the model reads the entry back for its own token).
-        if (slot, 0) <= store.last:
-            return store, LOST
-        return stream_id.claim(store, slot, "")
+        return stream_id.claim(store, slot, token)
 
 
 class IdmpModel(StoreModel[idmp.IdmpStore]):
@@ -202,6 +200,13 @@ class Backup:
 
 
 @dataclass(frozen=True, slots=True)
+class Unanswered:
+    """The claim's answer was lost: send it again, whenever; a backup's is never late."""
+
+    backup: bool
+
+
+@dataclass(frozen=True, slots=True)
 class Holding:
     """Executing a won attempt, believing the lease lasts until ``lease_end`` (store time)."""
 
@@ -214,7 +219,7 @@ class Done:
     """Nothing more to do with the slot."""
 
 
-Phase: TypeAlias = Todo | Backup | Holding | Done
+Phase: TypeAlias = Todo | Backup | Unanswered | Holding | Done
 TODO, DONE = Todo(), Done()
 
 
@@ -239,6 +244,8 @@ class World(Generic[S]):
     forgotten: tuple[frozenset[tuple[int, int]], ...]
     top_fence: int  # the largest fence acknowledged
     manual_left: bool = False  # run_now may still be called (with the manual fault)
+    # (instance, slot index) of every claim whose answer was lost: to P2, that instance was cut off from the slot
+    unanswered: frozenset[tuple[int, int]] = frozenset()
 
 
 Step: TypeAlias = tuple[str, int, int]  # (kind, instance or -1, slot index or -1)
@@ -310,6 +317,9 @@ class Explorer(Generic[S]):
                         urgent = urgent or not self.late
                     elif isinstance(phase, Backup) and w.now >= phase.at:
                         steps.append(("claim", i, k))
+                    elif isinstance(phase, Unanswered):
+                        on_time = phase.backup or local <= FIRST_SLOT + k + MAX_LATE
+                        steps.append(("claim" if on_time or self.late else "skip", i, k))
                     elif isinstance(phase, Holding):
                         steps.append(("end", i, k))
                         # Only a heartbeat at the lease's last quantum changes anything (lease_ms is 2).
@@ -324,6 +334,8 @@ class Explorer(Generic[S]):
                     steps.append(("manual", i, self.k))
             if "crash" in self.faults:
                 steps.append(("crash", i, -1))
+        if "unanswered" in self.faults:
+            steps += [("unanswered", i, k) for kind, i, k in steps if kind == "claim" and k < self.k]
         if not urgent:
             steps.append(("tick", -1, -1))
         if w.replica is not None and w.replica != w.store:
@@ -356,7 +368,13 @@ class Explorer(Generic[S]):
         note: Note = None
         if kind == "manual":
             w = replace(w, manual_left=False)
-        if kind in ("claim", "manual"):
+        if kind == "unanswered":  # the store takes the claim; the instance hears nothing and will send it again
+            store, claim = self.model.claim(w.store, slot, me, w.now)
+            backup = isinstance(phase, Backup) or (isinstance(phase, Unanswered) and phase.backup)
+            w, note, phase = replace(w, store=store, unanswered=w.unanswered | {(i, k)}), claim, Unanswered(backup)
+            if claim.outcome is Outcome.OVERLAP:  # the store recorded the skip, whoever heard of it
+                w = replace(w, skipped=w.skipped | {k})
+        elif kind in ("claim", "manual"):
             store, claim = self.model.claim(w.store, slot, me, w.now)
             w, note = replace(w, store=store), claim
             if claim.outcome is Outcome.WON:
@@ -426,7 +444,11 @@ class Explorer(Generic[S]):
             problems.append(f"P3: {' and '.join(self.run_name(k) for k in sorted(holders))} are executed at once")
         for k in range(self.k):
             # Due while healthy: an instance that scheduled the slot has been up all along.
-            healthy = [token(i) for i, x in enumerate(w.instances) if x.status == UP and FIRST_SLOT + k > x.skew]
+            healthy = [
+                token(i)
+                for i, x in enumerate(w.instances)
+                if x.status == UP and FIRST_SLOT + k > x.skew and (i, k) not in w.unanswered
+            ]
             pending = any(not isinstance(inst.phases[k], Done) for inst in w.instances)
             if healthy and not w.completed[k] and not pending and k not in w.skipped:
                 problems.append(f"P2: slot {k} will never run, though {', '.join(healthy)} stayed healthy")
@@ -480,10 +502,14 @@ class Explorer(Generic[S]):
         if kind == "manual":
             assert isinstance(note, Claim)
             return f"{at} {token(i)} calls run_now: {_answer(note, before.now)}"
-        what = {"claim": "claims", "skip": "skips (too late)", "heartbeat": "heartbeats", "end": "ends"}[kind]
+        what = {"claim": "claims", "unanswered": "claims", "skip": "skips (too late)", "heartbeat": "heartbeats",
+                "end": "ends"}[kind]  # fmt: skip
         line = f"{at} {token(i)} {what} {self.run_name(k)}"
+        if isinstance(before.instances[i].phases[k], Unanswered):
+            line += " again"
         if isinstance(note, Claim):
-            return f"{line}: {_answer(note, before.now)}"
+            lost = ", an answer that is lost" if kind == "unanswered" else ""
+            return f"{line}: {_answer(note, before.now)}{lost}"
         if kind == "heartbeat":
             return f"{line}: lease until t={before.now + note}" if note else f"{line}: refused"
         return line

@@ -94,8 +94,11 @@ def claim(store: LeaseStore, run: str, token: str, now: int, policy: JobPolicy) 
             return store, Claim(Outcome.WON, r.attempt, r.fence, r.lease_end - now)
         if other_end is not None:  # renewed, it would run beside another live run: the caller waits for it
             return store, Claim(Outcome.RUNNING, r.attempt, r.fence, other_end - now)
-        renewed = replace(r, lease_end=now + policy.lease_ms)
-        return store.put(run, renewed), Claim(Outcome.WON, r.attempt, r.fence, policy.lease_ms)
+        # Other runs took fences while the lease was out: the renewal, whose first answer nobody heard, takes the
+        # next, so that the fences acknowledged keep growing.
+        fence = store.fence + 1 if store.fence > r.fence else r.fence
+        renewed = replace(r, lease_end=now + policy.lease_ms, fence=fence)
+        return store.put(run, renewed, fence), Claim(Outcome.WON, r.attempt, fence, policy.lease_ms)
     if r.lease_end > now:
         return store, Claim(Outcome.RUNNING, r.attempt, r.fence, r.lease_end - now)
     if r.attempt >= policy.max_attempts:
@@ -159,11 +162,12 @@ def release(store: LeaseStore, run: str, token: str, now: int) -> tuple[LeaseSto
 def skip(store: LeaseStore, run: str, token: str, now: int, policy: JobPolicy) -> tuple[LeaseStore, bool]:
     """Record a run claimed too late as skipped-late, unless it already has a state, or the store's clock says it
     is not late yet or more than ``keep_ms`` past its slot (its state may have been trimmed). A running attempt
-    of the caller's own token (its claim won, the answer was lost, the retry came late) is closed as skipped."""
+    of the caller's own token (its claim won, the answer was lost, the retry came late) is handed back, as
+    :func:`release` does, for the instances told it was running to take it over; nothing is recorded."""
     slot = run_slot(run)
     r = store.run(run)
     if r is not None and r.running and r.token == token:
-        return trim(store.put(run, r.close("skipped-late", slot, now)), now, policy), True
+        return release(store, run, token, now)[0], False
     if r is not None or not slot + policy.late_after_ms < now <= slot + policy.keep_ms:
         return store, False
     return trim(store.put(run, Run("skipped-late", 1, token, 0, 0).close("skipped-late", slot, now)), now, policy), True

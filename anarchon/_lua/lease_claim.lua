@@ -6,8 +6,9 @@
 -- ARGV[7]  history_size              ARGV[8] keep_ms               ARGV[9] history_ttl_ms ("0": none)
 -- returns "<answer> <attempt> <fence> <lease_ms_left>" (one string: a client reads it faster than an array)
 --   "won"      the caller runs it: a new attempt was stored (or the caller's own token already holds it,
---              when a claim whose reply was lost is retried: its lease renewed if it ran out); lease_ms_left is
---              its lease. Such a retry whose lease ran out while another run of the job went live is "running".
+--              when a claim whose reply was lost is retried: its lease renewed if it ran out, with the next
+--              fence if other runs took fences meanwhile); lease_ms_left is its lease. Such a retry whose lease
+--              ran out while another run of the job went live is "running".
 --   "running"  another attempt holds a live lease, or (overlap forbidden) the run's lease expired but another
 --              run of the job holds a live one; lease_ms_left says when to try again (the caller is a backup)
 --   "overlap"  another run of the job holds a live lease and overlap is forbidden: recorded as skipped-overlap
@@ -87,7 +88,14 @@ if r.token == token then
       return reply('running', r.attempt, r.fence, other_end - now)
     end
     r.lease_end = now + lease_ms
-    save_run(run, r)
+    if job_fence > r.fence then
+      -- Other runs took fences while this lease was out, and nobody has heard this one's (its answer was lost):
+      -- the renewed lease takes the next, so the fences its holders hear keep growing.
+      r.fence = job_fence + 1
+      save_run(run, r, r.fence)
+    else
+      save_run(run, r)
+    end
   end
   return reply('won', r.attempt, r.fence, r.lease_end - now)
 end

@@ -7,15 +7,19 @@
 --   the server's clock is not yet late_after_ms past the slot (the caller's clock is ahead: the run is left to
 --   the instances whose clocks say it is due), or if it is more than keep_ms past it (the run's state may have
 --   been trimmed: no record beats a skip recorded beside a run that did run).
---   A run the caller's own token holds is the exception: its claim won, the answer was lost, and the retry
---   came too late to start it. Nobody else will (no backup heard of it): it is recorded as skipped.
+--   A run the caller's own token holds (its claim won, the answer was lost, and the retry came too late to
+--   start it) is handed back, as lease_release does, and 0 returned: instances that claimed it meanwhile were
+--   told it was running and stand by to take it over, as after a crash. With none, trim closes it once keep_ms
+--   has passed ("abandoned: handed back").
 local run, token = ARGV[1], ARGV[2]
 local now = server_now()
 local r = load_run(run)
 if r then
-  if r.status ~= 'running' or r.token ~= token then
-    return 0
+  if r.status == 'running' and r.token == token then
+    r.lease_end = -now
+    save_run(run, r)
   end
+  return 0
 else
   local slot, manual = run_slot(run)
   if now <= tonumber(slot) + tonumber(ARGV[9]) or now > tonumber(slot) + tonumber(ARGV[7]) then

@@ -255,6 +255,31 @@ async def test_a_retried_claim_renews_its_own_lease_that_ran_out_meanwhile(targe
     assert await backend.strategy.finish(backend.store, req, retry, policy, record(req, retry))
 
 
+async def test_a_retried_claim_whose_lease_ran_out_takes_a_fence_above_those_taken_meanwhile(
+    target: StoreTarget,
+) -> None:
+    """The first claim's answer was lost; its lease ran out; the next slot's run took fence 2 and ended. The
+    renewed lease, whose first fence nobody heard, takes the next one: the fences acknowledged keep growing
+    (found by the explorer with lost answers and late claims)."""
+    backend = await target.started_backend("lease")
+    policy = JobPolicy(lease_ms=300)
+    mine = request(SLOT, "mine")
+    first = await claim_one(backend, mine, policy)
+    await asyncio.sleep(0.35)
+    following = request(SLOT + 1000, "next")
+    next_run = await claim_one(backend, following, policy)
+    assert next_run.fence > first.fence
+    assert await backend.strategy.finish(backend.store, following, next_run, policy, record(following, next_run))
+    retry = await claim_one(backend, replace(mine, retry=True), policy)
+    assert (retry.outcome, retry.attempt) == (Outcome.WON, 1)
+    assert retry.fence == next_run.fence + 1
+    assert await backend.strategy.finish(backend.store, mine, retry, policy, record(mine, retry))
+    [recorded] = [r for r in await backend.strategy.history(backend.store, mine.job, 5) if r.slot == SLOT]
+    assert (recorded.status, recorded.fence) == ("ok", retry.fence)
+    third = await claim_one(backend, request(SLOT + 2000, "third"), policy)
+    assert third.fence == retry.fence + 1  # the counter moved with it
+
+
 async def test_a_retried_claim_whose_lease_ran_out_waits_for_a_run_that_started_meanwhile(
     target: StoreTarget,
 ) -> None:
@@ -294,22 +319,31 @@ async def test_a_late_skip_is_recorded_only_while_the_store_remembers_the_run(
         assert recorded is (slot == remembered or strategy == "stream-id"), slot - now
 
 
-async def test_lease_a_late_retry_of_a_won_claim_records_the_run_skipped(target: StoreTarget) -> None:
+async def test_lease_a_late_retry_of_a_won_claim_hands_the_run_back_to_its_backups(target: StoreTarget) -> None:
     """A claim won, its answer lost, and the store out of reach until the run was too late to start: the retry
-    (same token) is a skip. The run is held by that token and no backup heard of it; left running, it would be
-    run by nobody and recorded by nobody until trimming found it abandoned. Another token's skip changes nothing."""
+    (same token) is a skip. Instances that claimed the run meanwhile were told it was running and stand by as
+    backups; recorded skipped, the run would be lost to them (found by the explorer's unanswered fault). It is
+    handed back instead: a backup's next claim takes it over at once. Another token's skip changes nothing."""
     backend = await target.started_backend("lease")
     policy = JobPolicy(late_after_ms=100, keep_ms=60_000)
     slot = await target.server_ms() - 1_000
-    won = await claim_one(backend, RunRequest("sync", run_id(slot), slot, "lost-answer", "a"), policy)
+    req = RunRequest("sync", run_id(slot), slot, "lost-answer", "a")
+    won = await claim_one(backend, req, policy)
     assert won.outcome is Outcome.WON
-    other = RunRequest("sync", run_id(slot), slot, "other", "b")
-    assert not await backend.strategy.skip(backend.store, other, policy, "skipped-late", "too late")
-    retry = RunRequest("sync", run_id(slot), slot, "lost-answer", "a", retry=True)
-    assert await backend.strategy.skip(backend.store, retry, policy, "skipped-late", "too late")
-    [record] = [r for r in await backend.strategy.history(backend.store, "sync", 5) if r.slot == slot]
-    assert (record.status, record.attempt, record.fence) == ("skipped-late", 1, won.fence)
-    assert (await claim_one(backend, other, policy)).outcome is Outcome.DONE
+    backup = RunRequest("sync", run_id(slot), slot, "backup", "b")
+    assert (await claim_one(backend, backup, policy)).outcome is Outcome.RUNNING
+    assert not await backend.strategy.skip(backend.store, backup, policy, "skipped-late", "too late")
+    retry = replace(req, retry=True)
+    assert not await backend.strategy.skip(backend.store, retry, policy, "skipped-late", "too late")
+    assert not await backend.strategy.heartbeat(backend.store, retry, policy)  # handed back: no longer its run
+    takeover = await claim_one(backend, backup, policy)
+    assert (takeover.outcome, takeover.attempt) == (Outcome.WON, 2)
+    assert takeover.fence > won.fence
+    assert await backend.strategy.finish(backend.store, backup, takeover, policy, record(backup, takeover))
+    records = [
+        (r.status, r.attempt) for r in await backend.strategy.history(backend.store, "sync", 5) if r.slot == slot
+    ]
+    assert records == [("ok", 2), ("interrupted", 1)]
 
 
 async def test_no_late_skip_is_recorded_beside_a_run_the_store_forgot(target: StoreTarget, strategy: str) -> None:

@@ -245,3 +245,58 @@ def test_a_lease_takeover_the_failover_lost_is_granted_again_with_the_same_attem
     problems = _follow(explorer, steps)
     assert "P5: slot 0 won by i2 after the failover lost i1's acknowledged win" in problems
     assert "P4: slot 0 is held by i1 (attempt 2) and i2 (attempt 2) at once" in problems
+
+
+class ClosingSkipLeaseModel(LeaseModel):
+    """The lease store as it was when a late retry of a won claim closed the run as skipped-late."""
+
+    def skip(self, store: lease.LeaseStore, slot: int, token: str, now: int) -> lease.LeaseStore:
+        r = store.run(str(slot))
+        if r is not None and r.running and r.token == token:
+            return lease.trim(store.put(str(slot), r.close("skipped-late", slot, now)), now, self.policy)
+        return super().skip(store, slot, token, now)
+
+
+class OldFenceLeaseModel(LeaseModel):
+    """The lease store as it was when a retried claim that renewed its lapsed lease kept its first fence."""
+
+    def claim(self, store: lease.LeaseStore, slot: int, token: str, now: int) -> tuple[lease.LeaseStore, Claim]:
+        held = store.run(str(slot))
+        store, claim = super().claim(store, slot, token, now)
+        if held is not None and held.running and held.token == token and claim.outcome is Outcome.WON:
+            claim = claim._replace(fence=held.fence)
+        return store, claim
+
+
+def test_lease_keeps_every_property_when_the_answers_to_claims_are_lost() -> None:
+    """A claim reaches the store and its answer is lost; the instance sends it again (same token) whenever, as a
+    skip once too late. Before, such a skip closed the winner's run as skipped-late, which the instances told it
+    was running then found done: a slot lost with a backup standing by. It hands the run back now."""
+    result = explore("lease", ["unanswered", "crash", "skew"])
+    assert result.problems == []
+    assert result.states > 30_000
+    closing = Explorer(ClosingSkipLeaseModel(), 2, 2, ["unanswered"], list(PROPERTIES)).run(10)
+    assert violated(closing) == {"P2"}
+    assert "an answer that is lost" in closing.trace[2]
+    assert any("skips (too late) slot 0 again" in line for line in closing.trace)
+    assert "claims slot 0: done" in closing.trace[-1]  # the backup, at the lease's end
+
+
+def test_lease_fences_keep_growing_when_a_lost_claim_is_renewed_late() -> None:
+    """The winner's answer is lost and its lease runs out; the next slot takes fence 2; the retry renews slot 0's
+    lease. With the fence it first took (1), the fences acknowledged would go down."""
+    assert explore("lease", ["unanswered", "late"], depth=8).problems == []
+    old = Explorer(OldFenceLeaseModel(), 2, 2, ["unanswered", "late"], list(PROPERTIES)).run(8)
+    assert violated(old) == {"P6"}
+    assert "claims slot 0 again: won attempt 1 fence 1" in old.trace[-1]
+
+
+@pytest.mark.parametrize("strategy", ["stream-id", "idmp", "script"])
+def test_the_claim_only_strategies_lose_a_slot_whose_winner_heard_no_answer_in_time(strategy: str) -> None:
+    """Their weakness under crashes, from a lost answer: the winner's retry comes too late and is a skip, and
+    nobody else will run the slot."""
+    result = explore(strategy, ["unanswered"])
+    assert violated(result) == {"P2"}
+    assert "claims slot 0: won attempt 1" in result.trace[2]
+    assert result.trace[2].endswith("an answer that is lost")
+    assert result.trace[-1].endswith("skips (too late) slot 0 again")
