@@ -490,6 +490,47 @@ def test_a_scheduler_built_before_a_fork_draws_other_tokens_in_each_process(seed
     assert len({token for _, token in drawn}) == 2
 
 
+def test_a_won_run_whose_late_retry_is_a_skip_is_taken_over_by_the_instance_standing_by() -> None:
+    """a's claim of slot T wins but its reply is lost, and a cannot reach the store again until the run is too late
+    to start (max_late_ms 1 s): its retry is a skip. b, 100 ms behind, was told the run was running and stands by;
+    the skip hands the run back and b takes it over at the lease's end, as after a crash. Before, the skip recorded
+    the run skipped-late and b found it done: nobody ran slot T."""
+
+    async def main() -> tuple[int, list[tuple[str, int, int]], list[tuple[int, str]]]:
+        server = fakeredis.FakeServer()
+        ran: list[tuple[str, int, int]] = []
+        link = Link(adapt(fakeredis.FakeAsyncRedis(server=server)), "a")
+        backends = {"a": RedisBackend(redis=link), "b": RedisBackend(redis=fakeredis.FakeAsyncRedis(server=server))}
+        instances = []
+        for name, offset_ms in (("a", 0), ("b", -100)):
+
+            async def work(run: RunContext, name: str = name) -> None:
+                ran.append((name, run.slot, run.attempt))
+
+            instance = Scheduler(backends[name], instance_id=name, clock=SimClock(offset_ms), lease_ms=10_000)
+            instance.add_job("tick", "*/30 * * * * *", work, max_late_ms=1000)
+            instances.append(instance)
+        for instance in instances:
+            await instance.start()
+        slot = (instances[0].clock.wall_ms() // 30_000 + 1) * 30_000
+        await asyncio.sleep(slot / 1000 - VIRTUAL_EPOCH_S - asyncio.get_running_loop().time() - 0.05)
+        link.lose_replies = True  # a's claim at T reaches the store; its reply does not reach a
+        await asyncio.sleep(0.1)
+        link.cut()  # nor does its retry 0.5 s later; the next, 1 s after that, is late: a skip, which gets through
+        await asyncio.sleep(1.2)
+        link.heal()
+        await asyncio.sleep(40)
+        history = await instances[1].history("tick")
+        for instance in instances:
+            await instance.stop()
+        return slot, ran, [(r.attempt, r.status) for r in history if r.slot == slot]
+
+    slot, ran, records = run_virtual(main(), epoch_s=VIRTUAL_EPOCH_S, seed=1)
+    assert [(name, attempt) for name, at, attempt in ran if at == slot] == [("b", 2)]
+    assert records == [(2, "ok"), (1, "interrupted")]
+    assert [at for _, at, _ in ran if at > slot] == [slot + 30_000]  # the next slot ran as usual
+
+
 def test_a_catch_up_claims_no_slot_that_left_catch_up_ms_meanwhile() -> None:
     """A catch-up runs its slots one after another, and long runs take it far past ``catch_up_ms``. The store
     keeps a run's state about that long: a later claim would find it trimmed and run again a slot that another
