@@ -184,7 +184,7 @@ class Store:
         self.owned = owned
         self._in_flight = 0
         self._pending: list[tuple[Command, asyncio.Future[Reply]]] = []
-        self._deliveries: set[asyncio.Task[None]] = set()
+        self._deliveries: set[asyncio.Future[list[Reply | StoreError]]] = set()
         self._closed = False
 
     # execute and run hand back their inner coroutine instead of awaiting it in one of their own: a burst keeps
@@ -197,25 +197,27 @@ class Store:
 
         A batch goes out at once, beside whatever is in flight (the claim lanes of a burst run side by side).
         Commands queued before it leave with it, in front: a claim retried behind a slow reply must not reach the
-        store after a claim of the job's next slot sent later."""
+        store after a claim of the job's next slot sent later. That pipeline is a task of its own, which settles
+        their callers whatever becomes of this one's (cancelled, it leaves the pipeline to finish)."""
         if len(commands) == 1:
             return [await _kept(self._send(commands[0]))]
         if not commands:
             return []
         self._check_open()
-        queued, self._pending = self._pending, []
         self._in_flight += 1
+        if self._pending:
+            pipeline = asyncio.ensure_future(self._deliver(commands))
+            self._deliveries.add(pipeline)
+            pipeline.add_done_callback(self._delivered)
+            return await asyncio.shield(pipeline)
         try:
-            replies = await self.connection.execute_many([*(command for command, _ in queued), *commands])
-        except BaseException as error:
-            _fail(queued, error)
-            if isinstance(error, Exception) and not isinstance(error, StoreError):
-                raise _unknown_outcome(error) from error
+            return await self.connection.execute_many(commands)
+        except StoreError:
             raise
+        except Exception as error:
+            raise _unknown_outcome(error) from error
         finally:
             self._done()
-        _settle(queued, replies[: len(queued)])
-        return replies[len(queued) :]
 
     def run(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Coroutine[Any, Any, Reply]:
         return self._run(ScriptCall(script, keys, args))
@@ -238,6 +240,9 @@ class Store:
         replies = await self.execute_many([call.evalsha() for call in calls])
         missing = [i for i, reply in enumerate(replies) if is_noscript(reply)]
         if missing:
+            # (A single command answered NOSCRIPT meanwhile sends its EVAL on its own, and may reach the store
+            # after these: after a script flush, claims of two slots can arrive in either order. The lease claim
+            # skips one as an overlap either way; stream-id refuses the earlier.)
             # One EVAL per script loads it; the other calls go again by SHA (a batch of ten thousand claims does
             # not send the source ten thousand times). A node that still lacks it (Cluster) gets EVAL. The
             # replies already in stand whatever happens to these.
@@ -283,32 +288,41 @@ class Store:
     def _done(self) -> None:
         self._in_flight -= 1
         if not self._in_flight and self._pending:
-            batch, self._pending = self._pending, []
-            if self._closed:  # sent now, they would open a new connection behind close()'s back
-                for _, future in batch:
-                    if not future.done():
-                        future.set_exception(StoreUnavailableError("the store connection was closed"))
-                return
             self._in_flight += 1
-            delivery = asyncio.ensure_future(self._deliver(batch))
+            delivery = asyncio.ensure_future(self._deliver())
             self._deliveries.add(delivery)
-            delivery.add_done_callback(self._deliveries.discard)
+            delivery.add_done_callback(self._delivered)
 
-    async def _deliver(self, batch: list[tuple[Command, asyncio.Future[Reply]]]) -> None:
-        replies: list[Reply | StoreError]
+    async def _deliver(self, batch: Sequence[Command] = ()) -> list[Reply | StoreError]:
+        """Send the queued commands, as they are when it starts (a batch sent before it may have taken them
+        along), then ``batch``; settle the queued commands' callers and return the batch's replies."""
+        waiting, self._pending = self._pending, []
+        if self._closed and waiting:  # sent now, they would open a new connection behind close()'s back
+            _fail(waiting, StoreUnavailableError("the store connection was closed"))
+            waiting = []
+        commands = [*(command for command, _ in waiting), *batch]
+        replies: list[Reply | StoreError] = []
         try:
-            if len(batch) == 1:  # a plain command costs less than a pipeline of one
-                replies = [await _kept(self.connection.execute(batch[0][0]))]
-            else:
-                replies = await self.connection.execute_many([command for command, _ in batch])
+            if len(commands) == 1:  # a plain command costs less than a pipeline of one
+                replies = [await _kept(self.connection.execute(commands[0]))]
+            elif commands:
+                replies = await self.connection.execute_many(commands)
         except BaseException as error:
-            _fail(batch, error)
-            if not isinstance(error, Exception):
-                raise
-            return
+            _fail(waiting, error)
+            if not batch and isinstance(error, Exception):
+                return []  # its callers have it
+            if isinstance(error, Exception) and not isinstance(error, StoreError):
+                raise _unknown_outcome(error) from error
+            raise
         finally:
             self._done()
-        _settle(batch, replies)
+        _settle(waiting, replies[: len(waiting)])
+        return replies[len(waiting) :]
+
+    def _delivered(self, delivery: asyncio.Future[list[Reply | StoreError]]) -> None:
+        self._deliveries.discard(delivery)
+        if not delivery.cancelled():
+            delivery.exception()  # handed to its callers already; a batch's caller may be gone (cancelled)
 
     async def load(self, scripts: Sequence[Script]) -> None:
         """Cache scripts on the server ahead of use, so that a first burst is not answered NOSCRIPT. One that could

@@ -1044,11 +1044,52 @@ async def test_a_batch_takes_the_commands_queued_before_it_along_in_front() -> N
     queued = asyncio.ensure_future(store.execute("SET", "b", "1"))
     await asyncio.sleep(0)
     batch = asyncio.ensure_future(store.execute_many([("SET", "c", "1"), ("SET", "d", "1")]))
-    await asyncio.sleep(0)
-    assert [command[1] for command in connection.received] == ["a", "b"]  # out at once, b first
+    await asyncio.sleep(0)  # the batch's caller starts its pipeline,
+    await asyncio.sleep(0)  # which goes out, while a is still in flight
+    assert [command[1] for command in connection.received] == ["a", "b"]  # b first
     connection.answer.set()
     assert [await in_flight, await queued, await batch] == ["OK", "OK", ["OK", "OK"]]
     assert [command[1] for command in connection.received] == ["a", "b", "c", "d"]
+
+
+async def test_a_batch_sent_as_the_reply_in_flight_comes_still_goes_behind_the_queued_command() -> None:
+    """The in-flight reply and the batch's caller wake in one turn of the loop, the reply first: the queued
+    command's delivery is scheduled but has not started when the batch goes out. It must still leave first."""
+    connection = _Held()
+    store = Store(connection, owned=False)
+    woken = asyncio.get_running_loop().create_future()
+    in_flight = asyncio.ensure_future(store.execute("SET", "a", "1"))
+    await asyncio.sleep(0)
+    queued = asyncio.ensure_future(store.execute("SET", "b", "1"))
+
+    async def batch() -> list[Any]:
+        await woken
+        return await store.execute_many([("SET", "c", "1"), ("SET", "d", "1")])
+
+    batched = asyncio.ensure_future(batch())
+    await asyncio.sleep(0)
+    connection.answer.set()  # a's reply, and in the same turn the batch's caller
+    woken.set_result(None)
+    assert await asyncio.gather(in_flight, queued, batched) == ["OK", "OK", ["OK", "OK"]]
+    assert [command[1] for command in connection.received] == ["a", "b", "c", "d"]
+
+
+async def test_a_cancelled_batch_leaves_the_commands_it_took_along_to_their_callers() -> None:
+    connection = _Held()
+    store = Store(connection, owned=False)
+    in_flight = asyncio.ensure_future(store.execute("SET", "a", "1"))
+    await asyncio.sleep(0)
+    queued = asyncio.ensure_future(store.execute("SET", "b", "1"))
+    await asyncio.sleep(0)
+    batch = asyncio.ensure_future(store.execute_many([("SET", "c", "1"), ("SET", "d", "1")]))
+    await asyncio.sleep(0)
+    batch.cancel()  # say, a timeout around its caller
+    connection.answer.set()
+    assert await in_flight == "OK"
+    assert await queued == "OK"  # not failed with the batch
+    with pytest.raises(asyncio.CancelledError):
+        await batch
+    assert await store.execute("SET", "e", "1") == "OK"  # nothing is left counted in flight
 
 
 async def test_a_batch_that_fails_fails_the_commands_it_took_along() -> None:
