@@ -244,7 +244,8 @@ class World(Generic[S]):
     forgotten: tuple[frozenset[tuple[int, int]], ...]
     top_fence: int  # the largest fence acknowledged
     manual_left: bool = False  # run_now may still be called (with the manual fault)
-    # (instance, slot index) of every claim whose answer was lost: to P2, that instance was cut off from the slot
+    # (instance, slot index) of each claim whose answer was lost and not heard since: to P2, that instance is cut
+    # off from the slot (until a retry is answered; for good once its retry became a skip)
     unanswered: frozenset[tuple[int, int]] = frozenset()
 
 
@@ -376,7 +377,7 @@ class Explorer(Generic[S]):
                 w = replace(w, skipped=w.skipped | {k})
         elif kind in ("claim", "manual"):
             store, claim = self.model.claim(w.store, slot, me, w.now)
-            w, note = replace(w, store=store), claim
+            w, note = replace(w, store=store, unanswered=w.unanswered - {(i, k)}), claim
             if claim.outcome is Outcome.WON:
                 phase = Holding(claim.attempt, w.now + claim.lease_ms_left)
                 w = replace(w, top_fence=max(w.top_fence, claim.fence))
