@@ -82,6 +82,8 @@ class Results:
     simulations: int = 0  # simulations run; in live mode each runs every strategy side by side
     simulated_s: float = 0.0  # of scenario time (live mode: of live time, compressed)
     bench: dict[str, Any] = field(default_factory=dict)  # live mode: claim latency and store memory per target
+    # The code's commit, read as the runs begin: writing the report (its figures) may change tracked files.
+    commit: str = field(default_factory=lambda: _commit())
 
     def add(self, outcome: Outcome, target: str = "") -> None:
         cell = self.cells.setdefault((outcome.scenario.name, outcome.strategy), Cell())
@@ -444,7 +446,7 @@ def render(results: Results, figure: Callable[[str, bytes], str]) -> str:
         "For each strategy and checker violated, the smallest run that shows it (fewest history events).",
         "",
     ]
-    commit = _commit()
+    commit = results.commit
     for (name, strategy), cell in sorted(results.cells.items()):
         for checker, outcome in sorted(cell.first_violation.items()):
             verdict = outcome.judgement.verdicts[checker]

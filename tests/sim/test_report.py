@@ -122,3 +122,29 @@ def test_a_report_says_when_the_code_it_was_made_with_differs_from_its_commit(
     assert report._commit() == commit
     (tmp_path / "code.py").write_text("x = 2\n")
     assert report._commit() == f"{commit} with uncommitted changes"
+
+
+def test_a_report_rewriting_its_own_tracked_figures_names_its_commit_clean(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sample report kept in the repository is made again: its figures change as it is written, which must
+    not read as code that differed from its commit."""
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path, check=True,
+                       capture_output=True)  # fmt: skip
+
+    out = tmp_path / "sample"
+    out.mkdir()
+    (out / "lateness.png").write_bytes(b"an older figure")
+    git("init", "-q")
+    git("add", "sample")
+    git("commit", "-q", "-m", "sample")
+    monkeypatch.chdir(tmp_path)
+    zombie = load("zombie")
+    results = report.Results("virtual", 1, [], [zombie])
+    results.add(simulate(zombie, "lease", 1))
+    markdown, _ = report.write(results, out)
+    assert (out / "lateness.png").read_bytes() != b"an older figure"
+    [line] = [line for line in markdown.read_text().splitlines() if line.startswith("- anarchon")]
+    assert re.search(r"commit [0-9a-f]{7,}$", line), line
