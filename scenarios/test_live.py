@@ -121,3 +121,18 @@ def test_the_command_line_runs_a_scenario_live_and_names_the_command_that_runs_i
     refused = subprocess.run([*command[:-1], "no-such-server"], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert refused.returncode == 2
     assert "--server: 'no-such-server' is not provisioned here" in refused.stderr
+
+
+def test_the_command_line_refuses_a_live_run_it_cannot_make_before_making_it(tmp_path: Path) -> None:
+    path = tmp_path / "odd.toml"
+    path.write_text(_toml(parse({
+        "name": "odd", "duration_s": 30, "instances": [{"name": "a"}],
+        "jobs": [{"name": "tick", "cron": "*/2 * * * * *", "work_s": 0.5}],
+    })))  # fmt: skip
+    command = [sys.executable, "-m", "sim", "run", str(path), "--server", "valkey-9"]
+    for extra, said in ((["--strategy", "idmp"], "--strategy: valkey-9 has no IDMP"),
+                        (["--strategy", "lease"], "live mode scales crons like")):  # fmt: skip
+        refused = subprocess.run([*command, *extra], cwd=REPO, capture_output=True, text=True, timeout=60)
+        assert refused.returncode == 2, refused.stderr
+        assert said in refused.stderr
+        assert "Traceback" not in refused.stderr
