@@ -76,6 +76,15 @@ async def test_a_claim_batch_is_answered_in_order(target: StoreTarget, strategy:
     assert [c.outcome for c in first] == [Outcome.WON] * 50
     again = await backend.strategy.claim(backend.store, [(request(SLOT + i, "b"), policy) for i in range(50)])
     assert {c.outcome for c in again} == {Outcome.RUNNING if strategy == "lease" else Outcome.LOST}
+    # Answers that differ within one batch, so that answers handed back out of order would show.
+    later = SLOT + 100_000
+    mixed = await backend.strategy.claim(
+        backend.store, [(request(later + i, token), policy) for i in range(25) for token in ("a", "b")]
+    )
+    loser = Outcome.RUNNING if strategy == "lease" else Outcome.LOST
+    assert [c.outcome for c in mixed] == [Outcome.WON, loser] * 25
+    fences = [c.fence for c in mixed[::2]]
+    assert fences == sorted(set(fences))  # each won claim's own fence, in the order they were sent
 
 
 async def test_stale_tokens_cannot_heartbeat_or_finish(target: StoreTarget) -> None:
@@ -553,8 +562,13 @@ async def test_lease_runs_that_end_in_the_claim_are_trimmed_too(target: StoreTar
     now = int(await target.server_ms())
     for i in range(runs):
         slot = now - 3_600_000 + i * 1000
-        assert (await claim_one(backend, request(slot, "dies"), policy)).outcome is Outcome.WON
-        overlap = await claim_one(backend, request(slot + 500, "next"), policy)  # while the first is live
+        # One pipeline: the second claim comes while the first's 10 ms lease is live, however slow the machine.
+        won, overlap = await backend.strategy.claim(
+            backend.store, [(request(slot, "dies"), policy), (request(slot + 500, "next"), policy)]
+        )
+        assert isinstance(won, Claim)
+        assert isinstance(overlap, Claim)
+        assert won.outcome is Outcome.WON
         await asyncio.sleep(0.012)  # the lease runs out: the worker died
         done = await claim_one(backend, request(slot, "backup"), policy)
         assert (overlap.outcome, done.outcome) == (Outcome.OVERLAP, Outcome.DONE)

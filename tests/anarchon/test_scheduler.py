@@ -113,7 +113,7 @@ async def test_three_schedulers_run_every_slot_exactly_once(target: StoreTarget)
     await asyncio.gather(*(s.start() for s in schedulers))
     first = now_ms() // 1000 * 1000 + 1000
     await asyncio.sleep(20)
-    last = now_ms() // 1000 * 1000 - 1000
+    last = now_ms() // 1000 * 1000 - 2000  # due 2 to 3 s ago: time to start, on a loaded machine too
     await asyncio.gather(*(s.stop() for s in schedulers))
     expected = set(range(first, last + 1, 1000))
     assert len(expected) >= 18
@@ -121,8 +121,6 @@ async def test_three_schedulers_run_every_slot_exactly_once(target: StoreTarget)
         counts = ledger.slots(strategy)
         assert {slot for slot in expected if counts[slot] != 1} == set(), (strategy, counts)
         assert max(counts.values()) == 1, strategy
-        runners = {e.instance for e in ledger.executions if e.job == strategy}
-        assert runners <= {f"{strategy}-{i}" for i in range(3)}
 
 
 @contextlib.asynccontextmanager
@@ -164,7 +162,7 @@ async def test_three_schedulers_on_a_cluster_run_every_slot_of_every_job_once(
     async with _schedulers_on_cluster(running, strategies, jobs, ledger):
         first = now_ms() // 1000 * 1000 + 1000
         await asyncio.sleep(6)
-        last = now_ms() // 1000 * 1000 - 1000
+        last = now_ms() // 1000 * 1000 - 2000  # due 2 to 3 s ago: time to start, on a loaded machine too
     expected = set(range(first, last + 1, 1000))
     assert len(expected) >= 4
     for strategy in strategies:
@@ -196,7 +194,7 @@ async def test_schedulers_on_a_cluster_carry_on_after_a_primary_fails_over(real_
                 assert replica.info("replication")["role"] == "master"
                 promoted = now_ms() // 1000 * 1000 + 1000
                 await asyncio.sleep(12)  # the claims refused before wait out a few retries (0.5, 1, 2, 4 s)
-                last = now_ms() // 1000 * 1000 - 1000
+                last = now_ms() // 1000 * 1000 - 2000  # due 2 to 3 s ago: time to start, on a loaded machine too
                 skipped = {
                     job: {r.slot for r in await schedulers[0].history(job, 100) if r.status == "skipped-overlap"}
                     for job in jobs
@@ -210,6 +208,8 @@ async def test_schedulers_on_a_cluster_carry_on_after_a_primary_fails_over(real_
         counts = ledger.slots(job)
         assert {slot for slot in after if counts[slot] != 1 and slot not in skipped[job]} == set(), (job, counts)
         assert {slot for slot in after if slot > last - 5000 and counts[slot] != 1} == set(), (job, counts)
+        late = [(e.slot, e.started_ms - e.slot) for e in ledger.of(job) if e.slot > last - 5000 and e.slot <= last]
+        assert [slot for slot, lateness in late if lateness >= 1500] == [], (job, late)  # the last five on time
         assert max(counts[slot] for slot in after) == 1, (job, counts)
         if job not in failed:
             assert max(counts.values()) == 1, (job, sorted(counts.items()))
@@ -234,7 +234,7 @@ async def test_jobs_on_the_primaries_still_up_run_on_time_while_another_is_down(
             running.control.kill()
             down = now_ms() // 1000 * 1000 + 1000
             await asyncio.sleep(6)
-            last = now_ms() // 1000 * 1000 - 1000
+            last = now_ms() // 1000 * 1000 - 2000  # due 2 to 3 s ago: time to start, on a loaded machine too
     lost = {job for job in jobs if running.shard_of(keys.lease(job).state) == running.shards[0]}
     assert 0 < len(lost) < len(jobs)
     after = set(range(down, last + 1, 1000))
@@ -270,14 +270,16 @@ async def test_a_backup_reruns_the_slot_of_a_winner_cut_off_mid_run(target: Stor
 
     for i in range(3):
         backend, links[f"i{i}"] = target.linked_backend("lease", name=f"i{i}")
-        scheduler = Scheduler(backend, instance_id=f"i{i}", lease_ms=600, heartbeat_ms=150)
+        # The winner gives up 5% of its lease before the lease ends: 100 ms here, room for a loaded machine.
+        scheduler = Scheduler(backend, instance_id=f"i{i}", lease_ms=2_000, heartbeat_ms=500)
         scheduler.add_job("long", cron, job(f"i{i}"), max_attempts=3)
         schedulers.append(scheduler)
     await asyncio.gather(*(s.start() for s in schedulers))
     await asyncio.wait_for(started.wait(), 5)
     winner = ledger.executions[0]
     links[winner.instance].cut()  # it can no longer heartbeat, nor finish
-    await asyncio.sleep(3)
+    await eventually(lambda: len(ledger.executions) >= 2, cap_s=8)  # a backup took over
+    await asyncio.sleep(2)  # and ran its 1.5 s
     links[winner.instance].heal()
     history = await schedulers[(int(winner.instance[1]) + 1) % 3].history("long")
     await asyncio.gather(*(s.stop() for s in schedulers))
@@ -315,7 +317,7 @@ async def test_catch_up_runs_the_slots_missed_while_every_instance_was_down(targ
     late = make(2)
     await late.start()
     await asyncio.sleep(2)
-    last = now_ms() // 1000 * 1000 - 1000
+    last = now_ms() // 1000 * 1000 - 2000  # due 2 to 3 s ago: time to start, on a loaded machine too
     await late.stop()
 
     counts = ledger.slots()
@@ -363,7 +365,7 @@ def test_instances_given_generators_of_one_seed_run_each_slot_once(strategy: str
         return ran
 
     ran = run_virtual(main(), epoch_s=VIRTUAL_EPOCH_S, seed=1)
-    assert len(ran) >= 4
+    assert len(ran) == 4  # the slots at 1 s to 4 s; the one at 5 s falls due as they stop
     assert set(ran.values()) == {1}, ran
 
 
@@ -749,14 +751,14 @@ async def test_stop_does_not_hand_back_a_sync_job_whose_thread_runs_on(fake_targ
 
         return job
 
-    cron = second_from_now(1)
+    cron = second_from_now(3)  # room for both to start before it, on a loaded machine too
     schedulers = {}
     for name in ("a", "b"):
         scheduler = Scheduler(fake_target.backend("lease"), instance_id=name, lease_ms=1000)
         scheduler.add_job("job", cron, job_of(name), max_attempts=3)
         await scheduler.start()
         schedulers[name] = scheduler
-    await asyncio.to_thread(started.wait, 5)
+    assert await asyncio.to_thread(started.wait, 10)
     [(winner, _)] = starts
     await schedulers[winner].stop(timeout=0.1)
     await asyncio.sleep(2.5)  # past the lease: a backup would have taken a handed-back run over
@@ -886,9 +888,9 @@ async def test_run_now_while_a_scheduled_run_is_going(target: StoreTarget, overl
     scheduler = Scheduler(
         target.backend("lease"), instance_id="a", lease_ms=2_000, on_run_start=lambda run: started.set()
     )
-    scheduler.add_job("long", second_from_now(1), ledger.job("a", seconds=1.5), overlap=overlap)
+    scheduler.add_job("long", second_from_now(3), ledger.job("a", seconds=1.5), overlap=overlap)
     async with scheduler:
-        await asyncio.wait_for(started.wait(), 5)
+        await asyncio.wait_for(started.wait(), 10)
         record = await scheduler.run_now("long")
         history = await scheduler.history("long")
     assert record.manual
@@ -1119,16 +1121,18 @@ async def test_a_run_won_while_stop_begins_is_handed_back_or_recorded_not_droppe
     # the stopping scheduler must not leave it claimed and never run.
     backend, link = fake_target.linked_backend(strategy)
     ran: list[int] = []
+    sending = asyncio.Event()
 
     async def slow() -> None:
+        sending.set()
         await asyncio.sleep(0.3)
 
     scheduler = Scheduler(backend, **({"lease_ms": 60_000} if strategy == "lease" else {}))
     scheduler.add_job("sync", "* * * * * *", lambda run: ran.append(run.slot))
     await scheduler.start()
     slot = (now_ms() // 1000 + 1) * 1000
-    link.gate = slow
-    await asyncio.sleep((slot - now_ms()) / 1000 + 0.1)
+    link.gate = slow  # the first command after this is the slot's claim
+    await asyncio.wait_for(sending.wait(), 5)
     await scheduler.stop()
     assert slot not in ran
     other = await fake_target.started_backend(strategy)
@@ -1253,16 +1257,29 @@ async def test_a_late_instance_records_no_skip_of_a_run_another_instance_claimed
     assert [(r.slot, r.status) for r in history] == [(slot + 1_000, "skipped-late")]
 
 
-async def test_a_jittered_claim_is_not_late_for_its_jitter(fake_target: StoreTarget) -> None:
-    """max_late_ms counts after the jitter: a claim delayed by up to jitter_ms is on time."""
-    ledger = Ledger()
-    scheduler = Scheduler(fake_target.backend("lease"))
-    scheduler.add_job("tick", "* * * * * *", ledger.job("a"), jitter_ms=1_800, max_late_ms=1_000)
-    async with scheduler:
-        await asyncio.sleep(4.5)
+def test_a_jittered_claim_is_not_late_for_its_jitter() -> None:
+    """max_late_ms counts after the jitter: a claim delayed by up to jitter_ms is on time. The seed's first
+    draw (the first slot's jitter) is over max_late_ms, so that counting the jitter as lateness would skip it."""
+    seed = 2
+    first_jitter = random.Random(seed).randint(0, 1_800)
+    assert first_jitter > 1_000
+
+    async def main() -> tuple[list[tuple[int, int]], list[str]]:
+        started: list[tuple[int, int]] = []
+        scheduler = _virtual_instance(fakeredis.FakeServer(), "a", random=random.Random(seed))
+
+        async def work(run: RunContext) -> None:
+            started.append((run.slot, scheduler.clock.wall_ms() - run.slot))
+
+        scheduler.add_job("tick", "* * * * * *", work, jitter_ms=1_800, max_late_ms=1_000)
+        await _run_for([scheduler], 4.5)
         history = await scheduler.history("tick", limit=20)
-    assert [r for r in history if r.status == "skipped-late"] == []
-    assert len(ledger.of()) >= 2
+        return started, [r.status for r in history]
+
+    started, statuses = run_virtual(main(), epoch_s=VIRTUAL_EPOCH_S, seed=1)
+    assert started[0][1] == first_jitter  # ran, that late after its slot
+    assert len(started) >= 3
+    assert "skipped-late" not in statuses
 
 
 class SentinelLikePool(redis.asyncio.ConnectionPool):
@@ -1485,23 +1502,24 @@ async def _starts_after_stop(turns: int, monkeypatch: pytest.MonkeyPatch) -> lis
     return late_starts
 
 
-async def test_jitter_comes_from_the_injected_random(fake_target: StoreTarget) -> None:
+def test_jitter_comes_from_the_injected_random() -> None:
     seed = 7
     expected_first_jitter = random.Random(seed).randint(0, 800)  # the same draws, in the same order
-    ledger = Ledger()
-    scheduler = Scheduler(fake_target.backend("lease"), random=random.Random(seed), instance_id="a")
-    scheduler.add_job("tick", "* * * * * *", ledger.job("a"), jitter_ms=800)
-    # The instance id was given, so the first draw is the first job's first jitter.
-    started_wall: list[int] = []
 
-    async def on_start(run: RunContext) -> None:
-        started_wall.append(now_ms() - run.slot)
+    async def main() -> list[int]:
+        # The instance id was given, so the first draw is the first job's first jitter.
+        scheduler = _virtual_instance(fakeredis.FakeServer(), "a", random=random.Random(seed))
+        started_after: list[int] = []
 
-    scheduler.on_run_start = on_start
-    async with scheduler:
-        await asyncio.sleep(2.2)
-    assert started_wall
-    assert started_wall[0] >= expected_first_jitter
+        async def work(run: RunContext) -> None:
+            started_after.append(scheduler.clock.wall_ms() - run.slot)
+
+        scheduler.add_job("tick", "* * * * * *", work, jitter_ms=800)
+        await _run_for([scheduler], 2.2)
+        return started_after
+
+    started_after = run_virtual(main(), epoch_s=VIRTUAL_EPOCH_S, seed=1)
+    assert started_after[0] == expected_first_jitter  # virtual time: the claim and the start take no time
 
 
 async def test_skewed_instance_clocks_still_run_each_slot_once(fake_target: StoreTarget) -> None:
@@ -1524,14 +1542,15 @@ async def test_skewed_instance_clocks_still_run_each_slot_once(fake_target: Stor
 
 
 async def test_stop_waits_then_interrupts_and_records(fake_target: StoreTarget) -> None:
+    ledger = Ledger()
     scheduler = Scheduler(fake_target.backend("lease"))
-    scheduler.add_job("slow", "0 0 1 1 *", Ledger().job("a", seconds=30))
+    scheduler.add_job("slow", "0 0 1 1 *", ledger.job("a", seconds=30))
     await scheduler.start()
     run = asyncio.create_task(scheduler.run_now("slow"))
-    await asyncio.sleep(0.1)
+    await eventually(lambda: bool(ledger.executions), 5)
     began = time.monotonic()
     await scheduler.stop(timeout=0.3)
-    assert time.monotonic() - began < 5
+    assert 0.3 <= time.monotonic() - began < 5  # it waited its timeout for the job, then interrupted it
     record = await run
     assert (record.status, record.message) == ("interrupted", "the scheduler stopped")
     async with scheduler:
@@ -1841,6 +1860,7 @@ async def test_stop_ends_on_time_when_an_async_job_ignores_cancellation(
         "it running (its lease runs out, and a backup may run the run again beside it)"
     ]
     assert took_s < 0.5 + 2 * scheduler_module.STOP_GRACE_S + 1
+    assert first.ended_ms is not None  # the ignored job did end, and nothing it did after was logged
     assert [(e.instance, e.attempt) for e in ledger.of("long") if e.slot == first.slot] == [
         ("stubborn", 1),
         ("backup", 2),
@@ -1849,10 +1869,15 @@ async def test_stop_ends_on_time_when_an_async_job_ignores_cancellation(
 
 
 async def test_a_job_hogging_the_event_loop_keeps_its_lease(real_server: ServerUnderTest) -> None:
-    """Heartbeats run on a thread of their own: a job that blocks its loop for 4 leases keeps the run."""
+    """Heartbeats run on a thread of their own: a job that blocks its loop for 4 leases or more keeps the run.
+    It blocks until the backup has asked ten times, however long that takes on a loaded machine."""
+    asked = threading.Event()
+    blocked_s: list[float] = []
 
     async def hog(run: RunContext) -> None:
-        time.sleep(1.2)  # blocks the scheduler's event loop  # noqa: ASYNC251
+        began = time.monotonic()
+        asked.wait(30)  # blocks the scheduler's event loop
+        blocked_s.append(time.monotonic() - began)
 
     started = threading.Event()
     scheduler = Scheduler(
@@ -1866,7 +1891,7 @@ async def test_a_job_hogging_the_event_loop_keeps_its_lease(real_server: ServerU
     manual_run = asyncio.create_task(asyncio.to_thread(background.run_now, "hog"))
     backup = await target_backend(real_server)
     try:
-        await asyncio.to_thread(started.wait, 5)
+        assert await asyncio.to_thread(started.wait, 10)
         [run] = await backup.store.execute("SMEMBERS", "{cron:hog}:active")
         answers = []
         for _ in range(10):  # a backup asks for the run all through the hog
@@ -1874,11 +1899,14 @@ async def test_a_job_hogging_the_event_loop_keeps_its_lease(real_server: ServerU
             [claim] = await backup.strategy.claim(backup.store, [(request, JobPolicy(lease_ms=300))])
             answers.append(claim.outcome)
             await asyncio.sleep(0.1)
+        asked.set()
         record = await manual_run
     finally:
+        asked.set()
         await asyncio.to_thread(background.stop)
         await backup.stop()
-    assert set(answers) == {Outcome.RUNNING}
+    assert answers == [Outcome.RUNNING] * 10
+    assert blocked_s[0] > 4 * 0.3
     assert (record.status, record.attempt) == ("ok", 1)
 
 
@@ -1905,9 +1933,10 @@ async def test_a_claim_whose_reply_was_lost_is_retried_with_its_token(fake_targe
     ledger = Ledger()
     link = LoseOneClaimReply(adapt(fake_target.new_client()))
     scheduler = Scheduler(fake_target.backend("lease", connection=link), lease_ms=10_000)
-    scheduler.add_job("tick", second_from_now(1), ledger.job("a"))
+    scheduler.add_job("tick", second_from_now(3), ledger.job("a"))
     async with scheduler:
-        await asyncio.sleep(3)  # the retry comes 0.5 s later; a stranger's claim would wait out the 10 s lease
+        await eventually(lambda: link.lost and bool(ledger.executions), cap_s=6)
+        await asyncio.sleep(1)  # the retry came 0.5 s after the loss; a stranger's would wait out the 10 s lease
         history = await scheduler.history("tick")
     assert link.lost
     assert [(e.attempt, e.manual) for e in ledger.executions] == [(1, False)]
@@ -1990,11 +2019,17 @@ async def test_claims_failing_with_an_untranslated_client_error_are_retried_and_
     async with scheduler:
         await eventually(lambda: len(ledger.of()) >= 1, cap_s=3)
         connection.garbled = True
+        garbled_from = now_ms()
         await asyncio.sleep(1.5)  # the claims of a slot or two fail
         connection.garbled = False
         before = len(ledger.of())
         await eventually(lambda: len(ledger.of()) >= before + 2, cap_s=5)
         assert len(ledger.of()) >= before + 2  # runs go on once the client answers again
+    # The slots due while the client failed were retried (well within max_late_ms) and ran, once each; under
+    # stream-id one whose retry came after the next slot's claim is refused (its known weakness), never run twice.
+    garbled = range((garbled_from // 1000 + 1) * 1000, garbled_from + 1500, 1000)
+    ran = [ledger.slots()[slot] for slot in garbled]
+    assert ran == [1] * len(garbled) if strategy == "lease" else set(ran) <= {0, 1}
     assert max(ledger.slots().values()) == 1
 
 
@@ -2003,12 +2038,16 @@ async def test_a_result_stands_when_the_history_trim_after_it_fails(fake_target:
     dropped: the record was stored, so finish reports it accepted and is not sent again."""
 
     class TrimsFail(Meddled):
+        refused = 0
+
         async def execute(self, command: Any) -> Any:  # execute_many sends each command through here
             if command[0] in ("EVALSHA", "EVAL") and command[1] in (TRIM_STREAM.sha, TRIM_STREAM.source):
+                self.refused += 1
                 raise StoreUnavailableError("store unavailable: the connection dropped")
             return await super().execute(command)
 
-    backend = fake_target.backend("stream-id", connection=TrimsFail(adapt(fake_target.new_client())))
+    connection = TrimsFail(adapt(fake_target.new_client()))
+    backend = fake_target.backend("stream-id", connection=connection)
     await backend.start(["sync"])
     policy = JobPolicy(history_ttl_ms=1_000)
     slot = now_ms()
@@ -2021,6 +2060,7 @@ async def test_a_result_stands_when_the_history_trim_after_it_fails(fake_target:
     )  # fmt: skip
     try:
         assert await backend.strategy.finish(backend.store, request, claim, policy, record)
+        assert connection.refused >= 1  # the trims were sent, and failed
         assert [r.status for r in await backend.strategy.history(backend.store, "sync", 5)] == ["ok"]
     finally:
         await backend.stop()
