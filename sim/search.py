@@ -146,14 +146,8 @@ def search_checker(
     def holds(faults: list[dict[str, Any]], seed: int) -> None:
         if not budget.searching():
             return
-        try:
-            outcome = budget.simulate(faults, strategy, seed)
-        except Exception as error:
-            if broken is None:
-                raise
-            broken.append(Breakage(faults, seed, f"{type(error).__name__}: {error}"))
-            return
-        if outcome.judgement.verdicts[checker].status == "invalid":
+        outcome = _simulated(budget, faults, strategy, seed, broken)
+        if outcome is not None and outcome.judgement.verdicts[checker].status == "invalid":
             found.append(Finding(checker, faults, seed, outcome))
             raise AssertionError(outcome.judgement.verdicts[checker].witness)
 
@@ -183,14 +177,8 @@ def shrink(
     failures = [finding]  # the last one is the schedule smallest_failing settles on
 
     def fails(faults: list[dict[str, Any]]) -> bool:
-        try:
-            outcome = budget.simulate(faults, strategy, seed)
-        except Exception as error:
-            if broken is None:
-                raise
-            broken.append(Breakage(faults, seed, f"{type(error).__name__}: {error}"))
-            return False
-        if outcome.judgement.verdicts[checker].status != "invalid":
+        outcome = _simulated(budget, faults, strategy, seed, broken)
+        if outcome is None or outcome.judgement.verdicts[checker].status != "invalid":
             return False
         failures.append(Finding(checker, faults, seed, outcome))
         return True
@@ -198,6 +186,20 @@ def shrink(
     faults, minimal = smallest_failing(finding.faults, fails, lambda: not budget.shrinking())
     assert failures[-1].faults == faults
     return replace(failures[-1], minimal=minimal)
+
+
+def _simulated(
+    budget: Budget, faults: list[dict[str, Any]], strategy: str, seed: int, broken: list[Breakage] | None
+) -> Outcome | None:
+    """The run's outcome; None when the simulator itself failed, which is added to ``broken`` (without
+    ``broken``, it propagates)."""
+    try:
+        return budget.simulate(faults, strategy, seed)
+    except Exception as error:
+        if broken is None:
+            raise
+        broken.append(Breakage(faults, seed, f"{type(error).__name__}: {error}"))
+        return None
 
 
 T = TypeVar("T")

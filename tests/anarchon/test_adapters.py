@@ -46,7 +46,7 @@ from anarchon import (
 )
 from anarchon._adapters import RedisPyAsync, RedisPyCluster, adapt, translate
 from anarchon._keys import KeySpace
-from anarchon._store import Command, Reply, ServerInfo, Store
+from anarchon._store import Command, Connection, Reply, ServerInfo, Store
 from anarchon._strategies import Claim, JobPolicy, Outcome, RunRequest
 from anarchon._strategies.lease import LeaseStrategy
 from anarchon._strategies.stream_id import StreamIdStrategy
@@ -1014,15 +1014,23 @@ class _Held:
         return None
 
 
-async def test_a_closed_store_sends_nothing_more() -> None:
-    """Commands queued behind one in flight when the store closes fail, instead of going out afterwards (on a
-    pool anarchon had closed, they would open a new connection after stop()); so does any command sent later."""
-    connection = _Held()
-    store = Store(connection, owned=True)
+async def _in_flight_and_queued(
+    connection: Connection, *, owned: bool = False
+) -> tuple[Store, asyncio.Future[Reply], asyncio.Future[Reply]]:
+    """A store on ``connection`` with SET a in flight and SET b queued behind it."""
+    store = Store(connection, owned=owned)
     in_flight = asyncio.ensure_future(store.execute("SET", "a", "1"))
     await asyncio.sleep(0)
     queued = asyncio.ensure_future(store.execute("SET", "b", "1"))
     await asyncio.sleep(0)
+    return store, in_flight, queued
+
+
+async def test_a_closed_store_sends_nothing_more() -> None:
+    """Commands queued behind one in flight when the store closes fail, instead of going out afterwards (on a
+    pool anarchon had closed, they would open a new connection after stop()); so does any command sent later."""
+    connection = _Held()
+    store, in_flight, queued = await _in_flight_and_queued(connection, owned=True)
     await store.close()
     connection.answer.set()
     assert await in_flight == "OK"
@@ -1038,11 +1046,7 @@ async def test_a_batch_takes_the_commands_queued_before_it_along_in_front() -> N
     batch, ahead of it. Sent after it, a claim retried behind a slow reply would reach the store after a claim of
     the job's next slot (stream-id would refuse the earlier slot; lease would skip it as an overlap)."""
     connection = _Held()
-    store = Store(connection, owned=False)
-    in_flight = asyncio.ensure_future(store.execute("SET", "a", "1"))
-    await asyncio.sleep(0)
-    queued = asyncio.ensure_future(store.execute("SET", "b", "1"))
-    await asyncio.sleep(0)
+    store, in_flight, queued = await _in_flight_and_queued(connection)
     batch = asyncio.ensure_future(store.execute_many([("SET", "c", "1"), ("SET", "d", "1")]))
     await asyncio.sleep(0)  # the batch's caller starts its pipeline,
     await asyncio.sleep(0)  # which goes out, while a is still in flight
@@ -1056,11 +1060,8 @@ async def test_a_batch_sent_as_the_reply_in_flight_comes_still_goes_behind_the_q
     """The in-flight reply and the batch's caller wake in one turn of the loop, the reply first: the queued
     command's delivery is scheduled but has not started when the batch goes out. It must still leave first."""
     connection = _Held()
-    store = Store(connection, owned=False)
     woken = asyncio.get_running_loop().create_future()
-    in_flight = asyncio.ensure_future(store.execute("SET", "a", "1"))
-    await asyncio.sleep(0)
-    queued = asyncio.ensure_future(store.execute("SET", "b", "1"))
+    store, in_flight, queued = await _in_flight_and_queued(connection)
 
     async def batch() -> list[Any]:
         await woken
@@ -1076,11 +1077,7 @@ async def test_a_batch_sent_as_the_reply_in_flight_comes_still_goes_behind_the_q
 
 async def test_a_cancelled_batch_leaves_the_commands_it_took_along_to_their_callers() -> None:
     connection = _Held()
-    store = Store(connection, owned=False)
-    in_flight = asyncio.ensure_future(store.execute("SET", "a", "1"))
-    await asyncio.sleep(0)
-    queued = asyncio.ensure_future(store.execute("SET", "b", "1"))
-    await asyncio.sleep(0)
+    store, in_flight, queued = await _in_flight_and_queued(connection)
     batch = asyncio.ensure_future(store.execute_many([("SET", "c", "1"), ("SET", "d", "1")]))
     await asyncio.sleep(0)
     batch.cancel()  # say, a timeout around its caller
@@ -1098,11 +1095,7 @@ async def test_a_batch_that_fails_fails_the_commands_it_took_along() -> None:
             raise ConnectionResetError("reset by peer")
 
     connection = Down()
-    store = Store(connection, owned=False)
-    in_flight = asyncio.ensure_future(store.execute("SET", "a", "1"))
-    await asyncio.sleep(0)
-    queued = asyncio.ensure_future(store.execute("SET", "b", "1"))
-    await asyncio.sleep(0)
+    store, in_flight, queued = await _in_flight_and_queued(connection)
     with pytest.raises(StoreUnavailableError, match="ConnectionResetError: reset by peer"):
         await store.execute_many([("SET", "c", "1"), ("SET", "d", "1")])
     with pytest.raises(StoreUnavailableError, match="ConnectionResetError: reset by peer"):
