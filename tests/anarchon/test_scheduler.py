@@ -261,7 +261,7 @@ async def test_a_backup_reruns_the_slot_of_a_winner_cut_off_mid_run(target: Stor
             ledger.executions.append(Execution(instance, run.job, run.slot, run.attempt, False, now_ms()))
             started.set()
             try:
-                await asyncio.sleep(1.5)
+                await asyncio.sleep(3)  # longer than the lease, which the cut-off winner cannot renew
             except asyncio.CancelledError:
                 lost.append((instance, run.lease_is_lost, now_ms()))
                 raise
@@ -279,7 +279,7 @@ async def test_a_backup_reruns_the_slot_of_a_winner_cut_off_mid_run(target: Stor
     winner = ledger.executions[0]
     links[winner.instance].cut()  # it can no longer heartbeat, nor finish
     await eventually(lambda: len(ledger.executions) >= 2, cap_s=8)  # a backup took over
-    await asyncio.sleep(2)  # and ran its 1.5 s
+    await asyncio.sleep(3.5)  # and ran its 3 s
     links[winner.instance].heal()
     history = await schedulers[(int(winner.instance[1]) + 1) % 3].history("long")
     await asyncio.gather(*(s.stop() for s in schedulers))
@@ -1870,7 +1870,7 @@ async def test_stop_ends_on_time_when_an_async_job_ignores_cancellation(
 
 async def test_a_job_hogging_the_event_loop_keeps_its_lease(real_server: ServerUnderTest) -> None:
     """Heartbeats run on a thread of their own: a job that blocks its loop for 4 leases or more keeps the run.
-    It blocks until the backup has asked ten times, however long that takes on a loaded machine."""
+    It blocks until the backup has asked fifteen times, however long that takes on a loaded machine."""
     asked = threading.Event()
     blocked_s: list[float] = []
 
@@ -1894,7 +1894,7 @@ async def test_a_job_hogging_the_event_loop_keeps_its_lease(real_server: ServerU
         assert await asyncio.to_thread(started.wait, 10)
         [run] = await backup.store.execute("SMEMBERS", "{cron:hog}:active")
         answers = []
-        for _ in range(10):  # a backup asks for the run all through the hog
+        for _ in range(15):  # a backup asks for the run all through the hog, 5 leases or more
             request = RunRequest("hog", run, 0, "backup-token", "backup", manual=True)
             [claim] = await backup.strategy.claim(backup.store, [(request, JobPolicy(lease_ms=300))])
             answers.append(claim.outcome)
@@ -1905,7 +1905,7 @@ async def test_a_job_hogging_the_event_loop_keeps_its_lease(real_server: ServerU
         asked.set()
         await asyncio.to_thread(background.stop)
         await backup.stop()
-    assert answers == [Outcome.RUNNING] * 10
+    assert answers == [Outcome.RUNNING] * 15
     assert blocked_s[0] > 4 * 0.3
     assert (record.status, record.attempt) == ("ok", 1)
 
