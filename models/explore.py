@@ -276,6 +276,7 @@ class Explorer(Generic[S]):
             raise ValueError("the manual fault explores lease only: a claim-only manual run is not a claim")
         # Run k < slots is slot k; with the manual fault, run k == slots is the manual run.
         self.runs = slots + ("manual" in self.faults)
+        self.no_wins: tuple[frozenset[tuple[int, int]], ...] = (frozenset(),) * self.runs  # per run
 
     def slot_of(self, k: int) -> int:
         return FIRST_SLOT + k if k < self.k else MANUAL_RUN
@@ -287,10 +288,9 @@ class Explorer(Generic[S]):
         """One world per mix of clocks (instances are interchangeable, so skews come sorted)."""
         skews = (0, 1) if "skew" in self.faults else (0,)
         store = self.model.initial()
-        empty: tuple[frozenset[tuple[int, int]], ...] = (frozenset(),) * self.runs
         return [
             World(0, store, store if self.failover else None, tuple(self._started(skew) for skew in assignment),
-                  (0,) * self.runs, frozenset(), empty, empty, 0, manual_left="manual" in self.faults)
+                  (0,) * self.runs, frozenset(), self.no_wins, self.no_wins, 0, manual_left="manual" in self.faults)
             for assignment in itertools.combinations_with_replacement(skews, self.n)
         ]  # fmt: skip
 
@@ -347,13 +347,12 @@ class Explorer(Generic[S]):
         kind, i, k = step
         if kind == "tick":
             return replace(w, now=w.now + 1), None
-        none: tuple[frozenset[tuple[int, int]], ...] = (frozenset(),) * self.runs
         if kind == "replicate":
-            return replace(w, replica=w.store, unreplicated=none), None
+            return replace(w, replica=w.store, unreplicated=self.no_wins), None
         if kind == "failover":
             assert w.replica is not None
             forgotten = tuple(f | won for f, won in zip(w.forgotten, w.unreplicated, strict=True))
-            return replace(w, store=w.replica, unreplicated=none, forgotten=forgotten), None
+            return replace(w, store=w.replica, unreplicated=self.no_wins, forgotten=forgotten), None
         inst = w.instances[i]
         if kind == "crash":
             return self._with(w, i, Instance(CRASHED, inst.skew, (DONE,) * self.runs)), None

@@ -72,23 +72,22 @@ def _run_live(scenario: Scenario, strategy: str, server: str) -> Outcome | None:
     report; the outcome of ``strategy``."""
     import asyncio
 
-    from sim.live import run_live, scaled
+    from sim.live import has_idmp, run_live
     from sim.servers._targets import SPECS
 
     if server not in available_targets():
         print(f"--server: {server!r} is not provisioned here ({', '.join(available_targets())})", file=sys.stderr)
         return None
     spec = SPECS[server]
-    series = tuple(int(part) for part in spec.series.strip(".").split("."))
-    if strategy == "idmp" and (spec.flavour != "redis" or series < (8, 6)):  # said before a run that cannot help
+    series = [int(part) for part in spec.series.strip(".").split(".")]
+    if strategy == "idmp" and not has_idmp(spec.flavour == "valkey", series):  # said before a run that cannot help
         print(f"--strategy: {server} has no IDMP (Redis 8.6+ has)", file=sys.stderr)
         return None
-    try:
-        scaled(scenario)
+    try:  # a scenario live mode cannot compress is refused before a server starts
+        return asyncio.run(run_live(scenario, server, list(STRATEGIES)))[strategy]
     except ScenarioError as error:
         print(error, file=sys.stderr)
         return None
-    return asyncio.run(run_live(scenario, server, list(STRATEGIES)))[strategy]
 
 
 def report(args: argparse.Namespace) -> int:

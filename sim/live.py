@@ -548,8 +548,13 @@ def _time_defaults(options: Any) -> dict[str, int]:
     return {f.name: getattr(options, f.name) for f in fields(options) if f.name.endswith(("_ms", "_sec"))}
 
 
+def has_idmp(valkey: bool, version: Sequence[int]) -> bool:
+    """Whether a server has XADD IDMP (Redis 8.6 and later)."""
+    return not valkey and tuple(version[:2]) >= (8, 6)
+
+
 def supported(strategy: str, server: RunningServer) -> bool:
-    return strategy != "idmp" or (not server.is_valkey and server.version_info[:2] >= (8, 6))
+    return strategy != "idmp" or has_idmp(server.is_valkey, server.version_info)
 
 
 async def run_live(scenario: Scenario, target: str, strategies: list[str]) -> dict[str, Outcome]:

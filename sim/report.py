@@ -266,10 +266,10 @@ def _rate(violations: int, runs: int) -> str:
 
 
 def _replay(outcome: Outcome, commit: str) -> str:
+    where = "embedded store (fakeredis, Redis 7.0 semantics)"
     if outcome.target:
-        where = f"{outcome.target} {outcome.server_version}"
-        return f"{outcome.replay_command()}   # commit {commit}, {where}, a live run (timing varies)"
-    return f"{outcome.replay_command()}   # commit {commit}, embedded store (fakeredis, Redis 7.0 semantics)"
+        where = f"{outcome.target} {outcome.server_version}, a live run (timing varies)"
+    return f"{outcome.replay_command()}   # commit {commit}, {where}"
 
 
 def _bench_sections(bench: dict[str, Any]) -> list[str]:

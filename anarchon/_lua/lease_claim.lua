@@ -88,14 +88,14 @@ if r.token == token then
       return reply('running', r.attempt, r.fence, other_end - now)
     end
     r.lease_end = now + lease_ms
+    local new_fence = nil
     if job_fence > r.fence then
       -- Other runs took fences while this lease was out, and nobody has heard this one's (its answer was lost):
       -- the renewed lease takes the next, so the fences its holders hear keep growing.
-      r.fence = job_fence + 1
-      save_run(run, r, r.fence)
-    else
-      save_run(run, r)
+      new_fence = job_fence + 1
+      r.fence = new_fence
     end
+    save_run(run, r, new_fence)
   end
   return reply('won', r.attempt, r.fence, r.lease_end - now)
 end

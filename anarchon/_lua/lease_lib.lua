@@ -52,6 +52,13 @@ local function save_run(run, r, fence_counter)
   end
 end
 
+-- Give a running attempt's run back unfinished: its lease ends now, negated to mark it handed back (a backup's
+-- next claim takes it over; a later heartbeat or copy of its claim is refused).
+local function hand_back(run, r, now)
+  r.lease_end = -now
+  save_run(run, r)
+end
+
 -- History ordering: newest slot first, then highest attempt. Built as text because a Lua number would print
 -- 15 digits in exponent form.
 local function result_score(slot, attempt)

@@ -13,6 +13,5 @@ local r = load_run(run)
 if not r or r.status ~= 'running' or r.token ~= token then
   return 0
 end
-r.lease_end = -server_now()
-save_run(run, r)
+hand_back(run, r, server_now())
 return 1

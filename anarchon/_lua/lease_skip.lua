@@ -16,8 +16,7 @@ local now = server_now()
 local r = load_run(run)
 if r then
   if r.status == 'running' and r.token == token then
-    r.lease_end = -now
-    save_run(run, r)
+    hand_back(run, r, now)
   end
   return 0
 else

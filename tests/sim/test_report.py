@@ -104,17 +104,18 @@ def test_a_live_report_gives_its_times_in_live_ms() -> None:
         assert re.search(rf"worked past their lease; min -?\d+ {unit}, p50 -?\d+ {unit}\.", text)
 
 
+def _git(repository: Path, *args: str) -> None:
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=repository, check=True,
+                   capture_output=True)  # fmt: skip
+
+
 def test_a_report_says_when_the_code_it_was_made_with_differs_from_its_commit(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def git(*args: str) -> None:
-        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path, check=True,
-                       capture_output=True)  # fmt: skip
-
-    git("init", "-q")
+    _git(tmp_path, "init", "-q")
     (tmp_path / "code.py").write_text("x = 1\n")
-    git("add", "code.py")
-    git("commit", "-q", "-m", "code")
+    _git(tmp_path, "add", "code.py")
+    _git(tmp_path, "commit", "-q", "-m", "code")
     monkeypatch.chdir(tmp_path)
     commit = report._commit()
     assert re.fullmatch(r"[0-9a-f]{7,}", commit)
@@ -130,16 +131,12 @@ def test_a_report_rewriting_its_own_tracked_figures_names_its_commit_clean(
     """A sample report kept in the repository is made again: its figures change as it is written, which must
     not read as code that differed from its commit."""
 
-    def git(*args: str) -> None:
-        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path, check=True,
-                       capture_output=True)  # fmt: skip
-
     out = tmp_path / "sample"
     out.mkdir()
     (out / "lateness.png").write_bytes(b"an older figure")
-    git("init", "-q")
-    git("add", "sample")
-    git("commit", "-q", "-m", "sample")
+    _git(tmp_path, "init", "-q")
+    _git(tmp_path, "add", "sample")
+    _git(tmp_path, "commit", "-q", "-m", "sample")
     monkeypatch.chdir(tmp_path)
     zombie = load("zombie")
     results = report.Results("virtual", 1, [], [zombie])
