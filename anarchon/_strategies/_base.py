@@ -42,11 +42,11 @@ class Claim(NamedTuple):
 CLAIM_MARGIN_MS = 60_000  # kept beyond a job's claim horizon, for clock differences between instances
 
 
-@dataclass(frozen=True, slots=True)
-class RunRequest:
+class RunRequest(NamedTuple):
     """One instance asking for one run. ``run`` is the store's id of the run: the slot for a scheduled run,
     ``m<slot>-<tag>`` for a manual one (see :func:`run_id`). ``retry``: the claim is sent again, with the same
-    token, after a try that may have reached the store (its answer never came)."""
+    token, after a try that may have reached the store (its answer never came). A named tuple, like
+    :class:`Claim`: one is made for every claim."""
 
     job: str
     run: str

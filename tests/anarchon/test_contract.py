@@ -6,7 +6,6 @@ import asyncio
 import json
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -231,11 +230,11 @@ async def test_a_retried_claim_recognises_its_own_token(target: StoreTarget, str
     backend = await target.started_backend(strategy)
     req = request(SLOT, "mine")
     first = await claim_one(backend, req, JobPolicy())
-    retry = await claim_one(backend, replace(req, retry=True), JobPolicy())
+    retry = await claim_one(backend, req._replace(retry=True), JobPolicy())
     assert first.outcome is retry.outcome is Outcome.WON
     assert first.fence == retry.fence
     # Another instance's retry is not fooled.
-    rival = await claim_one(backend, replace(request(SLOT, "rival"), retry=True), JobPolicy())
+    rival = await claim_one(backend, request(SLOT, "rival")._replace(retry=True), JobPolicy())
     assert rival.outcome is (Outcome.RUNNING if strategy == "lease" else Outcome.LOST)
 
 
@@ -257,7 +256,7 @@ async def test_a_retried_claim_renews_its_own_lease_that_ran_out_meanwhile(targe
     req = request(SLOT, "mine")
     first = await claim_one(backend, req, policy)
     await asyncio.sleep(0.35)
-    retry = await claim_one(backend, replace(req, retry=True), policy)
+    retry = await claim_one(backend, req._replace(retry=True), policy)
     assert (retry.outcome, retry.attempt, retry.fence, retry.lease_ms_left) == (Outcome.WON, 1, first.fence, 300)
     backup = await claim_one(backend, request(SLOT, "backup"), policy)
     assert backup.outcome is Outcome.RUNNING  # the lease is live again: no takeover
@@ -279,7 +278,7 @@ async def test_a_retried_claim_whose_lease_ran_out_takes_a_fence_above_those_tak
     next_run = await claim_one(backend, following, policy)
     assert next_run.fence > first.fence
     assert await backend.strategy.finish(backend.store, following, next_run, policy, record(following, next_run))
-    retry = await claim_one(backend, replace(mine, retry=True), policy)
+    retry = await claim_one(backend, mine._replace(retry=True), policy)
     assert (retry.outcome, retry.attempt) == (Outcome.WON, 1)
     assert retry.fence == next_run.fence + 1
     assert await backend.strategy.finish(backend.store, mine, retry, policy, record(mine, retry))
@@ -301,7 +300,7 @@ async def test_a_retried_claim_whose_lease_ran_out_waits_for_a_run_that_started_
     await asyncio.sleep(0.35)
     following = await claim_one(backend, request(SLOT + 1_000, "next"), policy)
     assert following.outcome is Outcome.WON
-    retry = await claim_one(backend, replace(req, retry=True), policy)
+    retry = await claim_one(backend, req._replace(retry=True), policy)
     assert (retry.outcome, retry.attempt, retry.fence) == (Outcome.RUNNING, 1, first.fence)
     assert 0 < retry.lease_ms_left <= 300  # it asks again when the other run's lease ends
 
@@ -342,7 +341,7 @@ async def test_lease_a_late_retry_of_a_won_claim_hands_the_run_back_to_its_backu
     backup = RunRequest("sync", run_id(slot), slot, "backup", "b")
     assert (await claim_one(backend, backup, policy)).outcome is Outcome.RUNNING
     assert not await backend.strategy.skip(backend.store, backup, policy, "skipped-late", "too late")
-    retry = replace(req, retry=True)
+    retry = req._replace(retry=True)
     assert not await backend.strategy.skip(backend.store, retry, policy, "skipped-late", "too late")
     assert not await backend.strategy.heartbeat(backend.store, retry, policy)  # handed back: no longer its run
     takeover = await claim_one(backend, backup, policy)
@@ -449,7 +448,7 @@ async def test_history_ttl_ms_keeps_the_stream_id_entry_a_retried_claim_reads_ba
     later = RunRequest("sync", run_id(now + 1), now + 1, "later", "b")
     claim = await claim_one(backend, later, policy)
     assert await backend.strategy.finish(backend.store, later, claim, policy, record(later, claim))  # trims
-    retry = await claim_one(backend, replace(mine, retry=True), policy)
+    retry = await claim_one(backend, mine._replace(retry=True), policy)
     assert retry.outcome is Outcome.WON
 
 

@@ -311,7 +311,7 @@ class StreamIdMachine(StoreMachine):
         """``retry``: the claim is sent again after its answer was lost (whether or not its first try got there);
         a claim with a token used before but not marked as a retry is one the client itself sent again."""
         strategy, store = self.backend.strategy, self.backend.store
-        request = replace(self.request(slot, token), retry=retry)
+        request = self.request(slot, token)._replace(retry=retry)
         _, results = self.timed(strategy.claim(store, [(request, JobPolicy())]))
         self.model, expected = stream_id.claim(self.model, slot, token)
         assert_same_claim(expected, one_claim(results), 0)

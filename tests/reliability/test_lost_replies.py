@@ -18,7 +18,6 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
-from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -87,7 +86,7 @@ async def test_a_claim_retried_after_its_reply_was_lost_has_the_first_tries_outc
         [unknown] = await mine.strategy.claim(mine.store, [(request, POLICY)])
         assert isinstance(unknown, StoreUnavailableError)  # the connection dropped: outcome unknown
         [lost_reply] = proxy.lost  # the store did decide: this is what it answered
-        [retry] = await mine.strategy.claim(mine.store, [(replace(request, retry=True), POLICY)])
+        [retry] = await mine.strategy.claim(mine.store, [(request._replace(retry=True), POLICY)])
         assert isinstance(retry, Claim)
     finally:
         await mine.stop()
