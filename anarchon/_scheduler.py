@@ -753,13 +753,24 @@ class Scheduler(Generic[M]):
             message = f"claim came {now - slot} ms after the slot; max_late_ms is {job.options.max_late_ms}" + (
                 f" after a jitter_ms of {jitter}" if jitter else ""
             )
-            log.warning("job %s slot %d skipped: %s", job.name, slot, message, extra={"job": job.name, "slot": slot})
+            extra = {"job": job.name, "slot": slot}
             try:
-                await self.backend.strategy.skip(
+                recorded = await self.backend.strategy.skip(
                     self.backend.store, request, self._policies[job.name], "skipped-late", message
                 )
             except StoreError as error:
-                log.warning("job %s: could not record the skip of slot %d: %s", job.name, slot, error)
+                log.warning("job %s slot %d skipped: %s; the skip was not recorded: %s", job.name, slot, message,
+                            error, extra=extra)  # fmt: skip
+                continue
+            if recorded:
+                log.warning("job %s slot %d skipped: %s", job.name, slot, message, extra=extra)
+            elif request.retry and self.backend.strategy.leases:
+                # The claim whose answer was lost may have won: the store then handed the run back to the backups.
+                log.warning("job %s slot %d not run here: %s; a claim of it whose answer was lost is handed back to "
+                            "any backup", job.name, slot, message, extra=extra)  # fmt: skip
+            else:
+                log.info("job %s slot %d not run here: %s; not recorded as skipped (it was claimed, or the store's "
+                         "clock does not see it late)", job.name, slot, message, extra=extra)  # fmt: skip
 
     async def _catch_up(self, job: Job, now: int) -> None:
         """Run, one after another, the slots of the last ``catch_up_ms`` that no instance ran.

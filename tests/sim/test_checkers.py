@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ from sim.checkers import Judgement, Verdict, judge, percentile
 from sim.history import Event, Execution, History
 from sim.live import SCALE, judge_live, scaled
 from sim.run import simulate
-from sim.scenario import load, parse
+from sim.scenario import Scenario, load, parse
 from sim.world import EPOCH_S, FaultWindow
 
 REPO = Path(__file__).resolve().parents[2]
@@ -390,26 +391,48 @@ def test_a_live_run_is_allowed_the_lateness_of_the_scenario_it_compresses() -> N
     assert live.lateness.witness.endswith("started 1500 ms after its slot (allowed 1200 ms)")
 
 
-def test_a_claim_only_manual_runs_fence_is_not_judged_against_the_slots() -> None:
-    """Under the claim-only strategies a manual run's fence comes from the job's manual stream, documented as not
-    ordered against the slots' (at a slot's very ms it equals the slot's): P6 judges the scheduled runs' only.
-    Under lease every attempt, manual or not, takes the next fence, and all are judged."""
-    scenario = parse({
-        "name": "manual-at-a-slot", "duration_s": 30, "scheduler": {"lease_ms": 3000, "heartbeat_ms": 1000},
+def _manual_at(at_s: int) -> Scenario:
+    return parse({
+        "name": "manual-run", "duration_s": 30, "scheduler": {"lease_ms": 3000, "heartbeat_ms": 1000},
         "instances": [{"name": "a"}, {"name": "b"}],
         "jobs": [{"name": "tick", "cron": "*/10 * * * * *", "work_s": 2.0}],
-        "faults": [{"at_s": 10, "kind": "manual", "instance": "a", "job": "tick"}],
+        "faults": [{"at_s": at_s, "kind": "manual", "instance": "a", "job": "tick"}],
     })  # fmt: skip
-    for strategy in ("stream-id", "script", "lease"):
+
+
+def _won_fences(history: History) -> list[tuple[float, str, int]]:
+    return [(e.t, e.run, int(e.value.split("fence=")[1])) for e in history.events
+            if e.op == "claim" and e.kind == "ok" and e.value.startswith("won")]  # fmt: skip
+
+
+def test_a_claim_only_manual_runs_fence_is_not_judged_against_the_slots() -> None:
+    """Under the claim-only strategies a manual run's fence comes from the job's manual stream, documented as not
+    ordered against the slots' (at a slot's very ms it equals the slot's): P6 judges the scheduled runs' only."""
+    scenario = _manual_at(10)
+    for strategy in ("stream-id", "script"):
         outcome = simulate(scenario, strategy, 1)
-        fences = [int(e.value.split("fence=")[1]) for e in outcome.history.events
-                  if e.op == "claim" and e.kind == "ok" and e.t == 10.0 and e.value.startswith("won")]  # fmt: skip
+        fences = [fence for t, _, fence in _won_fences(outcome.history) if t == 10.0]
         assert any(e.manual for e in outcome.history.executions), "no manual run: the test tests nothing"
-        if strategy != "lease":  # the slot's win and the manual run's, one fence: what P6 must not judge
-            assert len(fences) == 2, (strategy, fences)
-            assert fences[0] == fences[1], (strategy, fences)
+        assert fences == [fences[0]] * 2, (strategy, fences)  # the slot's win and the manual run's: one fence
         assert outcome.judgement.verdict("P6").status == "valid", (strategy, fences)
     assert simulate(scenario, "stream-id", 1).judgement.verdict("P3").status == "invalid"  # still judged apart
+
+
+def test_a_lease_manual_run_takes_the_next_fence_and_is_judged_with_the_slots() -> None:
+    """Under lease every attempt, manual or not, takes the job's next fence, and P6 judges them all: a manual
+    run's fence no higher than the slot's before it is a violation."""
+    scenario = _manual_at(15)  # between two slots' runs (at 10 s and 20 s, 2 s each): neither overlaps it
+    outcome = simulate(scenario, "lease", 1)
+    wins = _won_fences(outcome.history)
+    assert [(run.startswith("m"), fence) for _, run, fence in wins[:3]] == [(False, 1), (True, 2), (False, 3)]
+    assert outcome.judgement.verdict("P6").status == "valid"
+    manual = next(e for e in outcome.history.events if e.run.startswith("m") and e.value.startswith("won"))
+    stale = History(outcome.history.epoch_s, [
+        replace(e, value=e.value.replace("fence=2", "fence=1")) if e is manual else e for e in outcome.history.events
+    ], outcome.history.executions)  # fmt: skip
+    verdict = judge(scenario, "lease", stale, []).verdict("P6")
+    assert (verdict.status, verdict.count) == ("invalid", 1), verdict
+    assert verdict.witness == "tick: fence 1 accepted at 15.000 s after fence 1 at 10.000 s"
 
 
 def test_a_live_run_compresses_the_defaults_of_the_time_options_a_scenario_leaves_unset() -> None:
