@@ -18,6 +18,7 @@ import hashlib
 import heapq
 import inspect
 import logging
+import math
 import os
 import random
 import signal
@@ -106,6 +107,17 @@ class _Running:
         """Whether a sync job's function still runs on its thread: cancelling the task that awaited it cannot
         stop it."""
         return self.thread is not None and not self.thread.done()
+
+    def thread_ended(self) -> tuple[Status, str | None] | None:
+        """How a sync job's function ended, if it ended before an interruption reached the task awaiting it (None
+        if it is not a sync job's, or it has not ended): the run was done, and its result stands. Recorded as
+        interrupted, it would be handed back and run twice."""
+        thread = self.thread
+        if thread is None or not thread.done() or thread.cancelled():
+            return None
+        if (error := thread.exception()) is not None:
+            return "error", f"{type(error).__name__}: {error}"
+        return "ok", None
 
     def interrupt(self, reason: str) -> None:
         """End the attempt here: cancel the job, and tell it (a sync job's thread cannot be cancelled; it can
@@ -433,6 +445,7 @@ class Scheduler(Generic[M]):
 
         Stopping goes on if the caller is cancelled meanwhile; calling stop() again waits for it to end. Called
         while start() runs, it waits for the start to end, then stops."""
+        timeout = _check_timeout(timeout)
         if self._starting is not None:
             await self._starting.wait()
         if self._stopping is None:
@@ -799,7 +812,9 @@ class Scheduler(Generic[M]):
                 if claim.outcome is Outcome.RUNNING:
                     await self._nap((claim.lease_ms_left + 1) / 1000)
                     continue
-                if claim.outcome is Outcome.WON:
+                if claim.outcome is Outcome.WON and not self._started:  # stop() began while the claim was on its way
+                    await self._not_started(request, claim)
+                elif claim.outcome is Outcome.WON:
                     log.info("job %s: catching up slot %d", job.name, slot, extra={"job": job.name, "slot": slot})
                     await self._execute(job, request, claim, sent)
                 elif claim.forgotten:  # only with a longer catch_up_ms than another instance's trim allows for
@@ -822,6 +837,8 @@ class Scheduler(Generic[M]):
 
     async def _nap(self, seconds: float) -> None:
         """Sleep on the scheduler's clock until ``seconds`` have passed or stop() begins."""
+        if not self._started:  # stop() cancelled the naps it found: this one began after
+            return
         nap = asyncio.ensure_future(self.clock.sleep(seconds))
         self._naps.add(nap)
         try:
@@ -879,6 +896,11 @@ class Scheduler(Generic[M]):
                 log.error("job %s slot %d attempt %d failed: CancelledError", job.name, request.slot, claim.attempt)
             elif running.reason is None or task is None:
                 raise  # this task was cancelled from outside: not an interruption the scheduler asked for
+            elif (ended := running.thread_ended()) is not None:
+                status, message = ended
+                if status == "error":
+                    log.error("job %s slot %d attempt %d failed: %s", job.name, request.slot, claim.attempt, message,
+                              extra=extra)  # fmt: skip
             else:
                 status, message = "interrupted", running.reason
         except Exception as error:
@@ -1182,6 +1204,15 @@ def _lease_only(option: str, strategy: str) -> ConfigError:
         f"is a lease option, and the backend's strategy is {strategy!r}",
         'leave it unset, or use strategy="lease"',
     )
+
+
+def _check_timeout(value: object) -> float:
+    """Validate stop()'s timeout before stopping begins: a bad one found halfway would leave it half stopped."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigTypeError("timeout", f"must be a number of seconds, got {type(value).__name__}", "0 or more")
+    if not 0 <= value < math.inf:
+        raise ConfigError("timeout", f"{value} is not a finite number of seconds", "0 or more")
+    return float(value)
 
 
 def _check_instance_id(value: object) -> str:

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import json
 import logging
+import math
 import multiprocessing
 import random
 import threading
@@ -26,6 +28,7 @@ import redis.exceptions
 
 from anarchon import (
     ConfigError,
+    ConfigTypeError,
     JobNotFoundError,
     RedisBackend,
     RunContext,
@@ -780,6 +783,35 @@ async def test_stop_does_not_hand_back_a_sync_job_whose_thread_runs_on(fake_targ
     assert (record.attempt, record.status) == (1, "interrupted")
     assert record.message is not None
     assert "still runs on its thread" in record.message
+
+
+@pytest.mark.parametrize(("fails", "ended_as"), [(False, ("ok", None)), (True, ("error", "RuntimeError: failed"))])
+async def test_a_sync_job_that_ends_as_stop_interrupts_it_keeps_its_result(
+    fake_target: StoreTarget, fails: bool, ended_as: tuple[str, str | None]
+) -> None:
+    """The job's thread returns, and stop()'s interruption reaches the task awaiting it before the thread's result
+    does: the run was done, and is recorded as it ended (handed back, a backup would run it again)."""
+    loop = asyncio.get_running_loop()
+    ended: list[RunRecord] = []
+
+    async def on_end(run: RunContext, record: RunRecord) -> None:
+        ended.append(record)
+
+    scheduler = Scheduler(fake_target.backend("lease"), on_run_end=on_end)
+
+    def job(run: RunContext) -> None:
+        # Queued on the loop before the thread's result is: the interruption lands first.
+        running = scheduler._running[run.token]
+        loop.call_soon_threadsafe(running.interrupt, scheduler_module.STOPPED)
+        if fails:
+            raise RuntimeError("failed")
+
+    scheduler.add_job("job", second_from_now(1), job, max_attempts=3)
+    await scheduler.start()
+    await eventually(lambda: bool(ended), 10)
+    [stored] = await scheduler.history("job")
+    await scheduler.stop()
+    assert [(record.attempt, record.status, record.message) for record in (ended[0], stored)] == [(1, *ended_as)] * 2
 
 
 def test_a_result_is_sent_again_while_stop_waits_for_its_run() -> None:
@@ -1568,6 +1600,24 @@ async def test_stop_waits_then_interrupts_and_records(fake_target: StoreTarget) 
     assert stored.status == "interrupted"
 
 
+@pytest.mark.parametrize(
+    ("timeout", "error"), [(None, ConfigTypeError), ("5", ConfigTypeError), (-1, ConfigError), (math.inf, ConfigError)]
+)
+async def test_a_bad_stop_timeout_is_refused_and_leaves_the_scheduler_running(
+    fake_target: StoreTarget, timeout: object, error: type[ConfigError]
+) -> None:
+    ledger = Ledger()
+    scheduler = Scheduler(fake_target.backend("lease"))
+    scheduler.add_job("job", "0 0 1 1 *", ledger.job("a"))
+    await scheduler.start()
+    with pytest.raises(error, match=r"^timeout: "):
+        await scheduler.stop(timeout)  # type: ignore[arg-type]
+    assert (await scheduler.run_now("job")).status == "ok"  # still started: it claims and runs
+    await scheduler.stop()
+    await scheduler.start()  # and it stops and starts again
+    await scheduler.stop()
+
+
 async def test_a_run_stopped_during_its_start_hook_never_calls_the_job(fake_target: StoreTarget) -> None:
     ledger = Ledger()
 
@@ -2096,6 +2146,68 @@ async def test_stop_ends_a_catch_up_that_waits_for_another_instances_lease(fake_
         began = time.monotonic()
         await asyncio.wait_for(waiter.stop(timeout=1), 10)
         assert time.monotonic() - began < 2
+    finally:
+        await holder.stop(timeout=0.5)
+
+
+class ClaimAnsweredAfterStopBegins(Link):
+    """Holds each lease claim's reply until the scheduler has begun to stop."""
+
+    scheduler: Scheduler[Any]
+
+    async def execute(self, command: Any) -> Any:
+        reply = await super().execute(command)
+        if command[1] in (CLAIM.sha, CLAIM.source):
+            while self.scheduler._started:  # noqa: ASYNC110 (no event marks the moment stop() begins)
+                await asyncio.sleep(0.01)
+        return reply
+
+
+async def test_a_catch_up_claim_answered_during_stop_does_not_start_its_run(fake_target: StoreTarget) -> None:
+    """A won catch-up run whose answer comes after stop() began is not started (as the README says of any run),
+    and not left to its lease either: it is handed back at once."""
+    ran: list[str] = []
+    link = ClaimAnsweredAfterStopBegins(adapt(fake_target.new_client()))
+    stopping = link.scheduler = Scheduler(fake_target.backend("lease", connection=link), lease_ms=60_000)
+    backup = Scheduler(fake_target.backend("lease"), lease_ms=60_000)
+    for name, scheduler in (("stopping", stopping), ("backup", backup)):
+        scheduler.add_job("daily", "0 0 * * *", functools.partial(ran.append, name), catch_up_ms=86_400_000)
+    await _ran_before(fake_target, "daily")
+    await stopping.start()
+    await asyncio.sleep(0.2)  # the catch-up's claim is on its way
+    began = time.monotonic()
+    await asyncio.wait_for(stopping.stop(timeout=5), 10)
+    assert time.monotonic() - began < 1  # not started: nothing to wait for
+    async with backup:  # handed back: the backup catches the slot up at once, not after the 60 s lease
+        await eventually(lambda: bool(ran), 5)
+        newest = (await backup.history("daily"))[0]
+    assert ran == ["backup"]
+    assert (newest.attempt, newest.status) == (2, "ok")
+
+
+async def test_a_catch_up_claim_answered_running_during_stop_does_not_wait_out_the_lease(
+    fake_target: StoreTarget,
+) -> None:
+    started = asyncio.Event()
+
+    async def long_job(run: RunContext) -> None:
+        started.set()
+        await asyncio.sleep(60)
+
+    link = ClaimAnsweredAfterStopBegins(adapt(fake_target.new_client()))
+    holder = Scheduler(fake_target.backend("lease"), lease_ms=20_000)
+    waiter = link.scheduler = Scheduler(fake_target.backend("lease", connection=link), lease_ms=20_000)
+    for scheduler in (holder, waiter):
+        scheduler.add_job("daily", "0 0 * * *", long_job, catch_up_ms=2 * 86_400_000)
+    await _ran_before(fake_target, "daily")
+    await holder.start()
+    try:
+        await asyncio.wait_for(started.wait(), 5)
+        await waiter.start()
+        await asyncio.sleep(0.2)  # the waiter's catch-up claim is on its way; "running" comes after stop() began
+        began = time.monotonic()
+        await asyncio.wait_for(waiter.stop(timeout=5), 10)
+        assert time.monotonic() - began < 1  # not a nap of the 20 s lease, cut short by stop()'s timeout
     finally:
         await holder.stop(timeout=0.5)
 
