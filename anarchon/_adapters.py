@@ -161,6 +161,11 @@ def _command_name(command: Command) -> str:
     return str(command[0]).upper() if not isinstance(command[0], bytes) else command[0].decode().upper()
 
 
+def _any_node_answers(command: Command) -> bool:
+    """Whether a command has no key, and is answered alike by any node (SCRIPT goes to every primary)."""
+    return _command_key(command) is None and _command_name(command) != "SCRIPT"
+
+
 def _command_key(command: Command) -> Arg | None:
     name = _command_name(command)
     if name in ("EVAL", "EVALSHA"):
@@ -472,6 +477,8 @@ class RedisPyCluster:
         async def on(node: Any, indexes: list[int]) -> None:
             answers = await _each_or_unavailable(len(indexes), self._pipeline(node, [commands[i] for i in indexes]))
             for index, reply in zip(indexes, answers, strict=True):
+                if isinstance(reply, StoreUnavailableError) and _any_node_answers(commands[index]):
+                    reply = await self._elsewhere(commands[index], node, reply)
                 # A command sent to every primary answers with an error when any of them gave one.
                 if not isinstance(replies[index], StoreError):
                     replies[index] = reply
@@ -483,6 +490,16 @@ class RedisPyCluster:
             if len(unavailable) == len(replies):
                 raise unavailable[0]
         return replies
+
+    async def _elsewhere(self, command: Command, tried: Any, error: StoreUnavailableError) -> Reply | StoreError:
+        """A command any node answers (INFO, TIME), sent to the other nodes in turn when its node could not be
+        reached: a node that is down must not fail a start that the others can serve."""
+        for node in self.client.get_nodes():
+            if node.name != tried.name:
+                [reply] = await _each_or_unavailable(1, self._pipeline(node, [command]))
+                if not isinstance(reply, StoreUnavailableError):
+                    return reply
+        return error
 
     async def _pipeline(self, node: Any, commands: Sequence[Command]) -> list[Reply | StoreError]:
         if self.blocking:

@@ -327,7 +327,7 @@ class Store:
     async def load(self, scripts: Sequence[Script]) -> None:
         """Cache scripts on the server ahead of use, so that a first burst is not answered NOSCRIPT. One that could
         not be loaded (a cluster node out of reach) is loaded by its first call instead."""
-        await self.execute_many([("SCRIPT", "LOAD", script.source) for script in scripts])
+        await self._kept_many([("SCRIPT", "LOAD", script.source) for script in scripts])
 
     async def server_info(self) -> ServerInfo:
         return await self.connection.server_info()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import itertools
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any, cast
@@ -659,6 +660,29 @@ async def test_claims_reach_the_promoted_replica_after_a_cluster_failover(real_t
                 await asyncio.sleep(0.25)
             assert isinstance(answer, Claim)
             assert answer.outcome is Outcome.RUNNING
+
+
+@pytest.mark.parametrize("name", RESP2_CLUSTER_CLIENTS)
+async def test_a_backend_starts_and_claims_while_a_primary_it_does_not_use_is_down(real_target: str, name: str) -> None:
+    """Scripts are cached on every primary at start; one that is down gets them from the first call that needs
+    them, and does not keep the jobs of the other primaries from starting."""
+    partial = ["--cluster-require-full-coverage", "no"]
+    with start_server(real_target, cluster=True, extra_args=partial) as running:
+        lost = running.shards[0]
+        prefix = next(p for p in (f"up{i}:" for i in itertools.count()) if running.shard_of(f"{p}format") != lost)
+        keys = KeySpace(prefix)
+        job = jobs_on_every_shard(running, lambda job: keys.lease(job).state, 1)[1]  # on the second primary
+        client = await _client(name, running)  # it knows the cluster: its first node is the one to go
+        running.control.kill()  # the first primary: no replica takes its slots over
+        backend = RedisBackend(redis=client, prefix=prefix)
+        try:
+            await backend.start([job])
+            claim = await _claim(backend, job, "a")
+        finally:
+            await backend.stop()
+            await _close(client)
+        assert isinstance(claim, Claim)
+        assert claim.outcome is Outcome.WON
 
 
 @pytest.mark.parametrize("name", RESP2_CLUSTER_CLIENTS)
