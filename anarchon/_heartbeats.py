@@ -160,7 +160,8 @@ class LeaseKeeper:
             answers = [TimeoutError("no answer before the lease deadline")] * len(due)
         for run, answer in zip(due, answers, strict=True):
             if isinstance(answer, BaseException):
-                if not isinstance(answer, Exception):
+                # A CancelledError here is the call's alone: one of the keeper would have been raised above.
+                if not isinstance(answer, Exception | asyncio.CancelledError):
                     raise answer
                 # Whatever went wrong, the run's lease may still be kept by the next try before its deadline:
                 # ending the keeper instead would leave every run it holds unaware of losing its lease.

@@ -6,6 +6,8 @@ import asyncio
 import gc
 from typing import cast
 
+import pytest
+
 from anarchon import StoreUnavailableError, SystemClock
 from anarchon._heartbeats import LeaseKeeper
 from anarchon._store import Store
@@ -63,18 +65,25 @@ async def test_a_heartbeat_refused_because_the_run_just_ended_reports_nothing() 
 class FailingOnceStrategy:
     """Its first heartbeat fails with an exception that is no store error; the next ones extend the lease."""
 
-    def __init__(self) -> None:
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
         self.beats = 0
 
     async def heartbeat(self, store: Store, request: RunRequest, policy: JobPolicy) -> int:
         self.beats += 1
         if self.beats == 1:
-            raise ValueError("a reply nobody expected")
+            raise self.error
         return 10_000
 
 
-async def test_a_heartbeat_failing_unexpectedly_is_tried_again_and_the_keeper_goes_on() -> None:
-    strategy = FailingOnceStrategy()
+@pytest.mark.parametrize(
+    "error",
+    # A CancelledError of the call alone (a client that cancels a call of its own), not of the keeper.
+    [ValueError("a reply nobody expected"), asyncio.CancelledError("a client cancelled its call")],
+    ids=["value-error", "cancelled-error"],
+)
+async def test_a_heartbeat_failing_unexpectedly_is_tried_again_and_the_keeper_goes_on(error: BaseException) -> None:
+    strategy = FailingOnceStrategy(error)
     keeper = LeaseKeeper(cast(Strategy, strategy), cast(Store, None), SystemClock(), heartbeat_ms=20, margin_ms=0)
     lost: list[str] = []
     serving = asyncio.create_task(keeper.serve())
