@@ -246,7 +246,7 @@ class Store:
             # One EVAL per script loads it; the other calls go again by SHA (a batch of ten thousand claims does
             # not send the source ten thousand times). A node that still lacks it (Cluster) gets EVAL. The
             # replies already in stand whatever happens to these.
-            loaders = list({calls[i].script.sha: i for i in reversed(missing)}.values())
+            loaders = sorted({calls[i].script.sha: i for i in reversed(missing)}.values())  # in the batch's order
             for i, reply in zip(loaders, await self._kept_many([calls[i].eval() for i in loaders]), strict=True):
                 replies[i] = reply
             loaded = set(loaders)
