@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 import math
 import re
 import sys
@@ -20,6 +21,7 @@ from ._errors import ConfigTypeError, StoreError, StoreReplyError, StoreUnavaila
 from ._store import Arg, Command, Connection, Reply, ServerInfo, detect_server
 
 T = TypeVar("T")
+log = logging.getLogger("anarchon")
 
 # redis-py and GLIDE strip the error code from the server's reply and encode it in an exception class (redis-py)
 # or an error kind in the message (GLIDE: "An error was signalled by the server: - NoScriptError: No matching…").
@@ -31,6 +33,7 @@ _CODES = {
     "BusyLoadingError": "LOADING",
     "OutOfMemoryError": "OOM",
     "NoPermissionError": "NOPERM",
+    "PermissionDenied": "NOPERM",
     "AskError": "ASK",
     "Ask": "ASK",
     "MovedError": "MOVED",
@@ -44,9 +47,11 @@ _CODES = {
     "MasterDownError": "MASTERDOWN",
     "MasterDown": "MASTERDOWN",
 }
-# SlotNotCoveredError: a cluster client's map has no node for a key's slot (yet).
+# SlotNotCoveredError: a cluster client's map has no node for a key's slot (yet). GLIDE's CircuitBreakerError
+# (it refuses requests for a while after failures) and RdmaError (a transfer that failed) did not reach the server.
 _UNAVAILABLE = (
-    "ConnectionError", "TimeoutError", "ClosingError", "BusyLoadingError", "MaxConnectionsError", "SlotNotCoveredError"
+    "ConnectionError", "TimeoutError", "ClosingError", "BusyLoadingError", "MaxConnectionsError", "SlotNotCoveredError",
+    "CircuitBreakerError", "RdmaError",
 )  # fmt: skip
 # Replies that refuse a command for now without running it: the store is unavailable rather than saying no. A
 # cluster answers CLUSTERDOWN while a failed primary's slots wait for its replica, TRYAGAIN while a slot moves; a
@@ -59,6 +64,7 @@ _UNAVAILABLE_CODES = ("LOADING", "CLUSTERDOWN", "TRYAGAIN", "MASTERDOWN", "BUSY"
 _SCRIPT_CALL_CODE = re.compile(r"ERR Error running script .*?: -([A-Z]+) ")
 _CODE_WORD = re.compile(r"[A-Z]{3,} ")  # WRONGTYPE Operation…, but not IDMP-DURATION must…
 _GLIDE_KIND = re.compile(r"- (\w+): (.*)", re.DOTALL)
+_GLIDE_CODE = re.compile(r"([A-Z]+): (.*)", re.DOTALL)  # a reply GLIDE passes on as "BUSY: Redis is busy…"
 # GLIDE's own failures to reach a node, named by the I/O error's kind ("BrokenPipe: Cluster: Failed to receive
 # command response…" when a cluster node goes down mid-batch): no reply came, the store is unavailable.
 _GLIDE_IO_ERROR = re.compile(
@@ -93,9 +99,12 @@ def translate(error: BaseException) -> StoreError | None:
     if "RequestError" in names or "ExecAbortError" in names:  # GLIDE
         match = _GLIDE_KIND.search(str(error))
         kind, text = (match.group(1), match.group(2)) if match else ("", str(error))
-        if _GLIDE_IO_ERROR.match(text.strip()):
-            return StoreUnavailableError(f"store unavailable: {text.strip()}")
-        return _reply_error(_reply_text([kind], text.strip()))
+        text = text.strip()
+        if _GLIDE_IO_ERROR.match(text):
+            return StoreUnavailableError(f"store unavailable: {text}")
+        if coded := _GLIDE_CODE.fullmatch(text):
+            text = f"{coded.group(1)} {coded.group(2)}"
+        return _reply_error(_reply_text([kind], text))
     return None
 
 
@@ -428,7 +437,7 @@ class RedisPyCluster:
                 answers = [StoreUnavailableError(f"store unavailable: no node {address} in the map")] * len(indexes)
             else:
                 asking = [part for index in indexes for part in (("ASKING",), commands[index])]
-                answers = (await _each_or_unavailable(len(asking), self._pipeline(node, asking)))[1::2]
+                answers = (await _each_or_failed(len(asking), self._pipeline(node, asking)))[1::2]
             for index, answer in zip(indexes, answers, strict=True):
                 replies[index] = answer
 
@@ -475,7 +484,7 @@ class RedisPyCluster:
                 nodes.setdefault(node.name, (node, []))[1].append(index)
 
         async def on(node: Any, indexes: list[int]) -> None:
-            answers = await _each_or_unavailable(len(indexes), self._pipeline(node, [commands[i] for i in indexes]))
+            answers = await _each_or_failed(len(indexes), self._pipeline(node, [commands[i] for i in indexes]))
             for index, reply in zip(indexes, answers, strict=True):
                 if isinstance(reply, StoreUnavailableError) and _any_node_answers(commands[index]):
                     reply = await self._elsewhere(commands[index], node, reply)
@@ -496,7 +505,7 @@ class RedisPyCluster:
         reached: a node that is down must not fail a start that the others can serve."""
         for node in self.client.get_nodes():
             if node.name != tried.name:
-                [reply] = await _each_or_unavailable(1, self._pipeline(node, [command]))
+                [reply] = await _each_or_failed(1, self._pipeline(node, [command]))
                 if not isinstance(reply, StoreUnavailableError):
                     return reply
         return error
@@ -566,12 +575,13 @@ class Glide:
         await _guard(self.client.close())
 
 
-async def _each_or_unavailable(count: int, answers: Awaitable[list[Reply | StoreError]]) -> list[Reply | StoreError]:
-    """The answers to ``count`` commands sent to one node, or, when the node could not be reached, its
-    StoreUnavailableError as each one's answer: the batch's commands sent to other nodes keep theirs."""
+async def _each_or_failed(count: int, answers: Awaitable[list[Reply | StoreError]]) -> list[Reply | StoreError]:
+    """The answers to ``count`` commands sent to one node, or, when the node could not be reached (or refused the
+    whole pipeline), its StoreError as each one's answer: the batch's commands sent to other nodes keep theirs,
+    claims won there among them."""
     try:
         return await answers
-    except StoreUnavailableError as error:
+    except StoreError as error:
         return [error] * count
 
 
@@ -693,6 +703,15 @@ def fake_server_info(client: Any) -> ServerInfo | None:
 _CONNECTION_METHODS = ("execute", "execute_many", "server_info", "close")
 
 
+def _socket_timeout(client: object) -> object:
+    """A redis-py / valkey-py client's socket_timeout (a cluster client's for its nodes); 0 when not found."""
+    for holder in ("connection_pool", "nodes_manager"):
+        settings = getattr(getattr(client, holder, None), "connection_kwargs", None)
+        if isinstance(settings, dict):
+            return settings.get("socket_timeout")
+    return 0
+
+
 def adapt(client: object) -> Connection:
     """Wrap a client the user passed in. Raises ConfigTypeError for an object anarchon cannot drive."""
     module = type(client).__module__
@@ -703,6 +722,12 @@ def adapt(client: object) -> Connection:
         return Glide(client, cluster="Cluster" in cls)
     execute_command = getattr(client, "execute_command", None)
     if execute_command is not None and hasattr(client, "pipeline"):
+        if not module.startswith("fakeredis") and _socket_timeout(client) is None:
+            log.warning(
+                "the %s.%s client has no socket_timeout: a store that stops answering without closing the "
+                "connection holds every command behind the one it waits for, until the system gives up on the "
+                "connection (set socket_timeout on the client)", module, cls,
+            )  # fmt: skip
         is_async = inspect.iscoroutinefunction(execute_command)
         if "Cluster" in cls and hasattr(client, "get_node_from_key"):
             return RedisPyCluster(client, blocking=not is_async)

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import inspect
 import itertools
+import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any, cast
@@ -24,6 +25,7 @@ import valkey.asyncio.cluster
 import valkey.cluster
 import valkey.exceptions
 from glide import (
+    CircuitBreakerError,
     GlideClient,
     GlideClientConfiguration,
     GlideClusterClient,
@@ -46,7 +48,7 @@ from anarchon import (
 )
 from anarchon._adapters import RedisPyAsync, RedisPyCluster, adapt, pack, translate
 from anarchon._keys import KeySpace
-from anarchon._store import Command, Connection, Reply, ServerInfo, Store
+from anarchon._store import Command, Connection, Reply, Script, ScriptCall, ServerInfo, Store
 from anarchon._strategies import Claim, JobPolicy, Outcome, RunRequest
 from anarchon._strategies.lease import LeaseStrategy
 from anarchon._strategies.stream_id import StreamIdStrategy
@@ -488,6 +490,40 @@ async def test_a_cluster_batch_spans_every_primary_in_order_on_one_connection_ea
     await backend.stop()
 
 
+@pytest.mark.parametrize("name", [name for name in RESP2_CLUSTER_CLIENTS if not name.startswith("glide")])
+async def test_a_node_that_refuses_its_whole_pipeline_does_not_lose_the_other_nodes_replies(
+    real_server: ServerUnderTest, server_pool: ServerPool, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Claims won on two primaries stand when the third fails its part of the batch with an error (here one
+    injected where a client would raise it): each of its claims answers with the error, in its place."""
+    running = server_pool.get(real_server.target, cluster=True)
+    client = await _client(name, running)
+    jobs = jobs_on_every_shard(running, lambda job: KeySpace(f"{name}:").lease(job).state, 1)
+    backend = RedisBackend(redis=client, prefix=f"{name}:")
+    await backend.start(jobs)
+    adapter = backend.store.connection
+    assert isinstance(adapter, RedisPyCluster)
+    pipeline = adapter._pipeline
+    refusing = running.shards[1]
+
+    async def refused_on_one_node(node: Any, commands: Any) -> Any:
+        if (node.host, node.port) == refusing:
+            raise StoreReplyError("NOAUTH Authentication required.")
+        return await pipeline(node, commands)
+
+    monkeypatch.setattr(adapter, "_pipeline", refused_on_one_node)
+    try:
+        claims = await backend.strategy.claim(
+            backend.store, [(RunRequest(job, str(SLOT), SLOT, "t", "r"), JobPolicy()) for job in jobs]
+        )
+    finally:
+        await backend.stop()
+        await _close(client)
+    on_refusing = [running.shard_of(KeySpace(f"{name}:").lease(job).state) == refusing for job in jobs]
+    assert [isinstance(claim, StoreReplyError) for claim in claims] == on_refusing
+    assert [claim.outcome for claim in claims if isinstance(claim, Claim)] == [Outcome.WON] * 2
+
+
 @contextlib.asynccontextmanager
 async def _lease_job_on_the_first_primary(
     name: str, running: RunningServer
@@ -740,6 +776,33 @@ async def test_server_error_replies_are_translated(client_on_server: ClientOnSer
     await backend.stop()
 
 
+async def test_a_write_refused_for_now_is_an_unavailable_store_with_every_client(
+    client_on_server: ClientOnServer,
+) -> None:
+    """NOREPLICAS (fewer replicas than min-replicas-to-write) did not run the write, and will pass: whatever the
+    client, it is an unavailable store, retried, while WRONGTYPE is a reply, its code first."""
+    name, client, running = client_on_server
+    backend = RedisBackend(redis=client, prefix=f"{name}:")
+    await backend.start(["sync"])
+    key = f"{name}:refused"
+    admins = [redis.Redis(*node, protocol=2) for node in running.shards or [(running.host, running.port)]]
+    try:
+        await backend.store.execute("RPUSH", key, "x")
+        with pytest.raises(StoreReplyError) as wrong:
+            await backend.store.execute("GET", key)
+        for admin in admins:
+            admin.config_set("min-replicas-to-write", 5)
+        with pytest.raises(StoreUnavailableError) as refused:
+            await backend.store.execute("SET", key, "v")
+    finally:
+        for admin in admins:
+            admin.config_set("min-replicas-to-write", 0)
+            admin.close()
+        await backend.stop()
+    assert wrong.value.reply.startswith("WRONGTYPE Operation against a key")
+    assert "NOREPLICAS Not enough good replicas" in str(refused.value)
+
+
 async def test_anarchon_opens_and_closes_its_own_connection(real_server: ServerUnderTest) -> None:
     backend = RedisBackend(redis=real_server.url(db=1))
     await backend.start(["sync"])
@@ -847,6 +910,20 @@ class Scripted:
             StoreUnavailableError,
             "BrokenPipe: Cluster",
         ),
+        # GLIDE's texts as a redis-7 server's replies reach it: the code, a colon, the message.
+        (RequestError("BUSY: Redis is busy running a script. You can only call"), StoreUnavailableError, "BUSY Redis"),
+        (RequestError("NOREPLICAS: Not enough good replicas to write."), StoreUnavailableError, "NOREPLICAS Not"),
+        (
+            RequestError("WRONGTYPE: Operation against a key holding the wrong kind of value"),
+            StoreReplyError,
+            "WRONGTYPE Operation",
+        ),
+        (
+            RequestError("An error was signalled by the server: - PermissionDenied: this user has no permissions"),
+            StoreReplyError,
+            "NOPERM this user",
+        ),
+        (CircuitBreakerError("the circuit breaker is open"), StoreUnavailableError, "circuit breaker"),
         (redis.exceptions.MovedError("3999 127.0.0.1:6381"), StoreReplyError, "MOVED 3999"),
         (redis.exceptions.ResponseError("CROSSSLOT Keys in request"), StoreReplyError, "CROSSSLOT Keys"),
     ],
@@ -856,6 +933,11 @@ class Scripted:
         "redis-py-tryagain",
         "glide-clusterdown",
         "glide-node-gone",
+        "glide-busy",
+        "glide-noreplicas",
+        "glide-wrongtype",
+        "glide-noperm",
+        "glide-circuit-breaker",
         "moved",
         "crossslot",
     ],
@@ -1306,6 +1388,63 @@ async def test_scripts_sent_again_after_noscript_answer_in_place_when_the_store_
     assert [type(claim) for claim in claims] == [StoreUnavailableError] * 3
     [alone] = await strategy.claim(store, requests[:1])
     assert isinstance(alone, StoreUnavailableError)
+
+
+@pytest.mark.parametrize(
+    ("client", "warned"),
+    [
+        (lambda: valkey.Valkey(), True),  # valkey-py's sync client waits without limit unless told otherwise
+        (lambda: redis.Redis(socket_timeout=None), True),
+        (lambda: redis.Redis(), False),  # redis-py's default: 5 s
+        (lambda: valkey.Valkey(socket_timeout=2), False),
+    ],
+    ids=["valkey-py-default", "redis-py-none", "redis-py-default", "valkey-py-2s"],
+)
+def test_a_client_without_a_socket_timeout_is_warned_of(
+    client: Callable[[], Any], warned: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    made = client()
+    with caplog.at_level(logging.WARNING, logger="anarchon"):
+        adapt(made)
+    made.close()
+    assert ["has no socket_timeout" in line for line in caplog.messages] == ([True] if warned else [])
+
+
+class _ScriptsLost(_ScriptsLostThenStoreGone):
+    """A store that lost its scripts: EVALSHA is answered NOSCRIPT until an EVAL loads the script. It keeps the
+    keys of the EVALs it ran, in order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loaded: set[str] = set()
+        self.evals: list[str] = []
+
+    async def execute(self, command: Command) -> Reply:
+        [reply] = await self.execute_many([command])
+        if isinstance(reply, StoreError):
+            raise reply
+        return reply
+
+    async def execute_many(self, commands: Sequence[Command]) -> list[Reply | StoreError]:
+        replies: list[Reply | StoreError] = []
+        for name, script, _, key in commands:
+            if name == "EVAL":
+                self.loaded.add(str(script))
+                self.evals.append(str(key))
+            replies.append(key if name == "EVAL" or script in self.loaded else StoreReplyError("NOSCRIPT No script"))
+        return replies
+
+
+async def test_scripts_lost_are_loaded_again_in_the_batchs_order() -> None:
+    """After a script flush, the first call of each script is sent again with EVAL: in the order the batch gave,
+    so that a job's earlier command does not reach the store after its later one."""
+    connection = _ScriptsLost()
+    store = Store(connection, owned=False)
+    first, second = (Script(name, name, name) for name in ("first", "second"))  # source and sha alike: the stub's key
+    calls = [ScriptCall(first, ["a"], []), ScriptCall(second, ["b"], []), ScriptCall(second, ["c"], [])]
+    replies = await store.run_many(calls)
+    assert connection.evals == ["a", "b"]
+    assert replies == ["a", "b", "c"]
 
 
 @pytest.mark.parametrize("single_connection", [False, True], ids=["pooled", "single-connection"])
