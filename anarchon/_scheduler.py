@@ -446,6 +446,9 @@ class Scheduler(Generic[M]):
         Stopping goes on if the caller is cancelled meanwhile; calling stop() again waits for it to end. Called
         while start() runs, it waits for the start to end, then stops."""
         timeout = _check_timeout(timeout)
+        if loop := self._own_loop_elsewhere("stop"):
+            await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self.stop(timeout), loop))
+            return
         if self._starting is not None:
             await self._starting.wait()
         if self._stopping is None:
@@ -539,12 +542,28 @@ class Scheduler(Generic[M]):
 
     # --- manual runs and history ---------------------------------------------------------------------------
 
+    def _own_loop_elsewhere(self, method: str) -> asyncio.AbstractEventLoop | None:
+        """The loop the scheduler started on, when the caller runs on another (an app's second loop or thread):
+        the scheduler's tasks and connection belong to its loop, so such a call is sent there. None otherwise."""
+        loop = self._loop
+        if not self._started or loop is None or _running_loop() is loop:
+            return None
+        if not loop.is_running():
+            raise SchedulerStateError(
+                f"{method} was called on another event loop than the one the scheduler started on, and that loop "
+                "no longer runs: stop the scheduler before its loop ends"
+            )
+        return loop
+
     async def run_now(self, name: str) -> RunRecord:
         """Run a job now, on this instance, outside its schedule; returns how the run ended.
 
         Under the lease strategy the manual run takes a lease like any run, and is skipped (``skipped-overlap``)
-        while another run of the job holds a live lease, unless the job allows overlap.
+        while another run of the job holds a live lease, unless the job allows overlap. It may be called from
+        another event loop than the scheduler's (it runs there), as may :meth:`history` and :meth:`stop`.
         """
+        if loop := self._own_loop_elsewhere("run_now"):
+            return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self.run_now(name), loop))
         job = self._job(name)
         if not self._started:
             raise SchedulerStateError("run_now needs a started scheduler: call start() or use 'async with'")
@@ -598,6 +617,8 @@ class Scheduler(Generic[M]):
         showing what the scheduler processes ran): through a connection opened for the read and closed after.
         With ``history_ttl_ms``, attempts whose slot is older than that (on this instance's clock) are left out:
         the store drops them at its next write, which may be a long while away for a job that runs rarely."""
+        if loop := self._own_loop_elsewhere("history"):
+            return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self.history(name, limit), loop))
         job = self._job(name)
         check_int("limit", limit, 1, 1_000_000)
         async with self.backend.reading() as store:

@@ -800,9 +800,21 @@ async def test_a_sync_job_that_ends_as_stop_interrupts_it_keeps_its_result(
     scheduler = Scheduler(fake_target.backend("lease"), on_run_end=on_end)
 
     def job(run: RunContext) -> None:
-        # Queued on the loop before the thread's result is: the interruption lands first.
         running = scheduler._running[run.token]
-        loop.call_soon_threadsafe(running.interrupt, scheduler_module.STOPPED)
+        registered = threading.Event()
+
+        def interrupt_as_it_ends() -> None:
+            while running.thread is None:  # set once the job's thread has been handed the call
+                time.sleep(0.001)
+            # Called as the thread's future completes: the interruption reaches the loop beside the result, and
+            # the task awaiting the job wakes up cancelled whichever of the two the loop handles first.
+            running.thread.add_done_callback(
+                lambda _: loop.call_soon_threadsafe(running.interrupt, scheduler_module.STOPPED)
+            )
+            registered.set()
+
+        threading.Thread(target=interrupt_as_it_ends).start()
+        assert registered.wait(5)
         if fails:
             raise RuntimeError("failed")
 
@@ -1800,6 +1812,27 @@ def test_a_sync_app_adds_jobs_from_its_own_thread_and_stops_the_thread_once(real
     thread.stop()
     with pytest.raises(SchedulerStateError, match="thread is stopped"):
         thread.run_now("yearly")
+
+
+async def test_a_scheduler_on_its_own_thread_is_driven_from_another_event_loop(fake_target: StoreTarget) -> None:
+    """An async app whose scheduler runs on a thread of its own calls run_now, history and stop from its loop:
+    each runs on the scheduler's loop, where its tasks and connection are."""
+    ledger = Ledger()
+    scheduler = Scheduler(fake_target.backend("lease"))
+    scheduler.add_job("yearly", "0 0 1 1 *", ledger.job("a"))
+    thread = scheduler.run_in_thread()
+    try:
+        record = await scheduler.run_now("yearly")
+        [stored] = await scheduler.history("yearly")
+        began = time.monotonic()
+        await scheduler.stop()
+        assert time.monotonic() - began < 5  # nothing runs: not stop()'s 30 s timeout spent waiting on a loop
+        with pytest.raises(SchedulerStateError, match="needs a started scheduler"):
+            await scheduler.run_now("yearly")
+    finally:
+        thread.stop()
+    assert (record.status, stored.status, stored.run) == ("ok", "ok", record.run)
+    assert len(ledger.executions) == 1
 
 
 async def test_a_backend_serves_one_started_scheduler_at_a_time() -> None:
