@@ -234,6 +234,7 @@ class Scheduler(Generic[M]):
         self.on_run_start = on_run_start
         self.on_run_end = on_run_end
         self._jobs: dict[str, Job] = {}
+        self._registering = threading.Lock()  # add_job on an app's thread while start() runs
         self._policies: dict[str, JobPolicy] = {}
         self._shared: dict[object, object] = {}
         self._queue: list[_Due] = []
@@ -331,12 +332,16 @@ class Scheduler(Generic[M]):
 
         On a started scheduler it may be called from any thread (a sync app beside :meth:`run_in_thread`).
         """
-        loop = self._loop
-        if self._started and loop is not None and _running_loop() is not loop:
-            # The job's first slot goes into the dispatcher's queue and a catch-up starts a task: only the
-            # scheduler's own loop may touch those, so the job is added there, and errors come back here.
-            asyncio.run_coroutine_threadsafe(self._add_on_loop(name, cron, func, options), loop).result()
-            return
+        with self._registering:  # start() marks the scheduler started under it: either it starts this job or
+            loop = self._loop  # the job is sent to its loop
+            if not (self._started and loop is not None and _running_loop() is not loop):
+                self._register(name, cron, func, options)
+                return
+        # The job's first slot goes into the dispatcher's queue and a catch-up starts a task: only the scheduler's
+        # own loop may touch those, so the job is added there, and errors come back here.
+        asyncio.run_coroutine_threadsafe(self._add_on_loop(name, cron, func, options), loop).result()
+
+    def _register(self, name: str, cron: str, func: JobFunction, options: dict[str, Any]) -> None:
         known = ("overlap", "max_attempts", "catch_up_ms", "jitter_ms", "max_late_ms", "timezone")
         for option in options:
             if option not in known:
@@ -424,8 +429,10 @@ class Scheduler(Generic[M]):
                 await self.backend.stop()
                 self.backend.scheduler = None
                 raise
-            self._started = True
-            for job in self._jobs.values():
+            with self._registering:
+                self._started = True
+                jobs = list(self._jobs.values())
+            for job in jobs:
                 self._start_job(job, now)
             self._dispatcher = asyncio.create_task(self._dispatch(), name="anarchon-dispatcher")
             self._dispatcher.add_done_callback(self._dispatcher_ended)

@@ -1835,6 +1835,42 @@ async def test_a_scheduler_on_its_own_thread_is_driven_from_another_event_loop(f
     assert len(ledger.executions) == 1
 
 
+async def test_a_job_added_on_another_thread_while_start_runs_is_started_on_the_scheduler_loop(
+    fake_target: StoreTarget, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """add_job on an app's thread finds the scheduler not started yet, and takes a while to check the job; start()
+    ends meanwhile. The job is then started once, on the scheduler's loop: not from the app's thread, which must
+    not touch the loop's tasks (a debug loop refuses it; elsewhere the dispatcher may sleep through the wake-up)."""
+    asyncio.get_running_loop().set_debug(True)
+    ledger = Ledger()
+    scheduler = Scheduler(fake_target.backend("lease"))
+    scheduler.add_job("yearly", "0 0 1 1 *", ledger.job("a"))
+    create = scheduler_module.Job.create
+
+    def slow_create(*args: Any, **kwargs: Any) -> Any:
+        time.sleep(0.5)  # start() runs to its end meanwhile
+        return create(*args, **kwargs)
+
+    monkeypatch.setattr(scheduler_module.Job, "create", slow_create)
+    failed: list[BaseException] = []
+
+    def add_tick() -> None:
+        try:
+            scheduler.add_job("tick", "* * * * * *", ledger.job("a"))
+        except BaseException as error:
+            failed.append(error)
+
+    adding = threading.Thread(target=add_tick)
+    adding.start()
+    await asyncio.sleep(0.1)  # the thread is checking the job
+    async with scheduler:
+        await asyncio.to_thread(adding.join)
+        await eventually(lambda: len(ledger.of("tick")) >= 2, 5)
+    assert failed == []
+    assert len(ledger.of("tick")) >= 2
+    assert max(ledger.slots().values()) == 1
+
+
 async def test_a_backend_serves_one_started_scheduler_at_a_time() -> None:
     """Two schedulers on one backend: stopping one closed the other's store, whose dispatcher then died without a
     word (and the second's jobs were never prepared). The second start is refused; once the first stops, the
