@@ -101,6 +101,7 @@ class _Running:
     reason: str | None = None  # why the job was interrupted
     thread: concurrent.futures.Future[object] | None = None  # a sync job's call on its thread
     cancels: int = 0  # the cancellations interrupt() sent the task, not yet withdrawn
+    ended_before_interrupt: bool = False  # a sync job's function had returned when interrupt() first came
 
     @property
     def thread_runs_on(self) -> bool:
@@ -109,14 +110,16 @@ class _Running:
         return self.thread is not None and not self.thread.done()
 
     def thread_ended(self) -> tuple[Status, str | None] | None:
-        """How a sync job's function ended, if it ended before an interruption reached the task awaiting it (None
-        if it is not a sync job's, or it has not ended): the run was done, and its result stands. Recorded as
-        interrupted, it would be handed back and run twice."""
+        """How a sync job's function ended, if it had ended when the interruption came, before the task awaiting
+        it heard (None otherwise): the run was done, and its result stands. Recorded as interrupted, it would be
+        handed back and run twice. One that returned after may have given up on seeing ``run.lease_is_lost``."""
         thread = self.thread
-        if thread is None or not thread.done() or thread.cancelled():
+        if not self.ended_before_interrupt or thread is None:
             return None
         if (error := thread.exception()) is not None:
             return "error", f"{type(error).__name__}: {error}"
+        if inspect.isawaitable(thread.result()):  # its work was still to come, in the coroutine it returned
+            return None
         return "ok", None
 
     def interrupt(self, reason: str) -> None:
@@ -124,6 +127,8 @@ class _Running:
         look at ``run.lease_is_lost`` between steps)."""
         if self.reason is None:
             self.reason = reason
+            thread = self.thread
+            self.ended_before_interrupt = thread is not None and thread.done() and not thread.cancelled()
         self.context.lease_lost.set()
         if self.task is not None:
             self.task.cancel()
@@ -234,7 +239,7 @@ class Scheduler(Generic[M]):
         self.on_run_start = on_run_start
         self.on_run_end = on_run_end
         self._jobs: dict[str, Job] = {}
-        self._registering = threading.Lock()  # add_job on an app's thread while start() runs
+        self._registering = threading.RLock()  # add_job on an app's thread while start() runs
         self._policies: dict[str, JobPolicy] = {}
         self._shared: dict[object, object] = {}
         self._queue: list[_Due] = []
@@ -333,8 +338,8 @@ class Scheduler(Generic[M]):
         On a started scheduler it may be called from any thread (a sync app beside :meth:`run_in_thread`).
         """
         with self._registering:  # start() marks the scheduler started under it: either it starts this job or
-            loop = self._loop  # the job is sent to its loop
-            if not (self._started and loop is not None and _running_loop() is not loop):
+            loop = self._own_loop_elsewhere("add_job")  # the job is sent to its loop
+            if loop is None:
                 self._register(name, cron, func, options)
                 return
         # The job's first slot goes into the dispatcher's queue and a catch-up starts a task: only the scheduler's
@@ -550,10 +555,13 @@ class Scheduler(Generic[M]):
     # --- manual runs and history ---------------------------------------------------------------------------
 
     def _own_loop_elsewhere(self, method: str) -> asyncio.AbstractEventLoop | None:
-        """The loop the scheduler started on, when the caller runs on another (an app's second loop or thread):
-        the scheduler's tasks and connection belong to its loop, so such a call is sent there. None otherwise."""
+        """The loop the scheduler started on, when the caller runs on another (an app's second loop or thread)
+        while the scheduler is starting, started or stopping: its tasks and connection belong to its loop, so
+        such a call is sent there. None otherwise."""
         loop = self._loop
-        if not self._started or loop is None or _running_loop() is loop:
+        starting = self._starting is not None and not self._starting.is_set()
+        live = self._started or starting or self._stopping is not None
+        if not live or loop is None or _running_loop() is loop:
             return None
         if not loop.is_running():
             raise SchedulerStateError(
@@ -1034,7 +1042,8 @@ class Scheduler(Generic[M]):
         call = functools.partial(contextvars.copy_context().run, job.call, context)  # the caller's contextvars
         running.thread = self._job_threads.submit(call)
         result = await asyncio.wrap_future(running.thread)
-        if inspect.isawaitable(result):  # a sync function that returned a coroutine
+        if inspect.isawaitable(result):  # a sync function that returned a coroutine: the job goes on in it
+            running.thread = None
             return await result
         return result
 
@@ -1178,6 +1187,7 @@ class SchedulerThread:
         """Stop the scheduler (see :meth:`Scheduler.stop`) and end its thread. Calling it again does nothing."""
         if self._loop.is_closed():
             return
+        timeout = _check_timeout(timeout)  # refused here, the scheduler and its thread run on
         try:
             self._call(self.scheduler.stop(timeout))
         finally:

@@ -826,6 +826,47 @@ async def test_a_sync_job_that_ends_as_stop_interrupts_it_keeps_its_result(
     assert [(record.attempt, record.status, record.message) for record in (ended[0], stored)] == [(1, *ended_as)] * 2
 
 
+@pytest.mark.parametrize("kind", ["gives-up-when-told", "returns-a-coroutine"])
+async def test_a_sync_job_cut_short_by_stop_is_recorded_interrupted_however_its_thread_ends(
+    fake_target: StoreTarget, kind: str
+) -> None:
+    """Its thread ends after the interruption came: a job that gave up on seeing ``run.lease_is_lost``, or the
+    sync part of a job that goes on in the coroutine it returned. Neither finished the run: it is not "ok"."""
+    ended: list[RunRecord] = []
+
+    async def on_end(run: RunContext, record: RunRecord) -> None:
+        ended.append(record)
+
+    scheduler = Scheduler(fake_target.backend("lease"), on_run_end=on_end)
+    started = threading.Event()
+
+    def gives_up_when_told(run: RunContext) -> None:
+        started.set()
+        while not run.lease_is_lost:
+            time.sleep(0.001)
+
+    async def goes_on(run: RunContext) -> None:
+        await asyncio.sleep(60)
+
+    def returns_a_coroutine(run: RunContext) -> Awaitable[None]:
+        started.set()
+        return goes_on(run)
+
+    scheduler.add_job("job", "0 0 1 1 *", gives_up_when_told if kind == "gives-up-when-told" else returns_a_coroutine)
+    await scheduler.start()
+    manual = asyncio.ensure_future(scheduler.run_now("job"))
+    assert await asyncio.to_thread(started.wait, 5)
+    await asyncio.sleep(0.05)
+    [running] = scheduler._running.values()
+    running.interrupt(scheduler_module.STOPPED)
+    if running.thread is not None:  # the thread returns before the task awaiting it hears of the interruption
+        running.thread.result(5)
+    record = await manual
+    await scheduler.stop()
+    assert (record.status, record.message) == ("interrupted", "the scheduler stopped")
+    assert [(record.status, record.message) for record in ended] == [("interrupted", "the scheduler stopped")]
+
+
 def test_a_result_is_sent_again_while_stop_waits_for_its_run() -> None:
     """A job ends while stop() waits for it, and its first try to record the result meets a dropped connection.
     Given up at once, the result would be lost and a backup would run the finished slot again."""
@@ -1835,6 +1876,52 @@ async def test_a_scheduler_on_its_own_thread_is_driven_from_another_event_loop(f
     assert len(ledger.executions) == 1
 
 
+async def test_calls_from_another_event_loop_while_the_scheduler_starts_or_stops_run_on_its_loop(
+    fake_target: StoreTarget,
+) -> None:
+    """stop() from an app's loop while start() runs on the scheduler's waits for the start, then stops; history()
+    and a second stop() while that stop waits for a job run on the scheduler's loop too (on the app's they used
+    its connection from the wrong loop)."""
+    backend, link = fake_target.linked_backend("lease")
+
+    async def job(run: RunContext) -> None:
+        await asyncio.sleep(60)
+
+    scheduler = Scheduler(backend)
+    scheduler.add_job("job", "0 0 1 1 *", job)
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+
+    async def slow() -> None:
+        await asyncio.sleep(0.2)
+
+    link.gate = slow  # each command of the start takes 0.2 s
+    try:
+        starting = asyncio.run_coroutine_threadsafe(scheduler.start(), loop)
+        await asyncio.sleep(0.1)
+        await asyncio.wait_for(scheduler.stop(), 10)
+        assert starting.result(0) is None
+        assert not backend.started  # started, then stopped: its connection closed
+
+        link.gate = None
+        asyncio.run_coroutine_threadsafe(scheduler.start(), loop).result(5)
+        manual = asyncio.run_coroutine_threadsafe(scheduler.run_now("job"), loop)
+        await eventually(lambda: bool(scheduler._running), 5)
+        stopping = asyncio.run_coroutine_threadsafe(scheduler.stop(timeout=0.5), loop)
+        await eventually(lambda: scheduler._stopping is not None, 5)
+        during_stop = await scheduler.history("job")  # the run still going: no record yet, or its record
+        await asyncio.wait_for(scheduler.stop(), 10)  # waits for the first stop
+        assert stopping.done()
+        record = manual.result(5)
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join()
+        loop.close()
+    assert (record.status, record.message) == ("interrupted", "the scheduler stopped")
+    assert [stored.run for stored in during_stop] in ([], [record.run])
+
+
 async def test_a_job_added_on_another_thread_while_start_runs_is_started_on_the_scheduler_loop(
     fake_target: StoreTarget, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -1869,6 +1956,22 @@ async def test_a_job_added_on_another_thread_while_start_runs_is_started_on_the_
     assert failed == []
     assert len(ledger.of("tick")) >= 2
     assert max(ledger.slots().values()) == 1
+
+
+def test_a_scheduler_thread_refuses_a_bad_stop_timeout_and_runs_on(fake_target: StoreTarget) -> None:
+    ledger = Ledger()
+    scheduler = Scheduler(fake_target.backend("lease"))
+    scheduler.add_job("yearly", "0 0 1 1 *", ledger.job("a"))
+    thread = scheduler.run_in_thread()
+    try:
+        with pytest.raises(ConfigError, match=r"^timeout: "):
+            thread.stop(-1)
+        assert thread.run_now("yearly").status == "ok"  # its loop and the scheduler run on
+    finally:
+        thread.stop()
+    assert len(ledger.executions) == 1
+    with pytest.raises(SchedulerStateError, match="thread is stopped"):
+        thread.run_now("yearly")
 
 
 async def test_a_backend_serves_one_started_scheduler_at_a_time() -> None:
