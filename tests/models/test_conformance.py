@@ -269,7 +269,8 @@ class LeaseMachine(StoreMachine):
         )
         now, recorded = self.timed(skipping)
         model, expected = lease.skip(self.model, run, token, now, self.policy)
-        self.update(model)
+        # Settled after a hand-back too (the caller's own running attempt, skipped late), as after release().
+        self.update(model, settle=model != self.model)
         self.skips += expected
         assert recorded == expected, f"skip: store {recorded}, model {expected}"
 
