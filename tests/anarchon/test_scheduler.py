@@ -1899,7 +1899,7 @@ async def test_calls_from_another_event_loop_while_the_scheduler_starts_or_stops
     link.gate = slow  # each command of the start takes 0.2 s
     try:
         starting = asyncio.run_coroutine_threadsafe(scheduler.start(), loop)
-        await asyncio.sleep(0.1)
+        await eventually(lambda: scheduler._starting is not None, 5)
         await asyncio.wait_for(scheduler.stop(), 10)
         assert starting.result(0) is None
         assert not backend.started  # started, then stopped: its connection closed
@@ -2323,13 +2323,19 @@ async def test_stop_ends_a_catch_up_that_waits_for_another_instances_lease(fake_
 
 
 class ClaimAnsweredAfterStopBegins(Link):
-    """Holds each lease claim's reply until the scheduler has begun to stop."""
+    """Holds each lease claim's reply until the scheduler has begun to stop; ``claimed`` is set once a claim has
+    reached the store."""
 
     scheduler: Scheduler[Any]
+
+    def __init__(self, inner: Connection) -> None:
+        super().__init__(inner)
+        self.claimed = asyncio.Event()
 
     async def execute(self, command: Any) -> Any:
         reply = await super().execute(command)
         if command[1] in (CLAIM.sha, CLAIM.source):
+            self.claimed.set()
             while self.scheduler._started:  # noqa: ASYNC110 (no event marks the moment stop() begins)
                 await asyncio.sleep(0.01)
         return reply
@@ -2346,7 +2352,7 @@ async def test_a_catch_up_claim_answered_during_stop_does_not_start_its_run(fake
         scheduler.add_job("daily", "0 0 * * *", functools.partial(ran.append, name), catch_up_ms=86_400_000)
     await _ran_before(fake_target, "daily")
     await stopping.start()
-    await asyncio.sleep(0.2)  # the catch-up's claim is on its way
+    await asyncio.wait_for(link.claimed.wait(), 5)  # the catch-up's claim is on its way
     began = time.monotonic()
     await asyncio.wait_for(stopping.stop(timeout=5), 10)
     assert time.monotonic() - began < 1  # not started: nothing to wait for
@@ -2376,7 +2382,7 @@ async def test_a_catch_up_claim_answered_running_during_stop_does_not_wait_out_t
     try:
         await asyncio.wait_for(started.wait(), 5)
         await waiter.start()
-        await asyncio.sleep(0.2)  # the waiter's catch-up claim is on its way; "running" comes after stop() began
+        await asyncio.wait_for(link.claimed.wait(), 5)  # the waiter's catch-up claim: "running", after stop()
         began = time.monotonic()
         await asyncio.wait_for(waiter.stop(timeout=5), 10)
         assert time.monotonic() - began < 1  # not a nap of the 20 s lease, cut short by stop()'s timeout
