@@ -18,99 +18,106 @@
 local run, token, runner = ARGV[1], ARGV[2], ARGV[3]
 local lease_ms, max_attempts, overlap_allowed = tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6] == '1'
 local slot, manual = run_slot(run)
--- The server's ms, read (TIME) only where an answer depends on it: a new run with no other run in progress,
--- the common claim, takes its time from the runs entry it adds instead.
-local now
 
 local function reply(answer, attempt, fence, lease_ms_left)
   return answer .. ' ' .. attempt .. ' ' .. fence .. ' ' .. lease_ms_left
 end
 
-local r, job_fence, forgotten = load_run(run, true)
-
--- The lease end of another run of the job that is live now (nil if none, or if overlap is allowed). An older
--- run still going blocks this one, and so does a newer one when this claim comes late or takes a run over.
-local function live_other()
-  if overlap_allowed then return nil end
-  local active = redis.call('SMEMBERS', ACTIVE)
-  if #active == 0 then return nil end
-  now = now or server_now()
-  for _, other in ipairs(active) do
+-- Another run of the job whose lease is live at `now`, and its lease end (nil if none).
+local function live_other(now)
+  for _, other in ipairs(redis.call('SMEMBERS', ACTIVE)) do
     local o = other ~= run and load_run(other)
     if o and o.lease_end > now then return other, o.lease_end end
   end
   return nil
 end
 
-local function start_attempt(attempt)
-  local fence = job_fence + 1
-  -- Trimming (of this stream too) is left to finish, which follows every won claim: claims stay short.
-  local entry = redis.call('XADD', RUNS, '*', 'run', run, 'slot', slot, 'attempt', attempt, 'token', token,
-    'runner', runner, 'fence', fence)
-  -- The entry id's first part is the server's ms (never below the stream's last id): the attempt's start.
-  local started = tonumber(string.match(entry, '^%d+'))
-  save_run(run, { status = 'running', attempt = attempt, token = token, runner = runner,
-    lease_end = started + lease_ms, fence = fence, slot = slot, manual = manual, started = started }, fence)
-  redis.call('SADD', ACTIVE, run)
-  return reply('won', attempt, fence, lease_ms)
-end
-
+-- Decide whether this claim starts an attempt; every other answer returns on the way.
+local r, job_fence, forgotten = load_run(run, true)
+local attempt -- the attempt this claim starts
 if not r then
   if tonumber(slot) <= forgotten then -- ended long ago and forgotten: this claim comes later than keep_ms allows
     return reply('done', 0, 0, 0)
   end
-  local other, other_end = live_other()
-  if other then
-    local skipped = { status = 'skipped-overlap', attempt = 1, token = token, runner = runner, lease_end = 0,
-      fence = 0, slot = slot, manual = manual, started = now }
-    close_run(run, skipped, 'skipped-overlap', now, '"run ' .. other .. ' was still running"')
-    -- A run that ends here has no finish to trim after it: the claim trims (as below, for one out of attempts).
-    trim(now, tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9]))
-    return reply('overlap', 0, 0, other_end - now)
+  -- The server's ms is read (TIME) only where an answer depends on it: a new run with no run of the job in
+  -- progress (or with overlap allowed), nearly every claim, takes its time from the runs entry it adds.
+  if not overlap_allowed and redis.call('SCARD', ACTIVE) > 0 then
+    local now = server_now()
+    local other, other_end = live_other(now)
+    if other then
+      local skipped = { status = 'skipped-overlap', attempt = 1, token = token, runner = runner, lease_end = 0,
+        fence = 0, slot = slot, manual = manual, started = now }
+      close_run(run, skipped, 'skipped-overlap', now, '"run ' .. other .. ' was still running"')
+      -- A run that ends here has no finish to trim after it: the claim trims (as below, for one out of attempts).
+      trim(now, tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9]))
+      return reply('overlap', 0, 0, other_end - now)
+    end
   end
-  return start_attempt(1)
-end
-
-if r.status ~= 'running' then
-  return reply('done', r.attempt, r.fence, 0)
-end
-now = server_now()
-if r.token == token then
-  -- This attempt's own claim again (the answer to the first was lost). Nobody took the run over: a lease that ran
-  -- out meanwhile is renewed, as a late heartbeat would renew it, so that the caller can run the job; unless
-  -- another run of the job started meanwhile and is live (overlap forbidden): then the caller waits for it.
-  if r.lease_end < 0 then -- it handed the run back since: this is an old copy of its claim, come late
+  attempt = 1
+else
+  if r.status ~= 'running' then
     return reply('done', r.attempt, r.fence, 0)
   end
-  if r.lease_end <= now then
-    local _, other_end = live_other()
-    if other_end then
-      return reply('running', r.attempt, r.fence, other_end - now)
-    end
-    r.lease_end = now + lease_ms
-    local new_fence = nil
-    if job_fence > r.fence then
-      -- Other runs took fences while this lease was out, and nobody has heard this one's (its answer was lost):
-      -- the renewed lease takes the next, so the fences its holders hear keep growing.
-      new_fence = job_fence + 1
-      r.fence = new_fence
-    end
-    save_run(run, r, new_fence)
+  local now = server_now()
+  -- The lease end of another run of the job that is live now (nil if none, or if overlap is allowed): a retried
+  -- claim whose lease ran out waits for it, and so does a takeover.
+  local function live_other_end()
+    if overlap_allowed then return nil end
+    local _, lease_end = live_other(now)
+    return lease_end
   end
-  return reply('won', r.attempt, r.fence, r.lease_end - now)
+  if r.token == token then
+    -- This attempt's own claim again (the answer to the first was lost). Nobody took the run over: a lease that
+    -- ran out meanwhile is renewed, as a late heartbeat would renew it, so that the caller can run the job;
+    -- unless another run of the job started meanwhile and is live (overlap forbidden): then the caller waits.
+    if r.lease_end < 0 then -- it handed the run back since: this is an old copy of its claim, come late
+      return reply('done', r.attempt, r.fence, 0)
+    end
+    if r.lease_end <= now then
+      local live_end = live_other_end()
+      if live_end then
+        return reply('running', r.attempt, r.fence, live_end - now)
+      end
+      r.lease_end = now + lease_ms
+      local new_fence = nil
+      if job_fence > r.fence then
+        -- Other runs took fences while this lease was out, and nobody has heard this one's (its answer was
+        -- lost): the renewed lease takes the next, so the fences its holders hear keep growing.
+        new_fence = job_fence + 1
+        r.fence = new_fence
+      end
+      save_run(run, r, new_fence)
+    end
+    return reply('won', r.attempt, r.fence, r.lease_end - now)
+  end
+  if r.lease_end > now then
+    return reply('running', r.attempt, r.fence, r.lease_end - now)
+  end
+  local ended = r.lease_end < 0 and 'handed back' or 'lease expired'
+  if r.attempt >= max_attempts then
+    close_run(run, r, 'interrupted', now, '"' .. ended .. '; no attempts left"')
+    trim(now, tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9]))
+    return reply('done', r.attempt, r.fence, 0)
+  end
+  local live_end = live_other_end()
+  if live_end then -- taking the run over now would run it beside another one: wait for that one's lease
+    return reply('running', r.attempt, r.fence, live_end - now)
+  end
+  record_result(run, r, 'interrupted', now, '"' .. ended .. '; taken over by attempt ' .. (r.attempt + 1) .. '"')
+  attempt = r.attempt + 1
 end
-if r.lease_end > now then
-  return reply('running', r.attempt, r.fence, r.lease_end - now)
-end
-local ended = r.lease_end < 0 and 'handed back' or 'lease expired'
-if r.attempt >= max_attempts then
-  close_run(run, r, 'interrupted', now, '"' .. ended .. '; no attempts left"')
-  trim(now, tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9]))
-  return reply('done', r.attempt, r.fence, 0)
-end
-local _, other_end = live_other()
-if other_end then -- taking the run over now would run it beside another one: wait for that one's lease
-  return reply('running', r.attempt, r.fence, other_end - now)
-end
-record_result(run, r, 'interrupted', now, '"' .. ended .. '; taken over by attempt ' .. (r.attempt + 1) .. '"')
-return start_attempt(r.attempt + 1)
+
+-- Start the attempt. Written out, not as a function: Lua builds each function a script defines anew on every
+-- call. Attempt and fence become text once, not at each of their uses (the runs entry, the state, the reply), and
+-- the start stays the text the entry id gave: each number turned into text costs a formatting call. Trimming (of
+-- the runs stream too) is left to finish, which follows every won claim: claims stay short.
+attempt = tostring(attempt)
+local fence = tostring(job_fence + 1)
+local entry = redis.call('XADD', RUNS, '*', 'run', run, 'slot', slot, 'attempt', attempt, 'token', token,
+  'runner', runner, 'fence', fence)
+-- The entry id's first part is the server's ms (never below the stream's last id): the attempt's start.
+local started = string.match(entry, '^%d+')
+local value = run_value('running', attempt, token, runner, started + lease_ms, fence, slot, manual, started)
+redis.call('HSET', STATE, run, value, 'fence', fence)
+redis.call('SADD', ACTIVE, run)
+return reply('won', attempt, fence, ARGV[4])

@@ -41,10 +41,15 @@ local function load_run(run, with_fence)
     fence_counter, forgotten
 end
 
+-- A run's state as stored.
+local function run_value(status, attempt, token, runner, lease_end, fence, slot, manual, started)
+  return status .. '|' .. attempt .. '|' .. token .. '|' .. runner .. '|' .. lease_end .. '|' .. fence .. '|' ..
+    slot .. '|' .. manual .. '|' .. started
+end
+
 -- Write a run's state; `fence_counter`, when given, is the job's new fence counter, written in the same command.
 local function save_run(run, r, fence_counter)
-  local value = r.status .. '|' .. r.attempt .. '|' .. r.token .. '|' .. r.runner .. '|' .. r.lease_end .. '|' ..
-    r.fence .. '|' .. r.slot .. '|' .. r.manual .. '|' .. r.started
+  local value = run_value(r.status, r.attempt, r.token, r.runner, r.lease_end, r.fence, r.slot, r.manual, r.started)
   if fence_counter then
     redis.call('HSET', STATE, run, value, 'fence', fence_counter)
   else
