@@ -5,9 +5,10 @@ in insertion order, at most ``max_size`` of them (the oldest goes), and forgets 
 ``duration`` old. A repeat gets the original entry's id, whose token tells the claimer whether it won.
 
 Redis forgets from its cron, once a second; the model forgets at the claim, the earliest the server may.
-``MAXLEN ~`` trimming is left out: it removes whole stream nodes (100 entries), never the few a test makes.
-A late claim of a run whose entry it removed, while the server still knows the id, loses: the contract suite
-checks that on the server (``test_idmp_a_late_claim_of_a_run_whose_entry_was_trimmed_loses``).
+``MAXLEN ~`` trimming is left out: the stream keeps at least ``max_size`` entries, as many as the server remembers
+ids, so it never removes the entry of an id the server still knows. A late claim of a run whose entry is gone all
+the same loses: the contract suite checks that on the server
+(``test_idmp_a_late_claim_of_a_run_whose_entry_is_gone_loses``).
 """
 
 from __future__ import annotations

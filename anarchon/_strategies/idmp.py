@@ -2,7 +2,9 @@
 
 The server keeps the first entry for an idempotent id and answers repeats with that entry's ID, without an
 error, so every claimer reads the entry back and compares tokens. A run is remembered for ``duration_sec`` (and
-up to ``max_size`` runs per job); a claim arriving later than that wins again.
+up to ``max_size`` runs per job); a claim arriving later than that wins again. The stream keeps at least as many
+entries as the server remembers ids (``max_size``): a retried claim that read back nothing would be told "lost"
+although its first try won.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ class IdmpStrategy(ClaimOnlyStrategy):
         # registered before start or after it. Concurrent first claims share one configuration: a second
         # XCFGSET after a claim's XADD would clear the id that claim registered.
         self._configured: dict[str, asyncio.Future[None]] = {}
+
+    runs_trimmed_to_size = False  # each claim's XADD keeps the stream to history_size, or max_size if more
 
     def runs_read_back_ms(self, policy: JobPolicy) -> int:
         return self.duration_sec * 1000  # every claim reads back the entry its IDMP id names, while it is known
@@ -94,7 +98,8 @@ class IdmpStrategy(ClaimOnlyStrategy):
         adds = [
             (
                 "XADD", self.keys.claim(r.job).runs, "NOMKSTREAM", "IDMP", r.job, r.slot,
-                "MAXLEN", "~", policy.history_size, "*", "slot", r.slot, "token", r.token, "runner", r.runner,
+                "MAXLEN", "~", max(policy.history_size, self.max_size), "*", "slot", r.slot, "token", r.token,
+                "runner", r.runner,
             )
             for r, policy in requests
         ]  # fmt: skip

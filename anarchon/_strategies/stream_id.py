@@ -6,6 +6,9 @@ the slot's entry back, to tell its own win from another instance's: its own firs
 retried claim whose answer was lost, or a client that sent the XADD again after a timeout, as redis-py's default
 retry does). The catch: once a later slot
 was claimed, an earlier one can no longer be (a late claim, or a skewed clock, misses it).
+
+The claims do not trim the stream: each record trims it to ``history_size`` entries, but keeps those of the
+last ``keep_ms``, which a retried claim may still read back.
 """
 
 from __future__ import annotations
@@ -28,10 +31,10 @@ class StreamIdStrategy(ClaimOnlyStrategy):
     ) -> list[Claim | StoreError]:
         commands = [
             (
-                "XADD", self.keys.claim(r.job).runs, "MAXLEN", "~", policy.history_size, f"{r.slot}-0",
-                "slot", r.slot, "token", r.token, "runner", r.runner,
+                "XADD", self.keys.claim(r.job).runs, f"{r.slot}-0", "slot", r.slot, "token", r.token,
+                "runner", r.runner,
             )
-            for r, policy in requests
+            for r, _ in requests
         ]  # fmt: skip
         replies = await store.execute_many(commands)
         refused = [_refused(reply) for reply in replies]

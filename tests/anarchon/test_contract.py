@@ -390,26 +390,45 @@ async def test_idmp_no_late_skip_is_recorded_beside_a_run_whose_id_max_size_evic
     assert [r.status for r in history if r.slot == slot] == ["ok"]
 
 
-async def test_idmp_a_late_claim_of_a_run_whose_entry_was_trimmed_loses(target: StoreTarget) -> None:
-    """Each claim's XADD trims the stream to about history_size entries, while the server still knows the ids
-    of the runs whose entries went (up to max_size, for duration_sec). A late claim of such a run gets the old
-    entry's ID, reads back nothing, and must lose: the run ran."""
+async def test_idmp_a_late_claim_of_a_run_whose_entry_is_gone_loses(target: StoreTarget) -> None:
+    """The stream keeps as many entries as the server remembers ids (max_size), so a known id's entry is there.
+    Should it be gone all the same (deleted by hand here), a late claim of that run gets the old entry's ID, reads
+    back nothing, and must lose: the run ran."""
     if not target.supports_idmp:
         pytest.skip(f"idmp needs Redis 8.6+; {target.name} is {target.describe}")
     backend = await target.started_backend({"name": "idmp", "duration_sec": 300, "max_size": 1000})
     policy = JobPolicy(history_size=1)
-    node = await node_max_entries(target)
-    first = await target.server_ms() - 600_000
-    slots = [first + i * 1000 for i in range(node + 30)]  # more than a stream node: MAXLEN ~ 1 drops the first
-    for slot in slots:
+    first = await target.server_ms() - 60_000
+    for slot in (first, first + 1000, first + 2000):
         assert (await claim_one(backend, request(slot, f"t{slot}"), policy)).outcome is Outcome.WON
-    entries = await target.raw("XRANGE", "cron:sync:runs", "-", "+")
-    assert str(first) not in {dict(zip(f[::2], f[1::2], strict=True))["slot"] for _, f in entries}  # gone
-    length = len(entries)
+    [[entry_id, _]] = await target.raw("XRANGE", "cron:sync:runs", "-", "+", "COUNT", 1)
+    assert await target.raw("XDEL", "cron:sync:runs", entry_id) == 1
     late = await claim_one(backend, request(first, "late"), policy)
     assert late.outcome is Outcome.LOST
-    assert await target.raw("XLEN", "cron:sync:runs") == length  # the known id added no entry
-    assert (await claim_one(backend, request(slots[-1] + 1000, "next"), policy)).outcome is Outcome.WON
+    assert await target.raw("XLEN", "cron:sync:runs") == 2  # the known id added no entry
+    assert (await claim_one(backend, request(first + 3000, "next"), policy)).outcome is Outcome.WON
+
+
+@pytest.mark.parametrize("claim_only", ["stream-id", "idmp", "script"])
+async def test_a_won_claim_retried_after_many_later_runs_still_wins(target: StoreTarget, claim_only: str) -> None:
+    """A claim won, but its answer was lost; by the time it is retried (same token) more runs than history_size
+    plus a stream node (100 entries) were claimed and recorded. Within keep_ms (script: window_ms; idmp:
+    duration_sec and max_size) its entry is still there to be read back, and the retry wins: told "lost", it would
+    leave its run to nobody, as every other instance lost that run."""
+    if claim_only == "idmp" and not target.supports_idmp:
+        pytest.skip(f"idmp needs Redis 8.6+; {target.name} is {target.describe}")
+    backend = await target.started_backend(claim_only)
+    policy = JobPolicy(history_size=5, keep_ms=600_000)
+    first = await target.server_ms() - 200_000
+    mine = RunRequest("sync", run_id(first), first, "mine", "a")
+    assert (await claim_one(backend, mine, policy)).outcome is Outcome.WON
+    for i in range(1, await node_max_entries(target) + 31):
+        later = request(first + i * 1000, f"t{i}")
+        claim = await claim_one(backend, later, policy)
+        assert claim.outcome is Outcome.WON
+        assert await backend.strategy.finish(backend.store, later, claim, policy, record(later, claim))
+    retry = await claim_one(backend, mine._replace(retry=True), policy)
+    assert retry.outcome is Outcome.WON
 
 
 @pytest.mark.parametrize("claim_only", ["stream-id", "idmp", "script"])
@@ -547,8 +566,10 @@ async def test_history_is_trimmed_but_never_a_running_or_claimable_run(target: S
     elif strategy == "script":
         # Every entry lies inside the 5-minute window a late claim still reads: none may go.
         assert runs_len == 1 + finished
-    else:  # stream-id, idmp: every claim's XADD trims with MAXLEN ~ history_size
-        assert history_size <= runs_len <= history_size + node - 1, runs_len
+    elif strategy == "stream-id":  # each record trims to history_size what no claim reads back (keep_ms 0)
+        assert runs_len == history_size
+    else:  # idmp: each claim's XADD keeps as many as the server remembers ids (max_size, 1,000 here)
+        assert runs_len == 1 + finished
 
 
 async def test_lease_runs_that_end_in_the_claim_are_trimmed_too(target: StoreTarget) -> None:
