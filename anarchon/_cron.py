@@ -80,9 +80,30 @@ class CronSchedule:
     def has_seconds(self) -> bool:
         return len(self.expression.split()) == 6
 
-    def _iterate(self, after_ms: int) -> Iterator[datetime]:
-        start = datetime.fromtimestamp(after_ms // 1000, tz=UTC).astimezone(self.timezone)
-        return iter(CronSim(self.expression, start))
+    def _iterate(self, after_ms: int) -> Iterator[int]:
+        """The instants (epoch ms) after ``after_ms`` whose wall time in the zone matches, oldest first: the
+        repeated hour's second pass only for jobs whose minute or hour field is a wildcard (see the rules above).
+        Wall times that clocks going forward skip are not among them; :meth:`compute_next_after` adds the jump.
+
+        cronsim matches naive wall times here, one stretch of constant UTC offset at a time. Given an aware
+        datetime it steps in hours and days of absolute time instead, which after a change of half an hour
+        (Lord Howe Island) lands on the half hour and passes the job's hour by, losing that day's run."""
+        first_pass_only = not any(part.startswith("*") for part in self.expression.split()[-5:-3])
+        low = after_ms // 1000 * 1000 + 1000  # the first whole second after after_ms
+        while True:
+            offset_ms = self._offset_ms(low)
+            wall = datetime.fromtimestamp((low + offset_ms) // 1000 - 1, tz=UTC).replace(tzinfo=None)
+            for moment in CronSim(self.expression, wall):  # strictly after `wall`: from low's wall time on
+                slot = int(moment.replace(tzinfo=UTC).timestamp()) * 1000 - offset_ms
+                change = self._offset_change(low, slot)
+                if change is not None:  # the stretch ends before this match: go on from the new offset
+                    low = change
+                    break
+                low = slot + 1000
+                if not (first_pass_only and self._repeated(slot)):
+                    yield slot
+            else:
+                return
 
     def next_after(self, after_ms: int) -> int | None:
         """The first slot strictly after ``after_ms`` (None if the expression never matches again)."""
@@ -103,16 +124,7 @@ class CronSchedule:
             or after_ms < cursor.low
             or (cursor.pending is not None and after_ms - cursor.pending > DAY_MS)
         ):
-            # cronsim runs a fixed-time five-field job once in a repeated hour, but a six-field one twice: the
-            # second pass (fold 1) of such a job is left out here, so that both follow the rule above.
-            first_pass_only = self.has_seconds and not any(
-                part.startswith("*") for part in self.expression.split()[1:3]
-            )
-            matches = (
-                int(moment.timestamp()) * 1000
-                for moment in self._iterate(after_ms)
-                if not (first_pass_only and moment.fold)
-            )
+            matches = self._iterate(after_ms)
             cursor = _Cursor(matches, after_ms, next(matches, None))
             self._cursor[:] = [cursor]
         while cursor.pending is not None and cursor.pending <= after_ms:
@@ -121,23 +133,33 @@ class CronSchedule:
         return cursor.pending
 
     def _offset(self, ms: int) -> timedelta:
-        offset = datetime.fromtimestamp(ms / 1000, tz=self.timezone).utcoffset()
-        return offset or timedelta(0)
+        return utc_offset(self.timezone, ms)
+
+    def _offset_ms(self, ms: int) -> int:
+        return self._offset(ms) // timedelta(milliseconds=1)
+
+    def _offset_change(self, start_ms: int, end_ms: int) -> int | None:
+        return offset_change(self.timezone, start_ms, end_ms)
+
+    def _repeated(self, slot_ms: int) -> bool:
+        """Whether the wall time at ``slot_ms`` came before (the second pass of an hour that clocks going back
+        repeat)."""
+        moment = datetime.fromtimestamp(slot_ms // 1000, tz=self.timezone)
+        return moment.replace(fold=0).timestamp() * 1000 != slot_ms
 
     def _forward_jumps(self, start_ms: int, end_ms: int) -> Iterator[tuple[int, datetime, datetime]]:
         """Clocks going forward in ``(start_ms, end_ms]``: (instant, first skipped and first real local time)."""
-        low, offset = start_ms, self._offset(start_ms)
-        while low < end_ms:
-            high = min(low + DAY_MS // 4, end_ms)  # zones change offset at most a few times a year
-            later = self._offset(high)
-            if later > offset:
-                a, b = low, high  # offset(a) is the old one, offset(b) the new one; close in on the instant
-                while b - a > 1000:
-                    middle = (a + b) // 2
-                    a, b = (a, middle) if self._offset(middle) == later else (middle, b)
-                wall = datetime.fromtimestamp(b // 1000, tz=UTC).replace(tzinfo=None)
-                yield b // 1000 * 1000, wall + offset, wall + later
-            low, offset = high, later
+        low = start_ms
+        while (change := self._offset_change(low, end_ms)) is not None:
+            before, after = self._offset(change - 1000), self._offset(change)
+            if after > before:
+                wall = datetime.fromtimestamp(change // 1000, tz=UTC).replace(tzinfo=None)
+                yield change, wall + before, wall + after
+            low = change
+
+    def offset_changes(self, start_ms: int, end_ms: int) -> tuple[int, ...]:
+        """The instants in ``(start_ms, end_ms]`` where the zone's clocks change (forward or back)."""
+        return _offset_changes(self.timezone, start_ms, end_ms)
 
     def _matches_local(self, start: datetime, end: datetime) -> bool:
         """Whether the expression matches a wall time in ``[start, end)``, time zones aside."""
@@ -150,6 +172,35 @@ class CronSchedule:
         while slot is not None and slot <= end_ms:
             yield slot
             slot = self.next_after(slot)
+
+
+def utc_offset(zone: ZoneInfo, ms: int) -> timedelta:
+    return datetime.fromtimestamp(ms / 1000, tz=zone).utcoffset() or timedelta(0)
+
+
+def offset_change(zone: ZoneInfo, start_ms: int, end_ms: int) -> int | None:
+    """The first whole second in ``(start_ms, end_ms]`` with another UTC offset than ``start_ms``'s (None if there
+    is none)."""
+    low, offset = start_ms, utc_offset(zone, start_ms)
+    while low < end_ms:
+        high = min(low + DAY_MS // 4, end_ms)  # zones change offset at most a few times a year
+        if utc_offset(zone, high) != offset:
+            a, b = low, high  # offset(a) is the old one, offset(b) a new one; close in on the instant
+            while b - a > 1000:
+                middle = (a + b) // 2
+                a, b = (middle, b) if utc_offset(zone, middle) == offset else (a, middle)
+            return b // 1000 * 1000
+        low = high
+    return None
+
+
+@functools.lru_cache(maxsize=256)
+def _offset_changes(zone: ZoneInfo, start_ms: int, end_ms: int) -> tuple[int, ...]:
+    changes = []
+    while (change := offset_change(zone, start_ms, end_ms)) is not None:
+        changes.append(change)
+        start_ms = change
+    return tuple(changes)
 
 
 @functools.lru_cache(maxsize=16_384)

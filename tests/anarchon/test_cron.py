@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import itertools
-from datetime import UTC, datetime
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 import pytest
+from cronsim import CronSim
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -14,6 +16,7 @@ from anarchon._cron import CronSchedule
 
 BERLIN = ZoneInfo("Europe/Berlin")
 NEW_YORK = ZoneInfo("America/New_York")
+LORD_HOWE = ZoneInfo("Australia/Lord_Howe")  # clocks go forward at 02:00 to 02:30, back at 02:00 to 01:30
 
 
 def ms(year: int, month: int, day: int, hour: int = 0, minute: int = 0, tz: ZoneInfo = BERLIN, fold: int = 0) -> int:
@@ -84,6 +87,77 @@ def test_new_york_transitions() -> None:
 def test_a_yearly_run_in_the_gap_is_kept() -> None:
     found = slots("30 2 29 3 *", ms(2026, 3, 1), 24 * 400)
     assert local(found) == ["03-29 03:00 CEST", "03-29 02:30 CEST"]  # 2026 in the gap, 2027 on time
+
+
+@pytest.mark.parametrize(
+    ("expression", "start", "expected"),
+    [
+        # Hours away from the change, on the day clocks go forward half an hour: no day lost.
+        ("0 0 9 * * *", ms(2024, 10, 5, 10, tz=LORD_HOWE), ["10-06 09:00 +11", "10-07 09:00 +11"]),
+        ("*/30 23 * * *", ms(2024, 10, 5, 23, 10, tz=LORD_HOWE), ["10-05 23:30 +1030", "10-06 23:00 +11"]),
+        (
+            "0 * * * *",
+            ms(2024, 10, 6, 0, 30, tz=LORD_HOWE),
+            ["10-06 01:00 +1030", "10-06 02:30 +11", "10-06 03:00 +11"],
+        ),
+        # The day clocks go back half an hour (01:30-02:00 repeated): 02:00 and after come once.
+        ("*/15 2 * * *", ms(2024, 4, 6, 12, tz=LORD_HOWE), ["04-07 02:00 +1030", "04-07 02:15 +1030"]),
+        ("0 */2 * * *", ms(2024, 4, 7, 0, 30, tz=LORD_HOWE), ["04-07 02:00 +1030", "04-07 04:00 +1030"]),
+    ],
+)
+def test_half_hour_changes_lose_no_run(expression: str, start: int, expected: list[str]) -> None:
+    found = list(itertools.islice(CronSchedule(expression, LORD_HOWE).slots_between(start, start + 3 * 86_400_000), 3))
+    assert local(found, LORD_HOWE)[: len(expected)] == expected
+
+
+def rule_slots(expression: str, zone: ZoneInfo, start: int, end: int) -> Iterator[int]:
+    """The slots in ``(start, end]`` by the module's rules, instant by instant (minutes, or seconds with six
+    fields): an instant whose wall time matches, unless it is a fixed-time job's second pass through a repeated
+    hour; and the instant clocks go forward, if a wall time they skip matches."""
+    fields = expression.split()
+    step = timedelta(seconds=1 if len(fields) == 6 else 60)
+    fixed_time = not any(part.startswith("*") for part in fields[-5:-3])
+    first_wall = datetime.fromtimestamp(start / 1000, UTC).replace(tzinfo=None) - timedelta(days=1)
+    matching = set(
+        itertools.takewhile(lambda wall: wall < first_wall + timedelta(days=3), CronSim(expression, first_wall))
+    )
+    step_ms = step // timedelta(milliseconds=1)
+    for t in range(start // step_ms * step_ms + step_ms, end + 1, step_ms):
+        moment = datetime.fromtimestamp(t / 1000, zone)
+        wall = moment.replace(tzinfo=None)
+        jump = moment.utcoffset() - datetime.fromtimestamp((t - step_ms) / 1000, zone).utcoffset()  # type: ignore[operator]
+        skipped = {wall - jump + step * i for i in range(jump // step)}
+        repeated = moment.replace(fold=0).timestamp() * 1000 != t
+        if skipped & matching or (wall in matching and not (fixed_time and repeated)):
+            yield t
+
+
+@pytest.mark.parametrize(
+    ("zone", "day"),
+    [("Australia/Lord_Howe", (2024, 10, 6)), ("Australia/Lord_Howe", (2024, 4, 7)), ("Europe/Berlin", (2024, 3, 31)),
+     ("Europe/Berlin", (2024, 10, 27)), ("America/Sao_Paulo", (2018, 11, 4)), ("Asia/Gaza", (2023, 10, 28))],
+)  # fmt: skip
+@pytest.mark.parametrize(
+    "expression",
+    [
+        "30 2 * * *",
+        "*/15 2 * * *",
+        "0 * * * *",
+        "*/20 1-3 * * *",
+        "0 9 * * *",
+        "0 0 9 * * *",
+        "*/30 23 * * *",
+        "0 */10 1,2 * * *",
+    ],
+)
+def test_slots_follow_the_rules_on_days_clocks_change(zone: str, day: tuple[int, int, int], expression: str) -> None:
+    tz = ZoneInfo(zone)
+    start = int(datetime(*day, tzinfo=tz).timestamp() * 1000) - 3_600_000
+    end = start + 26 * 3_600_000
+    schedule = CronSchedule(expression, tz)
+    from_day_before = [s for s in schedule.slots_between(start - 86_400_000, end) if s > start]  # the cached path
+    assert local(from_day_before, tz) == local(list(rule_slots(expression, tz, start, end)), tz)
+    assert list(CronSchedule(expression, tz).slots_between(start, end)) == from_day_before  # a fresh start
 
 
 @settings(deadline=None, max_examples=60)  # correctness only; speed is measured by the benchmarks
