@@ -165,12 +165,20 @@ def check_idmp_size(job: Job, max_size: int, now_ms: int) -> None:
 def check_claim_order(job: Job, now_ms: int) -> None:
     """stream-id takes a run's claim only while no later slot of the job was claimed: the claims of two slots
     closer together than ``jitter_ms`` could come in the wrong order, and the earlier slot would never run.
-    Sampled over a day, as :func:`check_idmp_size` is."""
+    Sampled over a day, as :func:`check_idmp_size` is, and from ``jitter_ms`` before each clock change of the
+    coming year, where slots crowd: a run whose time clocks going forward skip comes at the jump, close to the
+    runs beside it (``30 * * * *`` runs at 01:30, 03:00 and 03:30 when Berlin's clocks skip from 02:00 to 03:00,
+    half an hour apart)."""
     jitter = job.options.jitter_ms
     if jitter < (1000 if job.schedule.has_seconds else 60_000):
         return  # slots are at least a second (a minute) apart
-    crowd, start = _densest_window(job.schedule, jitter, now_ms // DAY_MS * DAY_MS, 2)
-    if crowd < 2:
+    day = now_ms // DAY_MS * DAY_MS
+    changes = job.schedule.offset_changes(day, day + 366 * DAY_MS)
+    for after in (day, *(change - jitter - 1000 for change in changes)):
+        crowd, start = _densest_window(job.schedule, jitter, after, 2)
+        if crowd >= 2:
+            break
+    else:
         return
     gap = job.schedule.next_after(start)
     shown = f"{gap - start} ms" if gap is not None else "the time"

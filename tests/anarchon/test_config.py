@@ -196,6 +196,14 @@ def test_stream_id_refuses_a_jitter_that_could_claim_a_later_slot_first() -> Non
         assert caught.value.option == "jitter_ms"
     assert "less than 300000 ms" in str(caught.value)
     assert scheduler.jobs == ("ok", "daily")
+    # Where clocks go forward, a skipped time's run comes at the jump: 03:00, then 03:30 (Berlin), or 02:30,
+    # then 03:00 (Lord Howe Island, half an hour forward from 02:00), on one day of the year.
+    scheduler.add_job("hourly", "0 * * * *", noop, jitter_ms=40 * 60_000, timezone="Europe/Berlin")
+    for name, cron, zone in (("half", "30 * * * *", "Europe/Berlin"), ("howe", "0 * * * *", "Australia/Lord_Howe")):
+        with pytest.raises(ConfigError, match="less than 1800000 ms") as caught:
+            scheduler.add_job(name, cron, noop, jitter_ms=40 * 60_000, timezone=zone)
+        assert caught.value.option == "jitter_ms"
+    assert scheduler.jobs == ("ok", "daily", "hourly")
     Scheduler(RedisBackend(strategy="script")).add_job("tens", "*/10 * * * * *", noop, jitter_ms=10_000)
 
 
