@@ -331,24 +331,27 @@ class Instance:
         self.crashes += 1
         if self.process is not None:
             process, self.process = self.process, None
-            await self._kill(process)
+            await self._kill(process, self._jobs_stop_at())
             return
         for process in list(self.leaving):
-            await self._kill(process)
+            await self._kill(process, self._jobs_stop_at())
 
     async def kill_all(self) -> None:
-        """The end of the run: every process of the instance is killed."""
+        """The end of the run: every process of the instance is killed, its jobs counted as going on until now,
+        paused or not (a zombie still paused at the end has not stopped its job; see the virtual world's end)."""
         for process in self._processes():
-            await self._kill(process)
+            await self._kill(process, time.monotonic())
         self.process, self.leaving = None, []
 
-    async def _kill(self, process: asyncio.subprocess.Process) -> None:
+    def _jobs_stop_at(self) -> float:
+        """When a kill now stops the jobs: now, or when the pause it comes in began."""
+        return time.monotonic() if self.paused_at is None else self.paused_at
+
+    async def _kill(self, process: asyncio.subprocess.Process, stopped_at: float) -> None:
         if process.returncode is None:
             with contextlib.suppress(ProcessLookupError):  # it exited a moment ago
                 process.kill()  # a paused (stopped) process too, without running a moment first
-            # Its jobs stopped when it was killed, or when the pause it was killed in began.
-            killed = time.monotonic() if self.paused_at is None else self.paused_at
-            self.killed_at.append((self.incarnation[process], killed))
+            self.killed_at.append((self.incarnation[process], stopped_at))
         await process.wait()
 
     async def stop(self, timeout_s: float) -> None:
@@ -363,7 +366,7 @@ class Instance:
         try:
             await asyncio.wait_for(process.wait(), timeout_s + STOP_GRACE_S)
         except TimeoutError:
-            await self._kill(process)
+            await self._kill(process, self._jobs_stop_at())
         # Not when cancelled (the run ends): kill_all finds it then.
         self.leaving = [other for other in self.leaving if other is not process]
 

@@ -279,6 +279,18 @@ class SimInstance:
 
         return work
 
+    async def end(self) -> None:
+        """The end of the simulation: the process is killed as by a crash, but its jobs count as going on until
+        now, paused or not. A paused process had not stopped them: a zombie still paused at the end believes it
+        holds its lease beside the backup that took its run over, and the checkers must see it."""
+        self._stop_jobs(self.world.now())
+        await self.crash()
+
+    def _stop_jobs(self, at: float) -> None:
+        for execution in self.running_jobs.values():
+            execution.ended = at
+        self.running_jobs.clear()
+
     async def crash(self) -> None:
         """SIGKILL: the store hears nothing more from this process (one that is stopping, too); its jobs stop
         where they are."""
@@ -289,10 +301,7 @@ class SimInstance:
         self.stopping = False
         self.link.kill()
         # Its jobs stopped where they are: when the kill came, or when the pause it came in began.
-        killed = self.world.now() if self.paused_at is None else self.paused_at
-        for execution in self.running_jobs.values():
-            execution.ended = killed
-        self.running_jobs.clear()
+        self._stop_jobs(self.world.now() if self.paused_at is None else self.paused_at)
         scheduler, self.scheduler = self.scheduler, None
         if scheduler is None:  # it was stopping: that stop() ends now, against the dead link
             return
@@ -391,7 +400,7 @@ class World:
             if instance.link is not None:
                 instance.link.kill()
         for instance in self.instances.values():
-            await instance.crash()
+            await instance.end()
         return self.history
 
     def _target(self, fault: FaultSpec) -> SimInstance | None:

@@ -141,11 +141,25 @@ def test_an_execution_of_a_process_killed_while_paused_ended_when_the_pause_bega
     a.pause()
     paused_at = time.monotonic()
     time.sleep(0.3)
-    assert a.process is not None
-    asyncio.run(a._kill(a.process))
+    asyncio.run(a.crash())
     [execution] = run.history("lease", epoch_s=0).executions
     assert execution.ended is not None
     assert execution.ended == pytest.approx(paused_at - run.t0, abs=0.05)
+
+
+def test_an_execution_of_a_process_still_paused_when_the_run_ends_went_on_until_the_end(tmp_path: Path) -> None:
+    """The end of the run is no crash: a zombie still paused then had not stopped its job (it believes it holds
+    its lease beside the backup that took its run over), and its execution must overlap the backup's."""
+    run, instances = _run(tmp_path, up="a")
+    a = instances["a"]
+    _log(a, _started("A1", run.t0 + 0.1))
+    a.pause()
+    time.sleep(0.3)
+    asyncio.run(a.kill_all())
+    ended_at = time.monotonic()
+    [execution] = run.history("lease", epoch_s=0).executions
+    assert execution.ended is not None
+    assert execution.ended == pytest.approx(ended_at - run.t0, abs=0.05)
 
 
 def test_a_crash_of_an_instance_down_already_strikes_nothing_and_restarts_nothing(tmp_path: Path) -> None:

@@ -161,6 +161,27 @@ def test_faults_are_history_entries() -> None:
     assert faults[1].t == pytest.approx(61.0)
 
 
+@pytest.mark.parametrize("pause_s", [38, 45])
+def test_a_zombie_still_paused_when_the_simulation_ends_is_judged_as_running(pause_s: int) -> None:
+    """The winner is paused past its lease and a backup takes its run over. Whether it resumes just before the end
+    (80 s) or after it, it never stopped its job: the end kills it as a crash would, but its job counts as going
+    on until the end, not as stopped when its pause began (that hid the zombie from P1, P3 and P4)."""
+    scenario = parse({
+        "name": "zombie-end", "duration_s": 80, "scheduler": {"lease_ms": 3000, "heartbeat_ms": 1000},
+        "instances": [{"name": n} for n in "abc"],
+        "jobs": [{"name": "tick", "cron": "*/20 * * * * *", "work_s": 6.0}],
+        "faults": [{"at_s": 41, "kind": "pause", "instance": "winner", "duration_s": pause_s}],
+    })  # fmt: skip
+    outcome = simulate(scenario, "lease", 1)
+    assert {name: outcome.judgement.checks[name].status for name in ("P1", "P3", "P4")} == dict.fromkeys(
+        ("P1", "P3", "P4"), "invalid"
+    )
+    slot = int((EPOCH_S + 40) * 1000)
+    [zombie] = [e for e in outcome.history.executions if e.slot == slot and e.attempt == 1]
+    assert zombie.started == pytest.approx(40.0)
+    assert zombie.ended == pytest.approx(79.0 if pause_s == 38 else 80.0)
+
+
 def test_clock_faults_are_history_entries_and_move_the_clock_without_a_jump() -> None:
     scenario = parse({
         "name": "clocks", "duration_s": 30,
