@@ -143,8 +143,17 @@ def judge(
         "P5": _no_lost_ack(strategy, history, fault_windows),
         "P6": _fencing(history, manual_ordered=strategy == "lease"),
     }
-    # First attempts of the slots due once the run began: one due before could not have run on time.
-    first = [e for e in runs if e.attempt == 1 and true_s(e.slot, epoch) >= 0]
+    # When each run started: its earliest first attempt (a duplicate, attempt 1 too under the claim-only
+    # strategies or after a failover, is P1's to judge), for the slots due once the simulation began (one due
+    # before could not have run on time).
+    first = sorted(
+        (
+            min((e for e in executions if e.attempt == 1), key=lambda e: e.started)
+            for (_, slot), executions in by_slot.items()
+            if true_s(slot, epoch) >= 0 and any(e.attempt == 1 for e in executions)
+        ),
+        key=lambda e: e.started,
+    )
     lateness = [(e.started - true_s(e.slot, epoch)) * 1000 for e in first]
     return Judgement(
         verdicts,

@@ -313,6 +313,16 @@ def test_the_default_max_late_ms_applies_and_takeovers_do_not_count() -> None:
     assert _judge(takeover).lateness.status == "valid"
 
 
+def test_lateness_is_each_runs_first_start_and_a_late_duplicate_does_not_count() -> None:
+    """A duplicate is attempt 1 too (the claim-only strategies, or lease after a failover): it is P1's to judge.
+    The run itself started on time."""
+    duplicated = [*_every_slot(skip=40), _execution("a", 40, 40, 41), _execution("b", 40, 55, 56)]
+    judgement = _judge(duplicated, strategy="script", max_late_ms=5000)
+    assert judgement.lateness.status == "valid"
+    assert judgement.lateness.figures == {"runs": 9, "p50_ms": 0.0, "p99_ms": 0.0, "max_ms": 0.0}
+    assert judgement.verdicts["P1"].status == "invalid"
+
+
 def test_lateness_is_unknown_without_runs() -> None:
     judgement = _judge([])
     assert judgement.lateness.status == "unknown"
