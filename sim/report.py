@@ -171,7 +171,7 @@ def lateness_figure(results: Results) -> bytes:
             axis.step(ordered, [(i + 1) / len(ordered) for i in range(len(ordered))], where="post",
                       label=f"{strategy} (n={len(ordered)})", color=COLOURS[strategy])  # fmt: skip
     axis.set_xscale("symlog", linthresh=10)
-    axis.set_xlabel(f"start − slot ({_ms(results)}), first attempts, all scenarios")
+    axis.set_xlabel(f"start − slot ({_ms(results)}), runs of all scenarios")
     axis.set_ylabel("fraction of runs")
     axis.set_title("Run lateness")
     axis.grid(alpha=0.3)
@@ -423,13 +423,13 @@ def render(results: Results, figure: Callable[[str, bytes], str]) -> str:
         "",
         "## Lateness and lease margins",
         "",
-        "Lateness: a first attempt's start − its slot, true time. A run is judged late when it starts later than",
-        "its job's jitter_ms + max_late_ms (catch_up_ms under lease, if larger) + 1 s"
-        + (" of scenario time (0.2 s live)." if results.mode == "live" else "."),
+        "Lateness: a run's start (its earliest first attempt; a duplicate is P1's to judge) − its slot, true time.",
+        "A run is judged late when it starts later than its job's jitter_ms + max_late_ms (catch_up_ms under lease,",
+        "if larger) + 1 s" + (" of scenario time (0.2 s live)." if results.mode == "live" else "."),
         "",
         *_head(
             "strategy",
-            "first attempts",
+            "runs",
             *(f"{p} ({_ms(results)})" for p in ("p50", "p99", "max")),
             "simulations with a late run",
         ),
