@@ -70,7 +70,7 @@ class CronSchedule:
         if len(fields) not in (5, 6):
             raise ConfigError("cron", f"{self.expression!r} has {len(fields)} fields", CRON_RULE)
         try:
-            next(self._iterate(0))
+            next(iter(CronSim(self.expression, datetime(1970, 1, 1))))  # wall times: zones aside, it parses and matches
         except CronSimError as error:
             raise ConfigError("cron", f"{self.expression!r} is not valid ({error})", CRON_RULE) from error
         except StopIteration as error:
@@ -89,17 +89,18 @@ class CronSchedule:
         datetime it steps in hours and days of absolute time instead, which after a change of half an hour
         (Lord Howe Island) lands on the half hour and passes the job's hour by, losing that day's run."""
         first_pass_only = not any(part.startswith("*") for part in self.expression.split()[-5:-3])
-        low = after_ms // 1000 * 1000 + 1000  # the first whole second after after_ms
+        low = after_ms // 1000 * 1000 + 1000  # the first whole second after after_ms: a stretch starts there
         while True:
             offset_ms = self._offset_ms(low)
             wall = datetime.fromtimestamp((low + offset_ms) // 1000 - 1, tz=UTC).replace(tzinfo=None)
+            known = low  # an instant of this stretch: the offset holds from it up to the next match checked
             for moment in CronSim(self.expression, wall):  # strictly after `wall`: from low's wall time on
                 slot = int(moment.replace(tzinfo=UTC).timestamp()) * 1000 - offset_ms
-                change = self._offset_change(low, slot)
+                change = self._offset_change(known, slot)
                 if change is not None:  # the stretch ends before this match: go on from the new offset
                     low = change
                     break
-                low = slot + 1000
+                known = slot
                 if not (first_pass_only and self._repeated(slot)):
                     yield slot
             else:

@@ -110,6 +110,27 @@ def test_half_hour_changes_lose_no_run(expression: str, start: int, expected: li
     assert local(found, LORD_HOWE)[: len(expected)] == expected
 
 
+@pytest.mark.parametrize(
+    ("expression", "zone", "slot"),
+    [
+        ("59 59 23 * * *", "America/Santiago", "2025-09-06T23:59:59-04:00"),  # clocks go forward at midnight
+        ("59 59 * * * *", "Australia/Lord_Howe", "2025-10-05T01:59:59+10:30"),
+        ("59 59 1 * * *", "Europe/Berlin", "2025-03-30T01:59:59+01:00"),
+        ("59 59 2 * * *", "Europe/Berlin", "2025-10-26T02:59:59+02:00"),  # clocks go back at 03:00 CEST
+    ],
+)
+def test_a_clock_change_right_after_a_slot_is_not_passed_by(expression: str, zone: str, slot: str) -> None:
+    """Each slot asks for the next one (the cached path): the change a second after this slot must be seen there,
+    as by a fresh start and by the rules."""
+    schedule, tz = CronSchedule(expression, ZoneInfo(zone)), ZoneInfo(zone)
+    start = int(datetime.fromisoformat(slot).timestamp() * 1000)
+    end = start + 36 * 3_600_000
+    assert schedule.next_after(start - 1) == start
+    in_order = local(list(schedule.slots_between(start - 1, end)), tz)
+    assert in_order == local(list(CronSchedule(expression, tz).slots_between(start - 1, end)), tz)  # fresh
+    assert in_order == local(list(rule_slots(expression, tz, start - 1, end)), tz)
+
+
 def rule_slots(expression: str, zone: ZoneInfo, start: int, end: int) -> Iterator[int]:
     """The slots in ``(start, end]`` by the module's rules, instant by instant (minutes, or seconds with six
     fields): an instant whose wall time matches, unless it is a fixed-time job's second pass through a repeated
