@@ -4,8 +4,8 @@ The first claim of a slot wins and every later one loses, forever (trimming neve
 catch: once a later slot was claimed, an earlier one is refused too, so a late claim or a skewed clock misses
 it. Tokens play no part in the XADD: a claim sent again loses against its own earlier entry. So a claim that is
 refused reads the slot's entry back (it may be a retry whose first answer was lost, or a copy the client sent
-again), and its own token there is its first try's win. Trimming is left out: a record trims only entries older
-than ``keep_ms``, which no claim reads back.
+again), and its own token there is its first try's win. Trimming is left out: the claims keep every entry a
+claim may read back (those of the last ``keep_ms``), and more than a test makes.
 """
 
 from __future__ import annotations

@@ -24,8 +24,7 @@ class ClaimOnlyStrategy:
     leases = False
     scripts: tuple[Script, ...] = (TRIM_STREAM,)
     remembers_ms: int | None = None  # how long after its slot the store still knows a run was claimed (None: ever)
-    runs_trimmed_by_record = True  # False where the claim script trims the runs stream itself
-    runs_trimmed_to_size = True  # False where the claim's XADD keeps the runs stream to its size
+    runs_aged_by_ttl = True  # False where the claim script ages the runs stream itself
 
     def __init__(self, keys: KeySpace) -> None:
         self.keys = keys
@@ -126,29 +125,21 @@ class ClaimOnlyStrategy:
         added, *_ = await store.execute_many(commands)
         if isinstance(added, StoreError):
             raise added
-        trims = self.stream_trims(record.job, policy, record.ended)
-        if trims:
+        if policy.history_ttl_ms:
+            streams = self.streams_aged_by_ttl(record.job, policy)
             with contextlib.suppress(StoreError):  # the record is stored; the next one's trim does this one's
-                await store.run_many(trims)
+                await store.run_many([ScriptCall(TRIM_STREAM, (key,), (record.ended - kept,)) for key, kept in streams])
         return added == 1
 
-    def stream_trims(self, job: str, policy: JobPolicy, now: int) -> list[ScriptCall]:
-        """The trims of the job's streams after a record at ``now``. ``history_ttl_ms`` ages both streams out;
-        the runs stream keeps an entry as long as a claim may read it back (:meth:`runs_read_back_ms`: a retry
-        whose answer was lost, told "lost" there, would leave its run to nobody), and, where its claims do not,
-        its record trims it to ``history_size`` beyond that."""
+    def streams_aged_by_ttl(self, job: str, policy: JobPolicy) -> list[tuple[str, int]]:
+        """The job's streams that ``history_ttl_ms`` trims, each with how long it keeps its entries: the runs
+        stream also as long as a claim may read a run's entry back (:meth:`runs_read_back_ms`)."""
         keys = self.keys.claim(job)
         ttl_ms = policy.history_ttl_ms or 0
-        trims = []
-        if ttl_ms:
-            trims.append(ScriptCall(TRIM_STREAM, (keys.manual,), (now - ttl_ms, 0, 0)))
-        if self.runs_trimmed_by_record:
-            read_back_ms = self.runs_read_back_ms(policy)
-            cutoff = now - max(ttl_ms, read_back_ms) if ttl_ms else 0
-            size = policy.history_size if self.runs_trimmed_to_size else 0
-            if cutoff or size:
-                trims.append(ScriptCall(TRIM_STREAM, (keys.runs,), (cutoff, size, now - read_back_ms)))
-        return trims
+        streams = [(keys.manual, ttl_ms)]
+        if self.runs_aged_by_ttl:
+            streams.append((keys.runs, max(ttl_ms, self.runs_read_back_ms(policy))))
+        return streams
 
     def runs_read_back_ms(self, policy: JobPolicy) -> int:
         """How long after its slot a claim may read a run's entry back: a retry whose answer was lost may come

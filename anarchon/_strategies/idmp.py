@@ -34,8 +34,6 @@ class IdmpStrategy(ClaimOnlyStrategy):
         # XCFGSET after a claim's XADD would clear the id that claim registered.
         self._configured: dict[str, asyncio.Future[None]] = {}
 
-    runs_trimmed_to_size = False  # each claim's XADD keeps the stream to history_size, or max_size if more
-
     def runs_read_back_ms(self, policy: JobPolicy) -> int:
         return self.duration_sec * 1000  # every claim reads back the entry its IDMP id names, while it is known
 

@@ -20,7 +20,7 @@ CLAIM = Script.load("script_claim")
 class ScriptStrategy(ClaimOnlyStrategy):
     name = "script"
     scripts: tuple[Script, ...] = (CLAIM, *ClaimOnlyStrategy.scripts)
-    runs_trimmed_by_record = False  # the claim script trims them, keeping its window
+    runs_aged_by_ttl = False  # the claim script ages them, keeping its window
 
     def __init__(self, keys: KeySpace, window_ms: int) -> None:
         super().__init__(keys)

@@ -7,8 +7,8 @@ retried claim whose answer was lost, or a client that sent the XADD again after 
 retry does). The catch: once a later slot
 was claimed, an earlier one can no longer be (a late claim, or a skewed clock, misses it).
 
-The claims do not trim the stream: each record trims it to ``history_size`` entries, but keeps those of the
-last ``keep_ms``, which a retried claim may still read back.
+Each claim trims the stream to ``history_size`` entries plus one a second of the keep period: a retried claim
+may read back any entry of the last ``keep_ms``, and a job has at most a slot a second.
 """
 
 from __future__ import annotations
@@ -31,10 +31,10 @@ class StreamIdStrategy(ClaimOnlyStrategy):
     ) -> list[Claim | StoreError]:
         commands = [
             (
-                "XADD", self.keys.claim(r.job).runs, f"{r.slot}-0", "slot", r.slot, "token", r.token,
-                "runner", r.runner,
+                "XADD", self.keys.claim(r.job).runs, "MAXLEN", "~", runs_kept(policy), f"{r.slot}-0",
+                "slot", r.slot, "token", r.token, "runner", r.runner,
             )
-            for r, _ in requests
+            for r, policy in requests
         ]  # fmt: skip
         replies = await store.execute_many(commands)
         refused = [_refused(reply) for reply in replies]
@@ -66,6 +66,11 @@ class StreamIdStrategy(ClaimOnlyStrategy):
         reads = [("XRANGE", self.keys.claim(r.job).runs, f"{r.slot}-0", f"{r.slot}-0") for r in requests]
         entries = await store.execute_many(reads)
         return [entry if isinstance(entry, StoreError) else entry_token(entry) for entry in entries]
+
+
+def runs_kept(policy: JobPolicy) -> int:
+    """The entries each claim keeps: the last ``history_size``, and every one a retried claim may read back."""
+    return policy.history_size + policy.keep_ms // 1000 + 1
 
 
 def _refused(reply: Reply | StoreError) -> bool:
