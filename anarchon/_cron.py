@@ -80,6 +80,11 @@ class CronSchedule:
     def has_seconds(self) -> bool:
         return len(self.expression.split()) == 6
 
+    @property
+    def min_gap_ms(self) -> int:
+        """Two slots are at least this far apart: a second, or a minute without a seconds field."""
+        return 1000 if self.has_seconds else 60_000
+
     def _iterate(self, after_ms: int) -> Iterator[int]:
         """The instants (epoch ms) after ``after_ms`` whose wall time in the zone matches, oldest first: the
         repeated hour's second pass only for jobs whose minute or hour field is a wildcard (see the rules above).

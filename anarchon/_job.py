@@ -141,7 +141,7 @@ def check_idmp_size(job: Job, max_size: int, now_ms: int) -> None:
     field that picks out another stretch of days) can pass and still lose an id.
     """
     window = job.options.jitter_ms + job.options.max_late_ms
-    if window // (1000 if job.schedule.has_seconds else 60_000) + 1 <= max_size:
+    if window // job.schedule.min_gap_ms + 1 <= max_size:
         return  # even a slot every second (minute) leaves no more than max_size in a window
     day = now_ms // DAY_MS * DAY_MS
     crowd, _ = _densest_window(job.schedule, window, day, max_size + 1)
@@ -170,7 +170,7 @@ def check_claim_order(job: Job, now_ms: int) -> None:
     runs beside it (``30 * * * *`` runs at 01:30, 03:00 and 03:30 when Berlin's clocks skip from 02:00 to 03:00,
     half an hour apart)."""
     jitter = job.options.jitter_ms
-    if jitter < (1000 if job.schedule.has_seconds else 60_000):
+    if jitter < job.schedule.min_gap_ms:
         return  # slots are at least a second (a minute) apart
     day = now_ms // DAY_MS * DAY_MS
     changes = job.schedule.offset_changes(day, day + 366 * DAY_MS)

@@ -377,6 +377,7 @@ class Scheduler(Generic[M]):
                 history_size=self.history_size,
                 history_ttl_ms=self.history_ttl_ms,
                 keep_ms=job.claim_horizon_ms(self.lease_ms) + CLAIM_MARGIN_MS,
+                slot_gap_ms=job.schedule.min_gap_ms,
                 late_after_ms=job.options.late_after_ms,
             )
         )

@@ -72,6 +72,7 @@ class JobPolicy:
     history_size: int = 1000
     history_ttl_ms: int | None = None
     keep_ms: int = 3_600_000  # how long after its slot a run may still be claimed (late claims, catch-up)
+    slot_gap_ms: int = 1000  # the least time between two of the job's slots (a minute without a seconds field)
     late_after_ms: int = 60_000  # jitter_ms + max_late_ms: a run is skipped once the store's clock is this far past it
 
 

@@ -7,8 +7,8 @@ retried claim whose answer was lost, or a client that sent the XADD again after 
 retry does). The catch: once a later slot
 was claimed, an earlier one can no longer be (a late claim, or a skewed clock, misses it).
 
-Each claim trims the stream to ``history_size`` entries plus one a second of the keep period: a retried claim
-may read back any entry of the last ``keep_ms``, and a job has at most a slot a second.
+Each claim trims the stream to ``history_size`` entries plus as many as the job has slots in its keep period: a
+retried claim may read back any entry of the last ``keep_ms``.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ class StreamIdStrategy(ClaimOnlyStrategy):
 
 def runs_kept(policy: JobPolicy) -> int:
     """The entries each claim keeps: the last ``history_size``, and every one a retried claim may read back."""
-    return policy.history_size + policy.keep_ms // 1000 + 1
+    return policy.history_size + policy.keep_ms // policy.slot_gap_ms + 1
 
 
 def _refused(reply: Reply | StoreError) -> bool:
