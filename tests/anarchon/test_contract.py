@@ -471,6 +471,23 @@ async def test_history_ttl_ms_keeps_the_stream_id_entry_a_retried_claim_reads_ba
     assert retry.outcome is Outcome.WON
 
 
+async def test_stream_id_keeps_the_runs_of_the_keep_period_a_slot_a_minute_for_a_five_field_job(
+    target: StoreTarget,
+) -> None:
+    """A job's slots a minute apart: its claims keep history_size entries plus one a minute of the keep period
+    (16 here), not one a second (606), and a retry within the keep period still reads its entry back."""
+    backend = await target.started_backend("stream-id")
+    policy = JobPolicy(history_size=5, keep_ms=600_000, slot_gap_ms=60_000)
+    node = await node_max_entries(target)
+    first = await target.server_ms() // 60_000 * 60_000 - (node + 30) * 60_000
+    slots = [first + i * 60_000 for i in range(node + 30)]
+    for slot in slots:
+        assert (await claim_one(backend, request(slot, f"t{slot}"), policy)).outcome is Outcome.WON
+    assert 5 + 10 + 1 <= await target.raw("XLEN", "cron:sync:runs") <= 5 + 10 + node  # whole nodes go
+    retry = RunRequest("sync", run_id(slots[-10]), slots[-10], f"t{slots[-10]}", "b", retry=True)
+    assert (await claim_one(backend, retry, policy)).outcome is Outcome.WON
+
+
 async def test_overlap_is_refused_while_another_run_holds_a_live_lease(target: StoreTarget) -> None:
     backend = await target.started_backend("lease")
     forbid, allow = JobPolicy(lease_ms=5_000), JobPolicy(lease_ms=5_000, overlap=True)
