@@ -101,7 +101,7 @@ class CronSchedule:
             known = low  # an instant of this stretch: the offset holds from it up to the next match checked
             for moment in CronSim(self.expression, wall):  # strictly after `wall`: from low's wall time on
                 slot = int(moment.replace(tzinfo=UTC).timestamp()) * 1000 - offset_ms
-                change = self._offset_change(known, slot)
+                change = offset_change(self.timezone, known, slot)
                 if change is not None:  # the stretch ends before this match: go on from the new offset
                     low = change
                     break
@@ -144,9 +144,6 @@ class CronSchedule:
     def _offset_ms(self, ms: int) -> int:
         return self._offset(ms) // timedelta(milliseconds=1)
 
-    def _offset_change(self, start_ms: int, end_ms: int) -> int | None:
-        return offset_change(self.timezone, start_ms, end_ms)
-
     def _repeated(self, slot_ms: int) -> bool:
         """Whether the wall time at ``slot_ms`` came before (the second pass of an hour that clocks going back
         repeat)."""
@@ -155,13 +152,11 @@ class CronSchedule:
 
     def _forward_jumps(self, start_ms: int, end_ms: int) -> Iterator[tuple[int, datetime, datetime]]:
         """Clocks going forward in ``(start_ms, end_ms]``: (instant, first skipped and first real local time)."""
-        low = start_ms
-        while (change := self._offset_change(low, end_ms)) is not None:
+        for change in _changes(self.timezone, start_ms, end_ms):
             before, after = self._offset(change - 1000), self._offset(change)
             if after > before:
                 wall = datetime.fromtimestamp(change // 1000, tz=UTC).replace(tzinfo=None)
                 yield change, wall + before, wall + after
-            low = change
 
     def offset_changes(self, start_ms: int, end_ms: int) -> tuple[int, ...]:
         """The instants in ``(start_ms, end_ms]`` where the zone's clocks change (forward or back)."""
@@ -200,13 +195,15 @@ def offset_change(zone: ZoneInfo, start_ms: int, end_ms: int) -> int | None:
     return None
 
 
+def _changes(zone: ZoneInfo, start_ms: int, end_ms: int) -> Iterator[int]:
+    while (change := offset_change(zone, start_ms, end_ms)) is not None:
+        yield change
+        start_ms = change
+
+
 @functools.lru_cache(maxsize=256)
 def _offset_changes(zone: ZoneInfo, start_ms: int, end_ms: int) -> tuple[int, ...]:
-    changes = []
-    while (change := offset_change(zone, start_ms, end_ms)) is not None:
-        changes.append(change)
-        start_ms = change
-    return tuple(changes)
+    return tuple(_changes(zone, start_ms, end_ms))
 
 
 @functools.lru_cache(maxsize=16_384)
