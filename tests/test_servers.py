@@ -221,6 +221,25 @@ def test_cluster_has_three_primaries_sharing_the_slots(real_target: str) -> None
             cluster.close()
 
 
+def test_cluster_primaries_have_their_own_config_epochs_known_to_every_node(real_target: str) -> None:
+    """A formed cluster has no config epoch collision left to resolve: a slot moved by hand (SETSLOT NODE, as the
+    resharding tests do) goes to its new owner, whose bumped epoch is then the greatest."""
+    with start_server(real_target, cluster=True) as server:
+        epochs = []
+        for host, port in server.shards:
+            node = redis.Redis(host=host, port=port, protocol=2, decode_responses=True)
+            try:
+                epochs.append(
+                    {
+                        int(line.split()[1].split("@")[0].rpartition(":")[2]): int(line.split()[6])
+                        for line in node.execute_command("CLUSTER", "NODES").splitlines()
+                    }
+                )
+            finally:
+                node.close()
+        assert epochs == [{port: index + 1 for index, (_, port) in enumerate(server.shards)}] * 3
+
+
 def test_kill_pause_and_restart(real_target: str) -> None:
     with start_server(real_target) as server:
         first_pid = server.pid

@@ -80,8 +80,14 @@ def shard_slots(index: int, shards: int) -> range:
 
 def form_cluster(nodes: Sequence[tuple[str, int]], timeout: float = WAIT_TIMEOUT) -> None:
     """Make fresh cluster nodes one cluster, each owning an equal run of the 16384 slots (CLUSTER ADDSLOTS and
-    MEET work on 5.0), and wait until it is formed."""
+    MEET work on 5.0), and wait until it is formed.
+
+    Each node gets its own config epoch before it meets the others, as `redis-cli --cluster create` does. Nodes that
+    meet all at epoch 0 part by collision resolution, a few gossip rounds after the cluster reports ok; a slot
+    moved meanwhile (SETSLOT NODE bumps the new owner's epoch) can go to a node whose epoch a collision raised
+    above the new owner's, and the nodes then disagree on its owner for good."""
     for index, (host, port) in enumerate(nodes):
+        command(host, port, "CLUSTER", "SET-CONFIG-EPOCH", index + 1)
         command(host, port, "CLUSTER", "ADDSLOTS", *shard_slots(index, len(nodes)))
     for host, port in nodes[1:]:
         command(host, port, "CLUSTER", "MEET", *nodes[0])
