@@ -925,7 +925,9 @@ class Scheduler(Generic[M]):
             if running.reason is None:
                 running.task = task
                 await self._call(job, context, running)
-            else:  # interrupted while the start hook ran: the job is not started
+            if running.reason is not None:
+                # Interrupted while the start hook ran (the job is not started), or an async job that caught the
+                # cancellation and returned, having seen run.lease_is_lost: it gave up, the run is not done.
                 status, message = "interrupted", running.reason
         except asyncio.CancelledError as error:
             if task is not None and not task.cancelling():  # the job raised it itself: it failed
@@ -941,8 +943,13 @@ class Scheduler(Generic[M]):
             else:
                 status, message = "interrupted", running.reason
         except Exception as error:
-            status, message = "error", f"{type(error).__name__}: {error}"
-            log.exception("job %s slot %d attempt %d failed", job.name, request.slot, claim.attempt, extra=extra)
+            if running.reason is not None:  # what an async job raised when it caught its interruption: still cut short
+                status, message = "interrupted", running.reason
+                log.warning("job %s slot %d attempt %d raised when interrupted: %s: %s", job.name, request.slot,
+                            claim.attempt, type(error).__name__, error, extra=extra)  # fmt: skip
+            else:
+                status, message = "error", f"{type(error).__name__}: {error}"
+                log.exception("job %s slot %d attempt %d failed", job.name, request.slot, claim.attempt, extra=extra)
         finally:
             running.job_ended()
             if self._keeper is not None:

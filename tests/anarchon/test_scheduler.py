@@ -826,12 +826,15 @@ async def test_a_sync_job_that_ends_as_stop_interrupts_it_keeps_its_result(
     assert [(record.attempt, record.status, record.message) for record in (ended[0], stored)] == [(1, *ended_as)] * 2
 
 
-@pytest.mark.parametrize("kind", ["gives-up-when-told", "returns-a-coroutine"])
-async def test_a_sync_job_cut_short_by_stop_is_recorded_interrupted_however_its_thread_ends(
+@pytest.mark.parametrize(
+    "kind", ["gives-up-when-told", "returns-a-coroutine", "async-returns-when-told", "async-raises-when-told"]
+)
+async def test_a_job_cut_short_by_stop_is_recorded_interrupted_however_it_ends(
     fake_target: StoreTarget, kind: str
 ) -> None:
-    """Its thread ends after the interruption came: a job that gave up on seeing ``run.lease_is_lost``, or the
-    sync part of a job that goes on in the coroutine it returned. Neither finished the run: it is not "ok"."""
+    """The job ends after the interruption came: a sync job whose thread gave up on seeing ``run.lease_is_lost``,
+    the sync part of a job that goes on in the coroutine it returned, an async job that caught the cancellation
+    and returned (as the README's job does) or raised. None finished the run: it is not "ok", nor an error."""
     ended: list[RunRecord] = []
 
     async def on_end(run: RunContext, record: RunRecord) -> None:
@@ -852,7 +855,23 @@ async def test_a_sync_job_cut_short_by_stop_is_recorded_interrupted_however_its_
         started.set()
         return goes_on(run)
 
-    scheduler.add_job("job", "0 0 1 1 *", gives_up_when_told if kind == "gives-up-when-told" else returns_a_coroutine)
+    async def catches_the_cancellation(run: RunContext) -> None:
+        started.set()
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            if kind == "async-raises-when-told":
+                raise RuntimeError("cleaning up failed") from None
+        if run.lease_is_lost:
+            return
+
+    jobs = {
+        "gives-up-when-told": gives_up_when_told,
+        "returns-a-coroutine": returns_a_coroutine,
+        "async-returns-when-told": catches_the_cancellation,
+        "async-raises-when-told": catches_the_cancellation,
+    }
+    scheduler.add_job("job", "0 0 1 1 *", jobs[kind])
     await scheduler.start()
     manual = asyncio.ensure_future(scheduler.run_now("job"))
     assert await asyncio.to_thread(started.wait, 5)
