@@ -992,21 +992,24 @@ class Scheduler(Generic[M]):
         if not hand_back:
             await self._finish(request, claim, record, extra)
             return record
-        await self._release(request, extra)
+        if not await self._release(request, extra):
+            return record
         return dataclasses.replace(record, message=f"{record.message}: handed back for attempt {claim.attempt + 1}")
 
-    async def _release(self, request: RunRequest, extra: dict[str, Any]) -> None:
+    async def _release(self, request: RunRequest, extra: dict[str, Any]) -> bool:
+        """Hand a run back; whether the store took it."""
         try:
             released = await self.backend.strategy.release(self.backend.store, request)
         except StoreError as error:
             log.warning("job %s slot %d: could not hand the run back (%s); a backup takes it over when its lease "
                         "runs out", request.job, request.slot, error, extra=extra)  # fmt: skip
-            return
+            return False
         if released:
             log.info("job %s slot %d: handed back to the other instances", request.job, request.slot, extra=extra)
         else:
             log.warning("job %s slot %d: the store refused the hand-back: the lease was lost", request.job,
                         request.slot, extra=extra)  # fmt: skip
+        return released
 
     async def _finish(self, request: RunRequest, claim: Claim, record: RunRecord, extra: dict[str, Any]) -> None:
         """Record how an attempt ended. While the store cannot be reached, try again every second, for as long as

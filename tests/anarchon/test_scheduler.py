@@ -886,6 +886,41 @@ async def test_a_job_cut_short_by_stop_is_recorded_interrupted_however_it_ends(
     assert [(record.status, record.message) for record in ended] == [("interrupted", "the scheduler stopped")]
 
 
+@pytest.mark.parametrize("taken_over", [False, True])
+def test_a_run_is_said_handed_back_only_when_the_store_took_it_back(taken_over: bool) -> None:
+    """stop() cuts a run short: it is handed back for the next attempt. If another attempt took the run over
+    meanwhile (here its token is written into the run's state behind its back, so the heartbeat is refused), the
+    store refuses the hand-back, and the record must not say the run was handed back."""
+
+    async def main() -> list[str | None]:
+        server = fakeredis.FakeServer()
+        store = fakeredis.FakeAsyncRedis(server=server)
+        ended: list[str | None] = []
+
+        async def on_end(run: RunContext, record: RunRecord) -> None:
+            ended.append(record.message)
+
+        async def job(run: RunContext) -> None:
+            if taken_over:
+                state = (await store.hget("{cron:job}:state", str(run.slot))).decode().split("|")
+                state[2] = "another-attempts-token"
+                await store.hset("{cron:job}:state", str(run.slot), "|".join(state))
+            await asyncio.sleep(60)
+
+        scheduler = _virtual_instance(server, "a", lease_ms=3000, on_run_end=on_end)
+        scheduler.add_job("job", "0 * * * * *", job)
+        await scheduler.start()
+        await asyncio.sleep(65)
+        await scheduler.stop(timeout=0.5)
+        return ended
+
+    ended = run_virtual(main(), epoch_s=VIRTUAL_EPOCH_S, seed=1)
+    if taken_over:
+        assert ended == ["lease lost: the heartbeat was refused: another attempt holds the run"]
+    else:
+        assert ended == ["the scheduler stopped: handed back for attempt 2"]
+
+
 def test_a_result_is_sent_again_while_stop_waits_for_its_run() -> None:
     """A job ends while stop() waits for it, and its first try to record the result meets a dropped connection.
     Given up at once, the result would be lost and a backup would run the finished slot again."""
