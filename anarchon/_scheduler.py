@@ -411,7 +411,10 @@ class Scheduler(Generic[M]):
     # --- lifecycle -----------------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Connect, check the store and the strategy, catch up missed runs (lease), and start scheduling."""
+        """Connect, check the store and the strategy, catch up missed runs (lease), and start scheduling. Called
+        while a stop goes on (one whose caller gave up waiting), it waits for the stop to end, then starts."""
+        if self._stopping is not None:
+            await asyncio.wait([self._stopping])  # how it ended was the stop's caller's to hear
         if self._started or (self._starting is not None and not self._starting.is_set()):
             raise SchedulerStateError("the scheduler is already started")
         if self.backend.scheduler is not None:
@@ -468,12 +471,14 @@ class Scheduler(Generic[M]):
             if not self._started:
                 return
             self._stopping = asyncio.ensure_future(self._stop(timeout))
-        stopping = self._stopping
-        try:
-            await asyncio.shield(stopping)
-        finally:
-            if stopping.done():
-                self._stopping = None
+            self._stopping.add_done_callback(self._stop_ended)
+        await asyncio.shield(self._stopping)
+
+    def _stop_ended(self, stopping: asyncio.Future[None]) -> None:
+        """Forget a stop once it ends, whether its caller waited for it or gave up (a stop() cancelled by the
+        app's own shutdown bound goes on): the next start() and stop() are new ones."""
+        if self._stopping is stopping:
+            self._stopping = None
 
     async def _stop(self, timeout: float) -> None:
         self._started = False

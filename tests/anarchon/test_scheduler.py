@@ -1707,6 +1707,35 @@ async def test_stop_waits_then_interrupts_and_records(fake_target: StoreTarget) 
     assert stored.status == "interrupted"
 
 
+@pytest.mark.parametrize("restart", ["after-the-stop", "while-it-goes-on"])
+async def test_a_stop_whose_caller_gave_up_leaves_the_next_start_and_stop_whole(
+    fake_target: StoreTarget, restart: str
+) -> None:
+    """An app bounds its shutdown step (wait_for cancels the stop() it awaits): the stop goes on behind it. A
+    start() after it, or while it goes on (it waits for the stop to end), starts anew, and the next stop() stops:
+    no job is claimed after it returns, and the connection is closed."""
+    ledger = Ledger()
+    scheduler = Scheduler(fake_target.backend("lease"))
+    scheduler.add_job("slow", "0 0 1 1 *", ledger.job("a", seconds=30))
+    scheduler.add_job("tick", "* * * * * *", ledger.job("a"))
+    await scheduler.start()
+    manual = asyncio.create_task(scheduler.run_now("slow"))
+    await eventually(lambda: any(execution.job == "slow" for execution in ledger.executions), 5)
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(scheduler.stop(timeout=0.3), 0.05)
+    if restart == "after-the-stop":
+        await eventually(lambda: not scheduler.backend.started, 5)
+    await scheduler.start()
+    assert (await manual).status == "interrupted"
+    assert (await scheduler.run_now("tick")).status == "ok"
+    await scheduler.stop(timeout=1)
+    assert not scheduler.backend.started
+    runs = len(ledger.executions)
+    await asyncio.sleep(1.5)
+    assert len(ledger.executions) == runs  # "tick", due every second, is not run by a stopped scheduler
+    assert (await scheduler.history("slow"))[0].status == "interrupted"  # read by a scheduler not started
+
+
 @pytest.mark.parametrize(
     ("timeout", "error"), [(None, ConfigTypeError), ("5", ConfigTypeError), (-1, ConfigError), (math.inf, ConfigError)]
 )
