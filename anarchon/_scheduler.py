@@ -588,26 +588,46 @@ class Scheduler(Generic[M]):
         job = self._job(name)
         if not self._started:
             raise SchedulerStateError("run_now needs a started scheduler: call start() or use 'async with'")
+        answered = asyncio.Event()
+        # One of the scheduler's tasks, claim and run alike: stop() waits for a claim on its way as for a run, so
+        # a run it wins is handed back or recorded before the connection closes, not left holding its lease.
+        manual = self._spawn(self._run_manually(job, answered), "anarchon-manual-run")
+        try:
+            ended = await asyncio.shield(manual)
+        except asyncio.CancelledError:
+            if not answered.is_set():  # the caller gave up on the claim: the run is not started (see below)
+                manual.cancel()
+            raise
+        if isinstance(ended, StoreError):
+            raise ended
+        return ended
+
+    async def _run_manually(self, job: Job, answered: asyncio.Event) -> RunRecord | StoreError:
         now = self.clock.wall_ms()
         token = self._token()
         request = RunRequest(job.name, run_id(now, token[:8]), now, token, self.instance_id, manual=True)
         sent = self.clock.monotonic()
         try:
             [claim] = await self.backend.strategy.claim(self.backend.store, [(request, self._policies[job.name])])
+        except StoreError as error:
+            claim = error
         except asyncio.CancelledError:
             self._hand_back_unanswered(request)
-            raise
+            if self._started:  # its caller gave up
+                raise
+            return self._local_record(request, "interrupted", STOPPED)  # stop() gave up on the store's answer
+        answered.set()
         if isinstance(claim, StoreError):
             if isinstance(claim, StoreUnavailableError):
                 self._hand_back_unanswered(request)
-            raise claim
+            return claim
         if claim.forgotten:  # a new run id, at a moment the store has forgotten: this clock is far behind
             return self._local_record(request, "skipped-late", FORGOTTEN)
         if claim.outcome is not Outcome.WON:
             return self._local_record(request, "skipped-overlap", "another run of the job was still running")
         if not self._started:  # stop() began while the claim was on its way: the job is not started
             return await self._not_started(request, claim)
-        return await self._track(self._execute(job, request, claim, sent))
+        return await self._execute(job, request, claim, sent)
 
     def _hand_back_unanswered(self, request: RunRequest) -> None:
         """A manual claim whose answer never came (the store went out of reach, or the caller gave up) may have
@@ -903,9 +923,6 @@ class Scheduler(Generic[M]):
         self._tasks.discard(task)
         if not task.cancelled() and (error := task.exception()) is not None:
             log.error("scheduler %s: %s failed", self.instance_id, task.get_name(), exc_info=error)
-
-    async def _track(self, coroutine: Coroutine[Any, Any, RunRecord]) -> RunRecord:
-        return await asyncio.shield(self._spawn(coroutine))
 
     async def _execute(self, job: Job, request: RunRequest, claim: Claim, claim_sent: float) -> RunRecord:
         """Run one won attempt; ``claim_sent`` is when the claim left (monotonic), where its lease counts from."""

@@ -1118,6 +1118,33 @@ async def test_a_manual_claim_that_went_unanswered_is_handed_back_and_holds_up_n
     assert [r.status for r in history if not r.manual and r.slot > asked_ms and r.status != "ok"] == []
 
 
+async def test_a_manual_claim_on_its_way_when_stop_begins_is_answered_and_its_run_recorded(target: StoreTarget) -> None:
+    """stop() waits for run_now's claim as for the scheduled ones. The run it wins is not started, and recorded (a
+    manual run is not handed back) before the connection closes: left claimed, its lease would keep the job's
+    scheduled runs on every instance from starting (skipped-overlap) until it ran out."""
+    ledger = Ledger()
+    backend, link = target.linked_backend("lease")
+    held = HeldReplies(link.inner)
+    link.inner = held
+    scheduler = Scheduler(backend, instance_id="a", lease_ms=30_000)
+    scheduler.add_job("job", "0 0 1 1 *", ledger.job("a"))
+    await scheduler.start()
+    held.held.clear()
+    held.waiting.clear()
+    asking = asyncio.create_task(scheduler.run_now("job"))
+    await asyncio.wait_for(held.waiting.wait(), 5)  # the claim ran in the store; its answer waits
+    stopping = asyncio.create_task(scheduler.stop(timeout=5))
+    await asyncio.sleep(0.2)
+    assert not stopping.done()  # it waits for the claim's answer
+    held.held.set()
+    await stopping
+    record = await asking
+    assert (record.status, record.message) == ("interrupted", "the scheduler stopped")
+    assert ledger.executions == []
+    [stored] = await scheduler.history("job")
+    assert (stored.status, stored.message) == ("interrupted", "the scheduler stopped")
+
+
 async def test_run_now_on_a_clock_behind_what_the_store_remembers_is_skipped_late(target: StoreTarget) -> None:
     """An instance whose clock is 200 s behind asks run_now for a moment older than the latest slot trim dropped:
     the store answers that its history no longer reaches back that far, and the manual run is recorded
