@@ -703,9 +703,13 @@ class Scheduler(Generic[M]):
             self._sleeper.cancel()
 
     async def _dispatch(self) -> None:
+        last = self.clock.wall_ms()
         while True:
             raise_if_cancelled()
             now = self.clock.wall_ms()
+            if now < last:
+                self._plan_after_step_back(now, last - now)
+            last = now
             due: list[_Due] = []
             while self._queue and self._queue[0][0] <= now:
                 due.append(heapq.heappop(self._queue))
@@ -719,6 +723,26 @@ class Scheduler(Generic[M]):
             finally:
                 self._sleeper.cancel()  # when stop() cancels the dispatcher, its sleep ends too
                 self._sleeper = None
+
+    def _plan_after_step_back(self, now: int, step_ms: int) -> None:
+        """The wall clock went back (a clock that ran ahead, set right): what was planned by the clock of before
+        would wait that much longer, and a lone instance would run no slot meanwhile. A job whose planned slot
+        is no longer its next goes on from the first slot that may still be claimed, as after a stall: when the
+        clock went back is not known, so a slot since may have been missed (one claimed already, early while the
+        clock was ahead, is answered done). Retries and backups wait what they had left."""
+        planned, self._queue = self._queue, []
+        for at_ms, _, name, slot, kind, failures, token in planned:
+            if kind == "scheduled":
+                job = self._jobs[name]
+                first = job.schedule.next_after(now)
+                if first is not None and first < slot:
+                    self._schedule_next(job, now - job.options.late_after_ms)
+                    continue
+            else:
+                at_ms -= step_ms
+            self._push(at_ms, name, slot, kind, failures, token)
+        log.warning("scheduler %s: the wall clock went back %d ms; the next slots are planned again from now",
+                    self.instance_id, step_ms)  # fmt: skip
 
     async def _claim(self, due: list[_Due], now: int) -> None:
         """Claim the due runs in pipelines, and work out the next slots of the scheduled ones meanwhile."""

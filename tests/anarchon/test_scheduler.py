@@ -440,6 +440,75 @@ def test_slots_skipped_after_a_stall_are_all_in_the_log(caplog: pytest.LogCaptur
     ]
 
 
+@pytest.mark.parametrize("case", ["ahead-then-set-right", "stepped-forward-then-back"])
+def test_a_lone_instance_whose_clock_is_set_back_runs_every_slot_after(case: str) -> None:
+    """NTP sets right a clock an hour ahead: from the start (set right at 90 s), or after a bad step forward at
+    90 s (set right at 160 s). The slot planned by the clock of before is an hour away; the instance goes on from
+    the slots of now instead."""
+
+    async def main() -> list[int]:
+        scheduler = _virtual_instance(fakeredis.FakeServer(), "a")
+        clock: SimClock = scheduler.clock  # type: ignore[assignment]
+        ran: list[int] = []
+
+        async def tick(run: RunContext) -> None:
+            ran.append(round(asyncio.get_running_loop().time()))  # the true time of the run
+
+        scheduler.add_job("tick", "0 * * * * *", tick)
+        if case == "ahead-then-set-right":
+            clock.offset_ms = 3_600_000
+        await scheduler.start()
+        await asyncio.sleep(90)
+        if case == "stepped-forward-then-back":
+            clock.offset_ms = 3_600_000
+            await asyncio.sleep(70)
+        clock.offset_ms = 0
+        await asyncio.sleep(240)
+        await scheduler.stop()
+        return ran
+
+    ran = run_virtual(main(), epoch_s=VIRTUAL_EPOCH_S, seed=1)
+    set_right = 90 if case == "ahead-then-set-right" else 160
+    assert [t for t in ran if t > set_right] == list(range(set_right // 60 * 60 + 60, set_right + 240, 60))
+
+
+def test_a_backup_whose_clock_is_set_back_takes_over_when_the_lease_runs_out() -> None:
+    """b stands by for a's run of slot 60 (lease 5 s); b's clock is set back ten minutes at 61 s, and a stops at
+    62 s (paused, its heartbeats with it). b takes the run over when its lease runs out, not ten minutes later."""
+
+    async def main() -> list[tuple[str, int, int]]:
+        server = fakeredis.FakeServer()
+        ran: list[tuple[str, int, int]] = []  # who ran slot 60, which attempt, when (true time)
+
+        def instance(name: str, offset_ms: int) -> Scheduler[Any]:
+            async def work(run: RunContext) -> None:
+                if run.slot == (VIRTUAL_EPOCH_S + 60) * 1000:
+                    ran.append((name, run.attempt, round(asyncio.get_running_loop().time())))
+                await asyncio.sleep(30)
+
+            scheduler = Scheduler(RedisBackend(redis=fakeredis.FakeAsyncRedis(server=server)), instance_id=name,
+                                  clock=SimClock(offset_ms=offset_ms), lease_ms=5000)  # fmt: skip
+            scheduler.add_job("job", "0 * * * * *", work, max_attempts=3)
+            return scheduler
+
+        a, b = instance("a", 0), instance("b", -200)  # a claims first
+        await a.start()
+        await b.start()
+        await asyncio.sleep(61)
+        b.clock.offset_ms = -600_000  # type: ignore[attr-defined]
+        await asyncio.sleep(1)
+        a.clock.pause()  # type: ignore[attr-defined]
+        await asyncio.sleep(30)
+        await b.stop(timeout=0.1)
+        return ran
+
+    ran = run_virtual(main(), epoch_s=VIRTUAL_EPOCH_S, seed=1)
+    assert len(ran) == 2
+    assert ran[0] == ("a", 1, 60)
+    assert ran[1][:2] == ("b", 2)
+    assert 62 < ran[1][2] <= 70
+
+
 def test_a_catch_up_that_fails_unexpectedly_is_logged(caplog: pytest.LogCaptureFixture) -> None:
     """An error anarchon does not expect (not a store error) ends the catch-up: the log says so at once."""
 
