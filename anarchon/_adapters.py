@@ -56,9 +56,12 @@ _UNAVAILABLE = (
 # Replies that refuse a command for now without running it: the store is unavailable rather than saying no. A
 # cluster answers CLUSTERDOWN while a failed primary's slots wait for its replica, TRYAGAIN while a slot moves; a
 # server answers BUSY while another client's script runs, READONLY when it was demoted to a replica (failover),
-# NOREPLICAS while fewer replicas than min-replicas-to-write are connected. A write refused so was not made: a
-# claim or a finish sent again later is the right answer, as for a store that cannot be reached.
-_UNAVAILABLE_CODES = ("LOADING", "CLUSTERDOWN", "TRYAGAIN", "MASTERDOWN", "BUSY", "READONLY", "NOREPLICAS")
+# NOREPLICAS while fewer replicas than min-replicas-to-write are connected, OOM while its memory is over maxmemory
+# (noeviction), MISCONF while it cannot save a snapshot (stop-writes-on-bgsave-error). A write refused so was not
+# made: a claim or a finish sent again later is the right answer, as for a store that cannot be reached.
+_UNAVAILABLE_CODES = (
+    "LOADING", "CLUSTERDOWN", "TRYAGAIN", "MASTERDOWN", "BUSY", "READONLY", "NOREPLICAS", "OOM", "MISCONF",
+)  # fmt: skip
 # Redis 5 hands a script the error of its redis.call inside its own: "ERR Error running script (call to f_…):
 # @user_script:1: @user_script: 1: -READONLY You can't write…". The script stopped at that call.
 _SCRIPT_CALL_CODE = re.compile(r"ERR Error running script .*?: -([A-Z]+) ")

@@ -9,8 +9,10 @@ import contextlib
 import inspect
 import itertools
 import logging
+import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any, cast
 
 import fakeredis
@@ -904,6 +906,8 @@ class Scripted:
         (redis.exceptions.ClusterDownError("The cluster is down"), StoreUnavailableError, "CLUSTERDOWN The"),
         (valkey.exceptions.ClusterDownError("The cluster is down"), StoreUnavailableError, "CLUSTERDOWN The"),
         (redis.exceptions.TryAgainError("Multiple keys request"), StoreUnavailableError, "TRYAGAIN Multiple"),
+        (redis.exceptions.OutOfMemoryError("command not allowed when used memory"), StoreUnavailableError, "OOM com"),
+        (redis.exceptions.ResponseError("MISCONF Redis is configured to save"), StoreUnavailableError, "MISCONF Redis"),
         (RequestError("An error was signalled by the server: - ClusterDown: down"), StoreUnavailableError, "CLUSTER"),
         (
             RequestError("BrokenPipe: Cluster: Failed to receive command response from internal sender. RecvError(())"),
@@ -931,6 +935,8 @@ class Scripted:
         "redis-py-clusterdown",
         "valkey-py-clusterdown",
         "redis-py-tryagain",
+        "redis-py-oom",
+        "redis-py-misconf",
         "glide-clusterdown",
         "glide-node-gone",
         "glide-busy",
@@ -967,6 +973,7 @@ def test_a_refusal_for_now_is_an_unavailable_store_and_other_replies_are_replies
         (RuntimeError("BUSY Redis is busy running a script."), StoreUnavailableError),
         (RuntimeError("READONLY You can't write against a read only replica."), StoreUnavailableError),
         (RuntimeError("NOREPLICAS Not enough good replicas to write."), StoreUnavailableError),
+        (RuntimeError("OOM command not allowed when used memory > 'maxmemory'."), StoreUnavailableError),
         (
             RuntimeError("ERR Error running script (call to f_0): @user_script:1: @user_script: 1: -READONLY You"),
             StoreUnavailableError,
@@ -1028,12 +1035,14 @@ class _OneNodeDown:
 
 async def test_a_server_that_refuses_for_now_is_an_unavailable_store(real_target: str) -> None:
     """READONLY (a primary demoted to a replica in a failover), NOREPLICAS (fewer replicas than
-    min-replicas-to-write) and BUSY (another client's script past the busy threshold): the write was not made and
-    will be accepted later, so the claim is sent again (as for a store out of reach) instead of taken as a 'no'."""
+    min-replicas-to-write), BUSY (another client's script past the busy threshold), OOM (memory over maxmemory,
+    noeviction) and MISCONF (a snapshot failed, stop-writes-on-bgsave-error): the write was not made and will be
+    accepted later, so the claim is sent again, and a result too (as for a store out of reach), instead of taken
+    as a 'no'. A result given up on would leave its run to a backup, to run again."""
     strategy = LeaseStrategy(KeySpace())
-    request = [(RunRequest("job", str(SLOT), SLOT, "t", "r"), JobPolicy())]
 
-    async def claim_on(server: RunningServer) -> Claim | StoreError:
+    async def claim_on(server: RunningServer, slot: int = SLOT) -> Claim | StoreError:
+        request = [(RunRequest("job", str(slot), slot, "t", "r"), JobPolicy())]
         client = server.async_client()
         try:
             [answer] = await strategy.claim(Store(RedisPyAsync(client), owned=False), request)
@@ -1071,6 +1080,49 @@ async def test_a_server_that_refuses_for_now_is_an_unavailable_store(real_target
         won = await claim_on(running)  # the script has ended: the same claim is won now
         assert isinstance(won, Claim)
         assert won.outcome is Outcome.WON
+
+    with start_server(real_target) as running:
+        admin = redis.Redis(running.host, running.port, protocol=2)
+        try:
+            admin.config_set("maxmemory", 1)
+            refused = await claim_on(running)
+            assert isinstance(refused, StoreUnavailableError)
+            assert "OOM" in str(refused)
+            admin.config_set("maxmemory", 0)
+            won = await claim_on(running)
+            assert isinstance(won, Claim)
+            assert won.outcome is Outcome.WON
+            _fail_a_snapshot(admin)
+            refused = await claim_on(running, SLOT + 1000)  # a claim that writes (the last one, sent again, would not)
+            assert isinstance(refused, StoreUnavailableError)
+            assert "MISCONF" in str(refused)
+        finally:
+            admin.config_set("save", "")  # or stopping the server would try to save again
+            admin.close()
+
+
+def _fail_a_snapshot(admin: redis.Redis) -> None:
+    """Make a snapshot fail, as a full disk would: the server then refuses writes (MISCONF) while it has save
+    points and stop-writes-on-bgsave-error (the default). It writes snapshots in its working directory: that
+    directory is removed (its files kept aside, and put back in a new one after) while the snapshot is made."""
+    home = Path(admin.config_get("dir")["dir"])
+    aside = Path(tempfile.mkdtemp())
+    for file in home.iterdir():
+        file.rename(aside / file.name)
+    home.rmdir()
+    try:
+        admin.config_set("save", "3600 1")
+        admin.bgsave()
+        for _ in range(200):
+            if admin.info("persistence")["rdb_last_bgsave_status"] == "err":
+                return
+            time.sleep(0.05)
+        raise AssertionError("the snapshot did not fail")
+    finally:
+        home.mkdir()
+        for file in aside.iterdir():
+            file.rename(home / file.name)
+        aside.rmdir()
 
 
 async def test_a_wrong_password_is_the_servers_answer_not_an_outage(real_target: str) -> None:
