@@ -480,6 +480,26 @@ class Scheduler(Generic[M]):
         if self._stopping is stopping:
             self._stopping = None
 
+    def _hand_back_queued_retries(self) -> None:
+        """Claims waiting to be sent again when stop() began (their answers never came) may have won: each is
+        handed back, within stop()'s bounds, so that its lease does not keep the job's next runs from starting
+        (skipped-overlap) on every instance until it runs out."""
+        if self.backend.leases:
+            for entry in self._queue:
+                if entry[6] is not None:  # the token of a claim sent before
+                    self._spawn(self._release_unanswered(self._request(entry)), "anarchon-hand-back")
+
+    async def _release_unanswered(self, request: RunRequest) -> None:
+        """Hand back a claim whose answer never came, once; the store refuses it if the claim did not win."""
+        extra = {"job": request.job, "slot": request.slot}
+        try:
+            if await self.backend.strategy.release(self.backend.store, request):
+                log.info("job %s slot %d: a claim whose answer never came had won; handed back, not run", request.job,
+                         request.slot, extra=extra)  # fmt: skip
+        except StoreError as error:
+            log.info("job %s slot %d: a claim whose answer never came could not be handed back (%s); if it won, its "
+                     "lease runs out", request.job, request.slot, error, extra=extra)  # fmt: skip
+
     async def _stop(self, timeout: float) -> None:
         self._started = False
         self._stop_deadline = self.clock.monotonic() + timeout
@@ -493,6 +513,7 @@ class Scheduler(Generic[M]):
             self._dispatcher.cancel()
             abandoned, _ = await _end_by(self._dispatcher, at=abandon_at)
             self._dispatcher = None
+        self._hand_back_queued_retries()
         # Runs and catch-ups (which stop between slots) go on, heartbeats included, for up to `timeout`.
         work = [task for task in self._tasks if task.get_name() != "anarchon-heartbeats"]
         if work:
@@ -883,13 +904,15 @@ class Scheduler(Generic[M]):
                 return
             raise_if_cancelled()
             request = RunRequest(job.name, run_id(slot), slot, self._token(), self.instance_id)
+            unanswered = False
             while self._started:  # claimed again while the store is out of reach or another run holds it
                 if self.clock.wall_ms() - slot > job.options.catch_up_ms:
                     log.info("job %s: slot %d is older than catch_up_ms now; not caught up", job.name, slot)
                     break
                 sent = self.clock.monotonic()
                 [claim] = await self.backend.strategy.claim(self.backend.store, [(request, self._policies[job.name])])
-                if isinstance(claim, StoreUnavailableError):
+                unanswered = isinstance(claim, StoreUnavailableError)
+                if unanswered:
                     await self._nap(RETRY_MIN_S)
                     continue
                 if isinstance(claim, StoreError):
@@ -906,6 +929,8 @@ class Scheduler(Generic[M]):
                 elif claim.forgotten:  # only with a longer catch_up_ms than another instance's trim allows for
                     log.info("job %s: slot %d not caught up: %s", job.name, slot, FORGOTTEN)
                 break
+            if unanswered:  # given up (stop() began, or the slot aged) on a claim that may have won
+                await self._release_unanswered(request)
 
     async def _catch_up_since(self, job: Job, now: int) -> int:
         """The moment the job's catch-up period may reach back to: a new job (first deployed, or on a store that

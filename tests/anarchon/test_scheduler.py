@@ -1214,6 +1214,32 @@ async def test_a_manual_claim_on_its_way_when_stop_begins_is_answered_and_its_ru
     assert (stored.status, stored.message) == ("interrupted", "the scheduler stopped")
 
 
+async def test_a_claim_whose_answer_never_came_is_handed_back_when_stop_begins(target: StoreTarget) -> None:
+    """A scheduled claim's reply is lost; the claim waits to be sent again when stop() begins. It may have won
+    (here it did): stop() hands it back, or its lease (10 s) would keep the job's next runs from starting on every
+    instance (skipped-overlap) until it ran out."""
+    ledger = Ledger()
+    backend, link = target.linked_backend("lease")
+    scheduler = Scheduler(backend, instance_id="a", lease_ms=10_000)
+    scheduler.add_job("tick", "* * * * * *", ledger.job("a"))
+    await scheduler.start()
+    try:
+        await eventually(lambda: bool(ledger.executions), 5)
+        link.lose_replies = True
+        lost_from = scheduler.clock.wall_ms()
+        await eventually(lambda: any(entry[4] == "retry" for entry in scheduler._queue), 5)
+        link.heal()
+    finally:
+        await scheduler.stop()
+    states = await target.raw("HGETALL", "{cron:tick}:state")
+    held = {
+        run: value for run, value in zip(states[::2], states[1::2], strict=True)
+        if run.isdigit() and int(run) > lost_from and value.startswith("running") and int(value.split("|")[4]) > 0
+    }  # fmt: skip
+    assert held == {}  # a run handed back keeps its state, its lease end negated
+    assert [e for e in ledger.executions if e.slot > lost_from] == []
+
+
 async def test_run_now_on_a_clock_behind_what_the_store_remembers_is_skipped_late(target: StoreTarget) -> None:
     """An instance whose clock is 200 s behind asks run_now for a moment older than the latest slot trim dropped:
     the store answers that its history no longer reaches back that far, and the manual run is recorded
