@@ -194,6 +194,7 @@ class SimInstance:
     partitions: int = 0
     kills: int = 0  # processes killed so far: a restart gives up once the process it is starting is killed
     stopping: bool = False  # its process is stopping (a stop fault): down for new faults, but it can still crash
+    stop_at_resume: Scheduler[Any] | None = None  # told to stop while paused: it acts on it at the resume
     serving: bool = False  # its process has started (a restart within a pause waits for the resume to start)
 
     def __post_init__(self) -> None:
@@ -304,7 +305,9 @@ class SimInstance:
         self._stop_jobs(self.world.now() if self.paused_at is None else self.paused_at)
         scheduler, self.scheduler = self.scheduler, None
         if scheduler is None:  # it was stopping: that stop() ends now, against the dead link
-            return
+            scheduler, self.stop_at_resume = self.stop_at_resume, None  # unless it has not begun
+            if scheduler is None:
+                return
         # A paused process stays paused while it dies: its tasks are cancelled where they wait, and its commands
         # fail at the dead link without waiting for a resume; no timer of it fires. Its next process starts
         # paused while the pause lasts.
@@ -320,6 +323,15 @@ class SimInstance:
         self.stopping = True
         scheduler, self.scheduler, link = self.scheduler, None, self.link
         try:
+            # A paused process (SIGSTOP) acts on its stop only when it resumes, as live mode's does: until then
+            # its jobs go on, frozen. Killed meanwhile, it is stopped by the crash. (A pause that begins once the
+            # stop is under way does not hold stop()'s timeout, on the event loop's clock: the jobs are cut short
+            # inside the pause, where a live process cuts them short at the resume.)
+            self.stop_at_resume = scheduler
+            await self.clock.gate()
+            if self.stop_at_resume is None:
+                return
+            self.stop_at_resume = None
             await scheduler.stop(timeout=timeout_s)
         finally:
             if self.stopping:  # not crashed meanwhile

@@ -182,6 +182,39 @@ def test_a_zombie_still_paused_when_the_simulation_ends_is_judged_as_running(pau
     assert zombie.ended == pytest.approx(79.0 if pause_s == 38 else 80.0)
 
 
+@pytest.mark.parametrize("crash_at_s", [None, 45])
+def test_a_process_told_to_stop_while_paused_acts_on_it_at_the_resume(crash_at_s: int | None) -> None:
+    """The winner of the slot at 40 s is paused past its lease from 41 s to 51 s, and a deploy stops it at 42 s.
+    A stopped process (SIGSTOP) reads its stop only when it resumes, as in live mode: its job goes on to 51 s
+    beside the backup's attempt 2 (P1 and P4 invalid), not cancelled inside the pause. Killed at 45 s instead,
+    before it could act on the stop, its job stopped where the pause began."""
+    faults: list[dict[str, object]] = [
+        {"at_s": 41, "kind": "pause", "instance": "a", "duration_s": 10},
+        {"at_s": 42, "kind": "stop", "instance": "a", "timeout_s": 0, "restart_after_s": 20},
+    ]
+    if crash_at_s is not None:
+        faults.append({"at_s": crash_at_s, "kind": "crash", "instance": "a"})
+    scenario = parse({
+        "name": "stop-in-pause", "duration_s": 80, "scheduler": {"lease_ms": 3000, "heartbeat_ms": 1000},
+        "instances": [{"name": n} for n in "abc"],
+        "jobs": [{"name": "tick", "cron": "*/20 * * * * *", "work_s": 10.0}],
+        "faults": faults,
+    })  # fmt: skip
+    outcome = simulate(scenario, "lease", 1)
+    slot = int((EPOCH_S + 40) * 1000)
+    [first] = [e for e in outcome.history.executions if e.slot == slot and e.attempt == 1]
+    assert first.instance == "a"  # the scenario pauses the winner
+    if crash_at_s is None:
+        assert (first.ended, first.completed) == (pytest.approx(51.0), True)
+        assert {name: outcome.judgement.checks[name].status for name in ("P1", "P4")} == {
+            "P1": "invalid", "P4": "invalid"
+        }  # fmt: skip
+        stopped = [e.t for e in outcome.history.events if e.kind == "fault" and e.value == "instance a stopped"]
+        assert stopped == [pytest.approx(51.0)]
+    else:
+        assert (first.ended, first.completed) == (pytest.approx(41.0), False)
+
+
 def test_clock_faults_are_history_entries_and_move_the_clock_without_a_jump() -> None:
     scenario = parse({
         "name": "clocks", "duration_s": 30,
