@@ -79,7 +79,8 @@ def scaled(scenario: Scenario, factor: float = SCALE) -> Scenario:
     def job(spec: JobSpec) -> JobSpec:
         match = re.fullmatch(r"\*/(\d+) \* \* \* \* \*", spec.cron)
         period = int(match.group(1)) * factor if match else 0
-        if not match or period != int(period) or period < 1:
+        # */N fires every N seconds only where N divides 60 (*/25 fires at :00, :25 and :50): before and after.
+        if not match or period != int(period) or period < 1 or 60 % int(match.group(1)) or 60 % int(period):
             raise ScenarioError(f"{scenario.name}: live mode scales crons like '*/10 * * * * *' to whole seconds; "
                                 f"{spec.cron!r} does not scale by {factor}")  # fmt: skip
         options = {
@@ -141,8 +142,12 @@ class Proxy:
                 self.refused += 1
                 return
             with contextlib.suppress(OSError):
-                up_reader, up_writer = await asyncio.open_connection(*self.upstream)
+                upstream = self.upstream
+                up_reader, up_writer = await asyncio.open_connection(*upstream)
                 pair = (writer, up_writer)
+                if self.cut_off or self.upstream != upstream:  # cut off or redirected while it connected
+                    self.refused += self.cut_off
+                    return
                 self._pairs.add(pair)
                 await asyncio.gather(_pump(reader, up_writer), _pump(up_reader, writer))
         finally:

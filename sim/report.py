@@ -29,6 +29,7 @@ import anarchon
 from sim.checkers import percentile, true_s
 from sim.run import Outcome, simulate
 from sim.scenario import Scenario, load_all
+from sim.world import IDMP_VERSION, STORE_VERSION
 
 STRATEGIES = ("lease", "stream-id", "idmp", "script")
 CHECKER_NAMES = {
@@ -266,7 +267,8 @@ def _rate(violations: int, runs: int) -> str:
 
 
 def _replay(outcome: Outcome, commit: str) -> str:
-    where = "embedded store (fakeredis, Redis 7.0 semantics)"
+    version = ".".join(map(str, IDMP_VERSION if outcome.strategy == "idmp" else STORE_VERSION))
+    where = f"embedded store (fakeredis, Redis {version} semantics)"
     if outcome.target:
         where = f"{outcome.target} {outcome.server_version}, a live run (timing varies)"
     return f"{outcome.replay_command()}   # commit {commit}, {where}"

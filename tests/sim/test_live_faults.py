@@ -319,6 +319,46 @@ def test_a_connection_whose_upstream_does_not_answer_is_closed_when_the_run_ends
         gc.collect()  # an unclosed transport would warn here (warnings are errors in the suite)
 
 
+@pytest.mark.parametrize("fault", ["cut", "redirect"])
+async def test_a_connection_still_connecting_upstream_when_a_partition_begins_is_dropped(
+    fault: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The proxy accepted an instance's connection and is connecting upstream when the instance is cut off (or
+    sent to another server by a failover): once connected, it drops the connection instead of carrying the
+    instance's commands to the store through the partition (or to the old server)."""
+
+    async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while data := await reader.read(100):
+            writer.write(data)
+            await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(echo, "127.0.0.1", 0)
+    connect = asyncio.open_connection
+
+    async def slow_connect(*args: Any, **kwargs: Any) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        await asyncio.sleep(0.2)  # a busy server that accepts late
+        return await connect(*args, **kwargs)
+
+    proxy = Proxy(*server.sockets[0].getsockname()[:2])
+    port = await proxy.start()
+    monkeypatch.setattr(asyncio, "open_connection", slow_connect)  # the proxy's connects upstream, from now
+    reader, writer = await connect("127.0.0.1", port)
+    try:
+        await asyncio.sleep(0.05)
+        proxy.cut() if fault == "cut" else proxy.redirect("127.0.0.1", 1)
+        await asyncio.sleep(0.3)
+        writer.write(b"a claim\n")
+        with contextlib.suppress(ConnectionError):
+            await writer.drain()
+        assert await asyncio.wait_for(reader.read(100), 1) == b""  # closed, not echoed
+    finally:
+        writer.close()
+        await proxy.close()
+        server.close()
+        await server.wait_closed()
+
+
 async def test_a_restarted_process_reads_the_time_its_instance_clock_reads(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
