@@ -17,7 +17,7 @@ import pytest
 from sim import live
 from sim.live import Instance, LiveRun, Proxy
 from sim.live_instance import SkewedClock
-from sim.scenario import FaultSpec, parse
+from sim.scenario import FaultSpec, ScenarioError, parse
 
 SCENARIO = parse({
     "name": "live-faults", "duration_s": 1.0, "instances": [{"name": "a"}, {"name": "b"}, {"name": "c"}],
@@ -406,3 +406,18 @@ async def test_a_sleep_over_a_drift_change_lasts_its_time_on_the_instance_clock(
     assert changed[0] < 1.0, "the change came after the sleep: nothing to judge"
     assert clock.monotonic() - clock_began >= 1.0
     assert time.monotonic() - began >= 2.0 - changed[0] - 0.005
+
+
+@pytest.mark.parametrize(("cron", "scales"), [("*/10 * * * * *", True), ("*/25 * * * * *", False)])
+def test_live_mode_scales_only_seconds_crons_that_fire_every_n_seconds(cron: str, scales: bool) -> None:
+    """*/25 in the seconds field fires at :00, :25 and :50 (25 s, 25 s, then 10 s): scaled to */5 it would be
+    another schedule, not the scenario's in live time."""
+    scenario = parse({
+        "name": "crons", "duration_s": 60, "instances": [{"name": "a"}],
+        "jobs": [{"name": "tick", "cron": cron, "work_s": 1}],
+    })  # fmt: skip
+    if scales:
+        assert [job.cron for job in live.scaled(scenario).jobs] == ["*/2 * * * * *"]
+    else:
+        with pytest.raises(ScenarioError, match="does not scale"):
+            live.scaled(scenario)
