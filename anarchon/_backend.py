@@ -31,6 +31,7 @@ from ._errors import (
     StoreError,
     StoreFormatError,
     StoreReplyError,
+    StoreUnavailableError,
     UnknownOptionError,
 )
 from ._keys import STORE_FORMAT, KeySpace, check_prefix
@@ -38,6 +39,7 @@ from ._store import Connection, Reply, Script, ServerInfo, Store, as_text
 from ._strategies import Strategy, make_strategy
 
 FORMAT = Script.load("format")
+KEY_CHECK_JOBS = 16  # jobs whose keys start() tries for access, until one's answer: each a node that may be down
 DEFAULT_URL = "redis://localhost:6379/0"
 DEFAULT_TIMEOUT_S = 10.0  # for connections anarchon opens; a URL's query or the options dict can change it
 
@@ -185,9 +187,10 @@ class RedisBackend(Generic[M]):
                 self.server = await store.server_info()
                 self.strategy.check_server(self.server)
                 await _check_format(store, self.keys.format)
-                if jobs:
-                    keys = self.keys.lease(jobs[0]) if self.leases else self.keys.claim(jobs[0])
-                    await _check_key_access(store, keys.all(), self.keys.prefix)
+                for job in jobs[:KEY_CHECK_JOBS]:  # the first whose keys answer (a cluster node may be down)
+                    keys = self.keys.lease(job) if self.leases else self.keys.claim(job)
+                    if await _check_key_access(store, keys.all(), self.keys.prefix):
+                        break
                 await self.strategy.prepare(store, jobs)
                 await store.load(self.strategy.scripts)
             except BaseException:
@@ -409,18 +412,26 @@ def _describe(spec: str | dict[str, Any] | Connection) -> str:
     return f"<{type(client).__module__}.{type(client).__name__}>"
 
 
-async def _check_key_access(store: Store, keys: Sequence[str], prefix: str) -> None:
+async def _check_key_access(store: Store, keys: Sequence[str], prefix: str) -> bool:
     """An ACL user whose key patterns miss a job's keys (the lease keys begin with "{", for their hash tag) would
     start, then have every claim refused and retried for ever. One job's keys are tried at start instead: jobs'
-    keys differ only by the job's name."""
-    for key, reply in zip(keys, await store.execute_many([("EXISTS", key) for key in keys]), strict=True):
+    keys differ only by the job's name. False when they could not be reached (their cluster node is down)."""
+    try:
+        replies = await store.execute_many([("EXISTS", key) for key in keys])
+    except StoreUnavailableError:
+        return False
+    for key, reply in zip(keys, replies, strict=True):
         if isinstance(reply, StoreReplyError) and reply.reply.startswith("NOPERM"):
             raise StoreReplyError(
                 f"{reply.reply} ({key}): allow this user the prefix's keys in both forms anarchon uses: "
                 f"~{prefix}* ~{{{prefix}*"
             )
+    for reply in replies:
+        if isinstance(reply, StoreUnavailableError):
+            return False
         if isinstance(reply, StoreError):
             raise reply
+    return True
 
 
 async def _check_format(store: Store, key: str) -> None:

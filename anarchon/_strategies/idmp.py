@@ -10,6 +10,7 @@ although its first try won.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Sequence
 
 from .._errors import StoreError, StoreReplyError, StoreUnavailableError, UnsupportedStrategyError
@@ -43,7 +44,10 @@ class IdmpStrategy(ClaimOnlyStrategy):
 
     async def prepare(self, store: Store, jobs: Sequence[str]) -> None:
         for job in jobs:
-            await self._configure_once(store, job)
+            # A job whose cluster node is out of reach is configured by its first claim, as a stream that
+            # vanished is: the jobs on the other nodes start.
+            with contextlib.suppress(StoreUnavailableError):
+                await self._configure_once(store, job)
 
     async def _configure_once(self, store: Store, job: str) -> None:
         configuring = self._configured.get(job)
