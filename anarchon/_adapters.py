@@ -717,6 +717,10 @@ def _socket_timeout(client: object) -> object:
 
 def adapt(client: object) -> Connection:
     """Wrap a client the user passed in. Raises ConfigTypeError for an object anarchon cannot drive."""
+    if isinstance(client, type):  # redis.asyncio.Redis without the call: its methods are there, unbound
+        raise ConfigTypeError(
+            "redis", f"got the class {client.__module__}.{client.__name__}", "a client: an instance of it"
+        )
     module = type(client).__module__
     cls = type(client).__name__
     if all(inspect.iscoroutinefunction(getattr(client, m, None)) for m in _CONNECTION_METHODS):

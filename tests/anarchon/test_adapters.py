@@ -40,6 +40,7 @@ from redis._parsers import _AsyncHiredisParser, _AsyncRESP2Parser, _HiredisParse
 from redis.crc import key_slot
 
 from anarchon import (
+    ConfigTypeError,
     RedisBackend,
     RunRecord,
     Scheduler,
@@ -892,6 +893,15 @@ async def test_a_fakeredis_client_is_the_server_it_emulates(settings: dict[str, 
 def test_unrecognised_objects_are_refused() -> None:
     with pytest.raises(TypeError, match="send"):
         RedisBackend(redis=object())  # type: ignore[call-overload]
+
+
+@pytest.mark.parametrize("cls", [redis.asyncio.Redis, redis.Redis, valkey.Valkey, redis.cluster.RedisCluster])
+def test_a_client_class_given_for_a_client_is_a_config_type_error(cls: type) -> None:
+    """The call's parentheses forgotten: refused when the backend is made, naming the option, not an
+    AttributeError then (or at start, for the classes whose methods look like a client's)."""
+    with pytest.raises(ConfigTypeError, match=rf"^redis: got the class .*{cls.__name__}") as refused:
+        RedisBackend(redis=cls)
+    assert refused.value.option == "redis"
 
 
 class Scripted:
