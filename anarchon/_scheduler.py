@@ -543,8 +543,10 @@ class Scheduler(Generic[M]):
         try:
             await self._stop_keeper()
         finally:  # a heartbeat thread that would not end leaves the connection to close all the same
-            await self.backend.stop()
-            self.backend.scheduler = None
+            try:
+                await self.backend.stop()
+            finally:  # a connection that failed to close leaves the backend to the next start all the same
+                self.backend.scheduler = None
         log.info("scheduler %s stopped", self.instance_id)
 
     async def __aenter__(self) -> Scheduler[M]:

@@ -1829,6 +1829,29 @@ async def test_stop_waits_then_interrupts_and_records(fake_target: StoreTarget) 
     assert stored.status == "interrupted"
 
 
+async def test_a_connection_that_fails_to_close_leaves_the_backend_to_the_next_start(
+    fake_target: StoreTarget, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """stop() raises what closing the connection raised, and the backend serves no scheduler any more: the next
+    start() is not refused as if another scheduler held it."""
+    scheduler = Scheduler(fake_target.backend("lease"))
+    scheduler.add_job("job", "0 0 1 1 *", Ledger().job("a"))
+    await scheduler.start()
+    stop = scheduler.backend.stop
+
+    async def fails_to_close() -> None:
+        await stop()
+        raise RuntimeError("closing the connection failed")
+
+    monkeypatch.setattr(scheduler.backend, "stop", fails_to_close)
+    with pytest.raises(RuntimeError, match="closing the connection failed"):
+        await scheduler.stop()
+    monkeypatch.undo()
+    await scheduler.start()
+    assert (await scheduler.run_now("job")).status == "ok"
+    await scheduler.stop()
+
+
 @pytest.mark.parametrize("restart", ["after-the-stop", "while-it-goes-on"])
 async def test_a_stop_whose_caller_gave_up_leaves_the_next_start_and_stop_whole(
     fake_target: StoreTarget, restart: str
