@@ -336,6 +336,13 @@ def _check_url(option: str, url: str) -> None:
         raise ConfigError(option, f"the URL cannot be read ({error})", _URL_RULE) from None
     if parts.scheme not in ("redis", "rediss", "unix"):
         raise ConfigError(option, f"URL scheme {parts.scheme!r} is not supported", "redis://, rediss://, unix://")
+    if parts.scheme != "unix" and "@" in url.partition("://")[2].partition(parts.netloc)[2]:
+        # A password with a "/", "?" or "#" ends the host part early: the rest of it would be read as the port or
+        # the database, and quoted in the message. Nothing of the URL is quoted.
+        raise ConfigError(
+            option, "the URL has an '@' past its host part (a user or password holding '/', '?' or '#'?)",
+            "those characters percent-encoded in the user and password (%2F, %3F, %23), and '@' elsewhere (%40)",
+        )  # fmt: skip
     try:
         pool = redis.asyncio.ConnectionPool.from_url(url, **_client_settings())
         pool.make_connection()  # type: ignore[no-untyped-call]  # unknown query options are refused here

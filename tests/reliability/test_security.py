@@ -25,7 +25,7 @@ import pytest
 import redis
 import redis.asyncio
 
-from anarchon import RedisBackend, RunContext, Scheduler, StoreError, StoreReplyError
+from anarchon import ConfigError, RedisBackend, RunContext, Scheduler, StoreError, StoreReplyError
 from anarchon._adapters import adapt
 from anarchon._backend import FORMAT
 from anarchon._store import Command, Connection, Reply, ServerInfo
@@ -184,6 +184,25 @@ async def test_a_wrong_password_is_refused_and_no_password_is_shown(
     shown += [repr(scheduler), repr(scheduler.backend), logged_text(caplog)]
     assert "invalid username-password pair" in str(caught.value)
     assert secrets_in("\n".join(shown)) == []
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://:abc/defSECRET@cache:6379/0",  # the rest read as the database
+        "redis://user:12345/SECRET@cache:6379",
+        "redis://:SEC#RET@cache:6379/1",  # the rest read as a fragment, "SEC" as the port
+        "rediss://user:SE?CRET@cache:6380",
+    ],
+)
+def test_a_password_not_percent_encoded_is_refused_without_quoting_it(url: str) -> None:
+    """A generated password often holds '/', '?' or '#'. Not percent-encoded, it ends the URL's host part early,
+    and what follows was read as the port or the database, and quoted in the error: part of the password."""
+    with pytest.raises(ConfigError) as refused:
+        RedisBackend(redis=url)
+    shown = str(refused.value) + "".join(traceback.format_exception(refused.value))
+    assert "percent-encoded" in str(refused.value)
+    assert not any(part in shown for part in ("SEC", "RET", "abc", "12345"))
 
 
 class Recording:
