@@ -336,7 +336,7 @@ def _check_url(option: str, url: str) -> None:
         raise ConfigError(option, f"the URL cannot be read ({error})", _URL_RULE) from None
     if parts.scheme not in ("redis", "rediss", "unix"):
         raise ConfigError(option, f"URL scheme {parts.scheme!r} is not supported", "redis://, rediss://, unix://")
-    if parts.scheme != "unix" and "@" in url.partition("://")[2].partition(parts.netloc)[2]:
+    if parts.scheme != "unix" and "@" in parts.path + parts.query + parts.fragment:
         # A password with a "/", "?" or "#" ends the host part early: the rest of it would be read as the port or
         # the database, and quoted in the message. Nothing of the URL is quoted.
         raise ConfigError(
