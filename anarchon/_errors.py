@@ -15,6 +15,18 @@ class AnarchonError(Exception):
 
     code: str = "ANARCHON_ERROR"
 
+    def __reduce__(self) -> tuple[object, ...]:
+        # Pickled as what it is, not by calling the class with its message: the subclasses take their fields
+        # (option, problem, allowed…), and an error sent to another process (a task queue, a pool) must arrive.
+        return _restore, (type(self), self.args, self.__dict__)
+
+
+def _restore(cls: type[AnarchonError], args: tuple[object, ...], state: dict[str, object]) -> AnarchonError:
+    error = cls.__new__(cls)
+    error.args = args
+    error.__dict__.update(state)
+    return error
+
 
 class ConfigError(AnarchonError, ValueError):
     """An option has a value that is not allowed. ``option`` names it, ``allowed`` says what would be."""
