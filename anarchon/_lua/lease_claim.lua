@@ -119,5 +119,10 @@ local entry = redis.call('XADD', RUNS, '*', 'run', run, 'slot', slot, 'attempt',
 local started = string.match(entry, '^%d+')
 local value = run_value('running', attempt, token, runner, started + lease_ms, fence, slot, manual, started)
 redis.call('HSET', STATE, run, value, 'fence', fence)
+if job_fence == 0 then
+  -- The job's first attempt on this store (first deployed, or the store lost its data): a catch-up reaches back
+  -- to this run's slot and no further (unless one that asked before any claim set an earlier moment).
+  redis.call('HSETNX', STATE, 'since', tonumber(slot) - 1)
+end
 redis.call('SADD', ACTIVE, run)
 return reply('won', attempt, fence, ARGV[4])

@@ -1,7 +1,8 @@
 -- lease since: the moment from which the job's slots count for catch-up, kept in the job's state hash (field
--- "since"). Set by the first catch-up that asks: to the caller's now for a job no instance ever claimed (a new
--- job has missed nothing; nor can a store that lost its data tell what ran), else to 0 (the job ran before
--- catch-up asked: any slot of the period may have been missed).
+-- "since"; slots after it count). Set by the job's first claim on the store (lease claim: just before that
+-- run's slot), or by a catch-up that asks before any: to the caller's now for a job no instance ever claimed (a new
+-- job has missed nothing; nor can a store that lost its data tell what ran). A job claimed on a store written
+-- before claims set it gets 0: any slot of the period may have been missed.
 -- KEYS[1]  the job's state key
 -- ARGV[1]  now, ms since the epoch (the caller's clock, as its catch-up period is)
 -- returns the moment, ms since the epoch

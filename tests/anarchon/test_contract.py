@@ -162,15 +162,20 @@ async def test_catch_up_reaches_back_to_a_new_jobs_first_start_or_all_the_way_fo
     target: StoreTarget,
 ) -> None:
     """The first catch-up of a job no instance ever claimed fixes the moment it was first started; later ones get
-    the same answer. A job that ran before any catch-up asked may have missed any slot: 0."""
+    the same answer. A job's first claim on the store fixes it too, just before that run's slot: deployed
+    without catch-up first, or claimed again after the store lost its data, it has missed nothing from before. A
+    job that ran on a store written before claims fixed it may have missed any slot: 0."""
     backend = await target.started_backend("lease")
     since = backend.strategy.catch_up_since
     assert await since(backend.store, "new", SLOT) == SLOT
     assert await since(backend.store, "new", SLOT + 60_000) == SLOT
-    await claim_one(backend, request(SLOT, "a", job="ran"), JobPolicy())
-    assert await since(backend.store, "ran", SLOT + 60_000) == 0
-    assert await since(backend.store, "ran", SLOT + 120_000) == 0
     assert await target.raw("HGET", "{cron:new}:state", "since") == str(SLOT)  # beside the fence, in the state
+    await claim_one(backend, request(SLOT, "a", job="ran"), JobPolicy())
+    assert await since(backend.store, "ran", SLOT + 60_000) == SLOT - 1  # its slot counts (after "since")
+    await claim_one(backend, request(SLOT + 1000, "a", job="ran"), JobPolicy())
+    assert await since(backend.store, "ran", SLOT + 120_000) == SLOT - 1  # the first claim's, not a later one's
+    await target.raw("HDEL", "{cron:ran}:state", "since")  # as a store written before claims fixed it
+    assert await since(backend.store, "ran", SLOT + 180_000) == 0
 
 
 @pytest.mark.parametrize("claim_only", ["stream-id", "script"])  # idmp's is theirs (ClaimOnlyStrategy)
@@ -614,7 +619,7 @@ async def test_lease_runs_that_end_in_the_claim_are_trimmed_too(target: StoreTar
     assert sum(statuses.values()) <= history_size + 1
     assert set(statuses) <= {"interrupted", "skipped-overlap"}
     assert await target.raw("ZCARD", "{cron:sync}:slots") <= history_size + 1
-    assert state_fields <= history_size + 1 + 2  # and the fence counter and "forgotten"
+    assert state_fields <= history_size + 1 + 3  # and the fence counter, "forgotten" and "since"
     assert await target.raw("SCARD", "{cron:sync}:active") == 0
 
 

@@ -509,6 +509,48 @@ def test_a_backup_whose_clock_is_set_back_takes_over_when_the_lease_runs_out() -
     assert 62 < ran[1][2] <= 70
 
 
+@pytest.mark.parametrize("case", ["catch-up-added-later", "store-lost-its-data"])
+def test_a_catch_up_reaches_back_no_further_than_the_jobs_first_claim_on_the_store(case: str) -> None:
+    """The job first deployed without catch_up_ms at 1,000 s, given a 10-minute one at the next deploy: its
+    catch-up runs no slot from before 1,000 s, when it did not exist. Or the store loses its data at 185 s while
+    an instance goes on claiming: a second instance's catch-up runs none of the slots that ran before (the store
+    cannot tell which), where it ran 60, 120 and 180 s a second time."""
+
+    async def main() -> tuple[int, Counter[int]]:
+        server = fakeredis.FakeServer()
+        ran: Counter[int] = Counter()
+
+        async def work(run: RunContext) -> None:
+            ran[run.slot // 1000 - VIRTUAL_EPOCH_S] += 1
+
+        def instance(name: str, **options: Any) -> Scheduler[Any]:
+            scheduler = _virtual_instance(server, name)
+            scheduler.add_job("job", "* * * * *", work, **options)
+            return scheduler
+
+        if case == "catch-up-added-later":
+            await asyncio.sleep(1000)
+            first = instance("v1")
+            async with first:
+                await asyncio.sleep(185)
+            async with instance("v2", catch_up_ms=600_000):
+                await asyncio.sleep(10)
+            return 1000, ran
+        a = instance("a", catch_up_ms=600_000)
+        async with a:
+            await asyncio.sleep(185)
+            await fakeredis.FakeAsyncRedis(server=server).flushall()  # a restart without persistence
+            await asyncio.sleep(120)
+            async with instance("b", catch_up_ms=600_000):
+                await asyncio.sleep(10)
+        return 0, ran
+
+    first_start, ran = run_virtual(main(), epoch_s=VIRTUAL_EPOCH_S, seed=1)
+    assert ran
+    assert min(ran) > first_start
+    assert [slot for slot, runs in ran.items() if runs > 1] == []
+
+
 def test_a_catch_up_that_fails_unexpectedly_is_logged(caplog: pytest.LogCaptureFixture) -> None:
     """An error anarchon does not expect (not a store error) ends the catch-up: the log says so at once."""
 
@@ -636,6 +678,9 @@ def test_a_catch_up_claims_no_slot_that_left_catch_up_ms_meanwhile() -> None:
             scheduler.add_job("tick", "* * * * * *", work, catch_up_ms=catch_up_ms, **options)
             return scheduler
 
+        first_start = instance("z", catch_up_ms=10_000)  # the job's first start: catch-up reaches back to it
+        await first_start.start()
+        await first_start.stop()
         await asyncio.sleep(6.5)  # slots 0 to 4 pass with no instance up
         on_time = instance("a")
         await on_time.start()
