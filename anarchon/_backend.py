@@ -28,7 +28,6 @@ from ._errors import (
     ConfigError,
     ConfigTypeError,
     SchedulerStateError,
-    StoreError,
     StoreFormatError,
     StoreReplyError,
     StoreUnavailableError,
@@ -433,12 +432,9 @@ async def _check_key_access(store: Store, keys: Sequence[str], prefix: str) -> b
                 f"{reply.reply} ({key}): allow this user the prefix's keys in both forms anarchon uses: "
                 f"~{prefix}* ~{{{prefix}*"
             )
-    for reply in replies:
-        if isinstance(reply, StoreUnavailableError):
-            return False
-        if isinstance(reply, StoreError):
+        if isinstance(reply, StoreReplyError):
             raise reply
-    return True
+    return not any(isinstance(reply, StoreUnavailableError) for reply in replies)
 
 
 async def _check_format(store: Store, key: str) -> None:

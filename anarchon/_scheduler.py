@@ -490,15 +490,28 @@ class Scheduler(Generic[M]):
                     self._spawn(self._release_unanswered(self._request(entry)), "anarchon-hand-back")
 
     async def _release_unanswered(self, request: RunRequest) -> None:
-        """Hand back a claim whose answer never came, once; the store refuses it if the claim did not win."""
+        """Hand back a claim whose answer never came. It may have won: nothing runs it, and its lease would keep the
+        job's runs from starting (skipped-overlap) on every instance until it ran out. The store refuses it if the
+        claim did not win. Tried again while the store is out of reach, for as long as that lease could last,
+        until stop() begins (then once more at most, within stop()'s bounds)."""
+        give_up = self.clock.monotonic() + self.lease_ms / 1000
         extra = {"job": request.job, "slot": request.slot}
-        try:
-            if await self.backend.strategy.release(self.backend.store, request):
-                log.info("job %s slot %d: a claim whose answer never came had won; handed back, not run", request.job,
-                         request.slot, extra=extra)  # fmt: skip
-        except StoreError as error:
-            log.info("job %s slot %d: a claim whose answer never came could not be handed back (%s); if it won, its "
-                     "lease runs out", request.job, request.slot, error, extra=extra)  # fmt: skip
+        while True:
+            try:
+                if await self.backend.strategy.release(self.backend.store, request):
+                    log.info("job %s slot %d: a claim whose answer never came had won; handed back, not run",
+                             request.job, request.slot, extra=extra)  # fmt: skip
+                return
+            except StoreUnavailableError as error:
+                if not self._started or self.clock.monotonic() + RETRY_MIN_S >= give_up:
+                    log.info("job %s slot %d: a claim whose answer never came could not be handed back (%s); if it "
+                             "won, its lease runs out", request.job, request.slot, error, extra=extra)  # fmt: skip
+                    return
+                await self._nap(RETRY_MIN_S)
+            except StoreError as error:
+                log.warning("job %s slot %d: a claim whose answer never came could not be handed back: %s",
+                            request.job, request.slot, error, extra=extra)  # fmt: skip
+                return
 
     async def _stop(self, timeout: float) -> None:
         self._started = False
@@ -653,28 +666,11 @@ class Scheduler(Generic[M]):
         return await self._execute(job, request, claim, sent)
 
     def _hand_back_unanswered(self, request: RunRequest) -> None:
-        """A manual claim whose answer never came (the store went out of reach, or the caller gave up) may have
-        won. Nothing runs it, and under leases its lease would keep the job's scheduled runs from starting
-        (skipped-overlap) until it ran out: it is handed back, in the background, tried again while the store is
-        out of reach, for as long as that lease could last. A claim that did not win is left as it is. Not once
-        stop() has begun: it would not wait for the hand-back, and the connection is about to close."""
+        """A manual claim whose answer never came (the store went out of reach, or the caller gave up): handed back
+        in the background (see _release_unanswered). Not once stop() has begun: it would not wait for it, and the
+        connection is about to close."""
         if self.backend.leases and self._started:
-            self._spawn(self._hand_back_manual(request, self.clock.monotonic() + self.lease_ms / 1000))
-
-    async def _hand_back_manual(self, request: RunRequest, give_up: float) -> None:
-        while self.backend.started:
-            try:
-                if await self.backend.strategy.release(self.backend.store, request):
-                    log.info("job %s: a manual run whose claim went unanswered was handed back, not run", request.job)
-                return
-            except StoreUnavailableError:
-                if not self._started or self.clock.monotonic() + RETRY_MIN_S >= give_up:
-                    return
-                await self._nap(RETRY_MIN_S)
-            except StoreError as error:
-                log.warning("job %s: could not hand back a manual run whose claim went unanswered: %s",
-                            request.job, error)  # fmt: skip
-                return
+            self._spawn(self._release_unanswered(request), "anarchon-hand-back")
 
     async def history(self, name: str, limit: int = 50) -> list[RunRecord]:
         """The job's recorded attempts, newest first. A scheduler not started reads them too (a web process
