@@ -887,9 +887,9 @@ class Scheduler(Generic[M]):
                 log.warning("job %s slot %d not run here: %s; a claim of it whose answer was lost is handed back to "
                             "any backup", job.name, slot, message, extra=extra)  # fmt: skip
             else:
-                log.info("job %s slot %d not run here: %s; not recorded as skipped (it was claimed, under stream-id "
-                         "a later slot of the job was, or the store's clock does not see it late)", job.name, slot,
-                         message, extra=extra)  # fmt: skip
+                log.info("job %s slot %d not run here: %s; not recorded as skipped (it was claimed, the store "
+                         "no longer remembers it, or its clock does not see it late)", job.name, slot, message,
+                         extra=extra)  # fmt: skip
 
     async def _catch_up(self, job: Job, now: int) -> None:
         """Run, one after another, the slots of the last ``catch_up_ms`` that no instance ran.

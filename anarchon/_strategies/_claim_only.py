@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from .._errors import StoreError
 from .._keys import KeySpace
 from .._records import RunRecord, Status, encode_record, result_score
-from .._store import Reply, Script, ScriptCall, ServerInfo, Store, as_list, as_text
+from .._store import Command, Reply, Script, ScriptCall, ServerInfo, Store, as_list, as_text
 from ._base import CLAIM_MARGIN_MS, Claim, JobPolicy, Outcome, RunRequest, fence_of, read_history
 
 TRIM_STREAM = Script.load("stream_trim")
@@ -96,40 +96,53 @@ class ClaimOnlyStrategy:
             return False
         if self.remembers_ms is not None and now > request.slot + self.remembers_ms - CLAIM_MARGIN_MS:
             return False
+        # Written without runner and token, so the same skip reported by several instances is stored once.
+        record = RunRecord(
+            job=request.job, run=request.run, slot=request.slot, attempt=1, status=status, runner="",
+            token="", fence=0, manual=False, started=request.slot, ended=request.slot, message=message,
+        )  # fmt: skip
         [claim] = await self.claim_scheduled(store, [(request, policy)])
         if isinstance(claim, StoreError):
             raise claim
         if claim.outcome is not Outcome.WON:
-            return False
+            return await self.record_unclaimable(store, record, policy)
         # Won although the run ran, where the store forgot it early (idmp keeps at most max_size ids per job, so
         # a job whose runs come often forgets one sooner than duration_sec): its result says so.
         score = result_score(request.slot, 0)
         results = self.keys.claim(request.job).results
         if as_list(await store.execute("ZRANGEBYSCORE", results, score, score + 99, "LIMIT", 0, 1)):
             return False
-        # Written without runner and token, so the same skip reported by several instances is stored once.
-        record = RunRecord(
-            job=request.job, run=request.run, slot=request.slot, attempt=1, status=status, runner="",
-            token="", fence=0, manual=False, started=request.slot, ended=request.slot, message=message,
-        )  # fmt: skip
         return await self._record(store, record, policy)
+
+    async def record_unclaimable(self, store: Store, record: RunRecord, policy: JobPolicy) -> bool:
+        """Record the skip of a late run whose claim for the skip lost, where the store shows that no instance
+        claimed it and none can any more. Here it cannot tell: a lost claim is another instance's claim."""
+        return False
 
     async def _record(self, store: Store, record: RunRecord, policy: JobPolicy) -> bool:
         key = self.keys.claim(record.job).results
         score = result_score(record.slot, record.attempt)
-        commands: list[tuple[str | int, ...]] = [("ZADD", key, score, encode_record(record))]
-        commands.append(("ZREMRANGEBYRANK", key, 0, -(policy.history_size + 1)))
+        add = ("ZADD", key, score, encode_record(record))
+        added, *_ = await store.execute_many([add, *self._trims(record, policy)])
+        if isinstance(added, StoreError):
+            raise added
+        await self._trim_streams(store, record, policy)
+        return added == 1
+
+    def _trims(self, record: RunRecord, policy: JobPolicy) -> list[Command]:
+        """The commands that trim the job's results once ``record`` is added."""
+        key = self.keys.claim(record.job).results
+        commands: list[Command] = [("ZREMRANGEBYRANK", key, 0, -(policy.history_size + 1))]
         if policy.history_ttl_ms:
             cutoff = result_score(record.ended - policy.history_ttl_ms, 0)
             commands.append(("ZREMRANGEBYSCORE", key, "-inf", f"({cutoff}"))
-        added, *_ = await store.execute_many(commands)
-        if isinstance(added, StoreError):
-            raise added
+        return commands
+
+    async def _trim_streams(self, store: Store, record: RunRecord, policy: JobPolicy) -> None:
         if policy.history_ttl_ms:
             streams = self.streams_aged_by_ttl(record.job, policy)
             with contextlib.suppress(StoreError):  # the record is stored; the next one's trim does this one's
                 await store.run_many([ScriptCall(TRIM_STREAM, (key,), (record.ended - kept,)) for key, kept in streams])
-        return added == 1
 
     def streams_aged_by_ttl(self, job: str, policy: JobPolicy) -> list[tuple[str, int]]:
         """The job's streams that ``history_ttl_ms`` trims, each with how long it keeps its entries: the runs

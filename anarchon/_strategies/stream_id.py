@@ -5,7 +5,8 @@ succeeds, and runs are remembered forever (IDs only grow, also after trimming). 
 the slot's entry back, to tell its own win from another instance's: its own first try may have written it (a
 retried claim whose answer was lost, or a client that sent the XADD again after a timeout, as redis-py's default
 retry does). The catch: once a later slot
-was claimed, an earlier one can no longer be (a late claim, or a skewed clock, misses it).
+was claimed, an earlier one can no longer be (a late claim, or a skewed clock, misses it). A late run's skip is
+recorded all the same when no entry holds its slot and one before it is still there: nobody claimed it.
 
 Each claim trims the stream to ``history_size`` entries plus as many as the job has slots in its keep period: a
 retried claim may read back any entry of the last ``keep_ms``.
@@ -13,18 +14,22 @@ retried claim may read back any entry of the last ``keep_ms``.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 
 from .._errors import StoreError, StoreReplyError
-from .._store import Reply, Store
+from .._records import RunRecord, encode_record
+from .._store import Reply, Script, Store
 from ._base import Claim, JobPolicy, Outcome, RunRequest, fence_of
 from ._claim_only import ClaimOnlyStrategy, entry_token
 
 ID_NOT_GREATER = "equal or smaller than the target stream top item"
+SKIP = Script.load("stream_id_skip")
 
 
 class StreamIdStrategy(ClaimOnlyStrategy):
     name = "stream-id"
+    scripts: tuple[Script, ...] = (*ClaimOnlyStrategy.scripts, SKIP)
 
     async def claim_scheduled(
         self, store: Store, requests: Sequence[tuple[RunRequest, JobPolicy]]
@@ -66,6 +71,18 @@ class StreamIdStrategy(ClaimOnlyStrategy):
         reads = [("XRANGE", self.keys.claim(r.job).runs, f"{r.slot}-0", f"{r.slot}-0") for r in requests]
         entries = await store.execute_many(reads)
         return [entry if isinstance(entry, StoreError) else entry_token(entry) for entry in entries]
+
+    async def record_unclaimable(self, store: Store, record: RunRecord, policy: JobPolicy) -> bool:
+        """After a stall longer than the gap between slots, the next slot's claim reaches the store before a
+        missed slot's skip, and the stream refuses the missed slot's id: if no entry holds it, nobody claimed it
+        and nobody can. Checked and recorded in one script, so that several instances reporting it store one."""
+        keys = self.keys.claim(record.job)
+        recorded = await store.run(SKIP, (keys.runs, keys.results), (record.slot, encode_record(record))) == 1
+        if recorded:
+            with contextlib.suppress(StoreError):  # the record is stored; the next one's trim does this one's
+                await store.execute_many(self._trims(record, policy))
+                await self._trim_streams(store, record, policy)
+        return recorded
 
 
 def runs_kept(policy: JobPolicy) -> int:

@@ -720,6 +720,31 @@ async def test_stream_id_misses_an_earlier_slot_claimed_after_a_later_one(target
     assert (later.outcome, earlier.outcome) == (Outcome.WON, Outcome.LOST)
 
 
+async def test_stream_id_records_the_skip_of_a_slot_passed_by_a_later_claim_once(target: StoreTarget) -> None:
+    """After a stall longer than the gap between slots, the next slot's claim reaches the store before the missed
+    slot's skip, and the stream refuses the missed slot's id. No instance claimed that slot, and none can any more
+    (ids only grow): the skip is recorded all the same, once, whichever instances report it. A slot that was
+    claimed is not skipped, nor one older than every entry of the stream (trimmed or not, it cannot tell)."""
+    backend = await target.started_backend("stream-id")
+    policy = JobPolicy(late_after_ms=100)
+    now = await target.server_ms()
+    ran, missed, following = now - 3_000, now - 2_000, now - 1_000
+    for slot in (ran, following):
+        assert (await claim_one(backend, request(slot, f"t{slot}"), policy)).outcome is Outcome.WON
+
+    def skip(slot: int, runner: str) -> Any:
+        late = RunRequest("sync", run_id(slot), slot, f"skip-{runner}", runner)
+        return backend.strategy.skip(backend.store, late, policy, "skipped-late", f"seen late by {runner}")
+
+    assert await skip(missed, "b")
+    assert not await skip(missed, "c")  # once
+    assert not await skip(ran, "b")
+    assert not await skip(ran - 1_000, "b")  # before the stream's first entry
+    history = await backend.strategy.history(backend.store, "sync", 10)
+    assert [(r.slot, r.status, r.message) for r in history] == [(missed, "skipped-late", "seen late by b")]
+    assert await target.raw("XLEN", "cron:sync:runs") == 2  # the skip claimed nothing
+
+
 async def test_a_newer_store_format_is_refused_and_left_untouched(target: StoreTarget, strategy: str) -> None:
     await target.raw("SET", "cron:format", "2")
     backend = target.backend(strategy)

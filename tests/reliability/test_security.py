@@ -29,8 +29,10 @@ from anarchon import ConfigError, RedisBackend, RunContext, Scheduler, StoreErro
 from anarchon._adapters import adapt
 from anarchon._backend import FORMAT
 from anarchon._store import Command, Connection, Reply, ServerInfo
-from anarchon._strategies import lease, script
-from anarchon._strategies._claim_only import TRIM_STREAM
+from anarchon._strategies.idmp import IdmpStrategy
+from anarchon._strategies.lease import LeaseStrategy
+from anarchon._strategies.script import ScriptStrategy
+from anarchon._strategies.stream_id import StreamIdStrategy
 from sim.servers import start_server
 from sim.servers._local import pick_port, release_port
 from sim.servers._running import RunningServer
@@ -43,9 +45,9 @@ WRONG_PASSWORD = "wr0ng-Guess-pw"
 # alice may touch the keys of prefix "a:", bob those of "b:" (claim-only keys "a:…", lease keys "{a:…}").
 ACL_RULES = ["+@read", "+@write", "+@scripting", "+@connection", "-@dangerous", "+info", "+time"]
 SCRIPTS = (
-    FORMAT, lease.CLAIM, lease.HEARTBEAT, lease.FINISH, lease.RELEASE, lease.SKIP, lease.SINCE, script.CLAIM,
-    TRIM_STREAM,
-)  # fmt: skip
+    FORMAT,
+    *(s for strategy in (LeaseStrategy, StreamIdStrategy, IdmpStrategy, ScriptStrategy) for s in strategy.scripts),
+)
 
 
 @dataclass(frozen=True)
