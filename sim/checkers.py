@@ -343,23 +343,24 @@ def _no_lost_ack(strategy: str, history: History, fault_windows: list[FaultWindo
     if not losses:
         return Verdict("P5", "valid", "no failover or store restart lost a write")
     # Each won claim with its place in the history, which orders what happened at one true time.
-    wins: dict[tuple[str, str], list[tuple[float, int, str, int]]] = defaultdict(list)
+    wins: dict[tuple[str, str], list[tuple[float, int, str, int, str]]] = defaultdict(list)
     for position, event in enumerate(history.events):
         if event.kind == "ok" and event.op == "claim" and event.value.startswith("won"):
             attempt = int(event.value.split("attempt=")[1].split()[0])
-            wins[(event.job, event.run)].append((event.t, position, event.token, attempt))
+            wins[(event.job, event.run)].append((event.t, position, event.token, attempt, event.process))
     bad = []
     for (job, run), acks in sorted(wins.items()):
         acks.sort()
-        for (t1, at1, token1, attempt1), (t2, at2, token2, attempt2) in itertools.combinations(acks, 2):
+        for (t1, at1, token1, attempt1, first), (t2, at2, token2, attempt2, again) in itertools.combinations(acks, 2):
             lost = token1 != token2 and any(
                 loss.lost(t1, at1, token1) and loss.struck_before(t2, at2) for loss in losses
             )
             # Under lease a higher attempt is a takeover of a lease the store still knew; the same attempt (or an
             # earlier one) granted again means it had forgotten the claim.
             if lost and (strategy != "lease" or attempt2 <= attempt1):
-                bad.append(f"{job} run {run}: won at {t1:.3f} s, won again by another instance at {t2:.3f} s "
-                           "after the store lost it")  # fmt: skip
+                by = f"by {again}" if again != first else f"by {again} (a new claim)"
+                bad.append(f"{job} run {run}: won by {first} at {t1:.3f} s, won again {by} at {t2:.3f} s after "
+                           "the store lost it")  # fmt: skip
                 break
     return Verdict("P5", "invalid" if bad else "valid", bad[0] if bad else "", len(bad))
 

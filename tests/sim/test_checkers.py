@@ -210,7 +210,12 @@ def test_a_failover_loses_only_the_claims_the_replica_had_not_received() -> None
     lost = _p5([_won("a", 21.95), _won("b", 25.0)], failover, "script")
     assert lost.status == "invalid"
     assert lost.witness == (
-        "tick run 1800000040000: won at 21.950 s, won again by another instance at 25.000 s after the store lost it"
+        "tick run 1800000040000: won by a at 21.950 s, won again by b at 25.000 s after the store lost it"
+    )
+    # The same instance winning it again with a claim of its own (a restart: a new token) is named as such.
+    again = replace(_won("b", 25.0), process="a")
+    assert _p5([_won("a", 21.95), again], failover, "script").witness == (
+        "tick run 1800000040000: won by a at 21.950 s, won again by a (a new claim) at 25.000 s after the store lost it"
     )
     # A claim it had received long before was not lost by the failover: won again, it is a duplicate (P1) that
     # the strategy made on its own (here: it had forgotten the run).
@@ -223,8 +228,8 @@ def test_under_lease_a_lost_takeover_granted_again_is_a_lost_claim_and_a_later_a
     first, takeover = _won("a", 40.0), _won("b", 43.001, attempt=2)
     granted_again = _p5([first, takeover, _won("c", 46.002, attempt=2)], failover)
     assert granted_again.status == "invalid"
-    assert granted_again.witness.startswith("tick run 1800000040000: won at 43.001 s, won again by another instance "
-                                            "at 46.002 s")  # fmt: skip
+    assert granted_again.witness.startswith("tick run 1800000040000: won by b at 43.001 s, won again by c at "
+                                            "46.002 s")  # fmt: skip
     # Attempt 3: the store still knew attempt 2, so c took over a lease that had run out; nothing was lost.
     assert _p5([first, takeover, _won("c", 46.002, attempt=3)], failover).status == "valid"
 
@@ -234,7 +239,7 @@ def test_a_claim_won_at_the_instant_of_a_store_restart_but_before_it_was_lost() 
     windows = [FaultWindow(40.0, 40.0, "store-restart")]
     before = _p5([_won("a", 40.0), restart, _won("b", 41.0)], windows)
     assert before.status == "invalid"
-    assert before.witness.startswith("tick run 1800000040000: won at 40.000 s, won again by another instance at 41")
+    assert before.witness.startswith("tick run 1800000040000: won by a at 40.000 s, won again by b at 41")
     # Won on the empty store just after the restart, at the same instant: nothing lost.
     assert _p5([restart, _won("a", 40.0), _won("b", 41.0)], windows).status == "valid"
 
@@ -254,7 +259,7 @@ def test_a_failover_that_knows_the_tokens_it_lost_blames_those_claims_only() -> 
     lost_b = frozenset({"t-b-40-1", "tick"})
     verdict = _p5(events, [FaultWindow(19.0, 22.0, "failover", lost_words=lost_b)], "script")
     assert (verdict.status, verdict.count) == ("invalid", 1)
-    assert verdict.witness.startswith("tick run 1800000040000: won at 21.000 s")
+    assert verdict.witness.startswith("tick run 1800000040000: won by b at 21.000 s")
     # Without the tokens, every claim acknowledged within the window counts as lost.
     assert _p5(events, [FaultWindow(19.0, 22.0, "failover")], "script").count == 2
 
