@@ -39,7 +39,9 @@ CHECKER_NAMES = {
     "P4": "lease safety",
     "P5": "no lost acknowledged claim",
     "P6": "fencing order",
+    "lateness": "runs start within their job's jitter_ms + max_late_ms",
 }
+RATE_CHECKERS = ("P1", "P2", "P3", "P5")
 COLOURS = {"lease": "#1b6ca8", "stream-id": "#d1495b", "script": "#edae49", "idmp": "#66a182"}
 
 
@@ -92,7 +94,7 @@ class Results:
         if target:
             cell.runs_on[target] += 1
         cell.slots += outcome.judgement.slots_checked
-        for name, verdict in outcome.judgement.verdicts.items():
+        for name, verdict in outcome.judgement.checks.items():
             if verdict.status == "invalid":
                 cell.violations[name] += 1
                 cell.counts[name] += verdict.count
@@ -232,12 +234,13 @@ def timeline_figure(outcome: Outcome, checker: str) -> bytes:
     axis.set_xlabel(
         "true time (s); bars: runs (green: ran to the end, red: stopped); ^ won, . lost, x failed, ? unknown"
     )
-    axis.set_title(f"{outcome.scenario.name} / {outcome.strategy} / seed {outcome.seed}: {checker} violated")
+    run = f"on {outcome.target}" if outcome.target else f"seed {outcome.seed}"  # a live run has no seed
+    axis.set_title(f"{outcome.scenario.name} / {outcome.strategy} / {run}: {checker} violated")
     return _png(figure)
 
 
 def _focus_time(outcome: Outcome, checker: str) -> float:
-    witness = outcome.judgement.verdicts[checker].witness
+    witness = outcome.judgement.verdict(checker).witness
     if "slot at " in witness:
         return float(witness.split("slot at ")[1].split(" s")[0]) + 5
     if " at " in witness:
@@ -315,11 +318,28 @@ def _head(*columns: str) -> list[str]:
     return [_row(*columns), "|" + "---|" * len(columns)]
 
 
+def _rates_by_scenario(results: Results) -> list[str]:
+    """Where each strategy's counted violations come from: the scenario and its count, per checker."""
+    lines = []
+    for strategy in STRATEGIES:
+        parts = []
+        for checker in RATE_CHECKERS:
+            counts = sorted(
+                ((cell.counts[checker], name) for (name, s), cell in results.cells.items()
+                 if s == strategy and cell.counts.get(checker)),
+                reverse=True,
+            )  # fmt: skip
+            if counts:
+                parts.append(f"{checker} in " + ", ".join(f"{name} {n}" for n, name in counts))
+        lines.append(f"- {strategy}: {'; '.join(parts) if parts else 'none'}")
+    return lines
+
+
 def _lateness_row(results: Results, strategy: str) -> str:
     values = results.lateness.get(strategy, [])
     if not values:
-        return _row(strategy, 0, "–", "–", "–", f"0/{results.runs.get(strategy, 0)}")
-    figures = (percentile(values, 50), percentile(values, 99), max(values))
+        return _row(strategy, 0, "–", "–", "–", "–", f"0/{results.runs.get(strategy, 0)}")
+    figures = (min(values), percentile(values, 50), percentile(values, 99), max(values))
     return _row(strategy, len(values), *(f"{v:.0f}" for v in figures),
                 _rate(results.late_runs.get(strategy, 0), results.runs[strategy]))  # fmt: skip
 
@@ -410,15 +430,18 @@ def render(results: Results, figure: Callable[[str, bytes], str]) -> str:
         "",
         "## Rates per 1,000 slots",
         "",
-        "Violations counted by the checkers, over all scenarios, per 1,000 slots the checkers examined.",
+        "Violations counted by the checkers, over all scenarios, per 1,000 slots due while some instance was healthy",
+        "(the slots P2 examines). P1 and P3 count every run, also those of the first and last moments of a scenario,",
+        "so where nearly every run overlaps the next a rate can pass 1,000. The scenarios they come from follow.",
         "",
         *_head("strategy", "slots", "duplicates (P1)", "missed (P2)", "overlaps (P3)", "lost acknowledged claims (P5)"),
     ]
     for strategy in STRATEGIES:
         cells = [c for (_, s), c in results.cells.items() if s == strategy]
         slots = sum(c.slots for c in cells)
-        per = [1000 * sum(c.counts.get(k, 0) for c in cells) / max(slots, 1) for k in ("P1", "P2", "P3", "P5")]
+        per = [1000 * sum(c.counts.get(k, 0) for c in cells) / max(slots, 1) for k in RATE_CHECKERS]
         lines.append(_row(strategy, slots, *(f"{v:.1f}" for v in per)))
+    lines += ["", *_rates_by_scenario(results)]
     if results.bench:
         lines += _bench_sections(results.bench)
     lines += [
@@ -427,12 +450,15 @@ def render(results: Results, figure: Callable[[str, bytes], str]) -> str:
         "",
         "Lateness: a run's start (its earliest first attempt; a duplicate is P1's to judge) − its slot, true time.",
         "A run is judged late when it starts later than its job's jitter_ms + max_late_ms (catch_up_ms under lease,",
-        "if larger) + 1 s" + (" of scenario time (0.2 s live)." if results.mode == "live" else "."),
+        "if larger) + 1 s"
+        + (" of scenario time (0.2 s live)." if results.mode == "live" else ".")
+        + " Below 0, a run started before its slot: an instance whose clock runs ahead claimed it early.",
+        "Which scenarios the late runs are in: the Verdicts table (lateness) and the counterexamples.",
         "",
         *_head(
             "strategy",
             "runs",
-            *(f"{p} ({_ms(results)})" for p in ("p50", "p99", "max")),
+            *(f"{p} ({_ms(results)})" for p in ("min", "p50", "p99", "max")),
             "simulations with a late run",
         ),
         *[_lateness_row(results, strategy) for strategy in STRATEGIES],
@@ -451,7 +477,7 @@ def render(results: Results, figure: Callable[[str, bytes], str]) -> str:
     commit = results.commit
     for (name, strategy), cell in sorted(results.cells.items()):
         for checker, outcome in sorted(cell.first_violation.items()):
-            verdict = outcome.judgement.verdicts[checker]
+            verdict = outcome.judgement.verdict(checker)
             lines += [
                 f"### {strategy}: {checker} ({CHECKER_NAMES[checker]}) in {name}",
                 "",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import unittest.mock
 from dataclasses import replace
 from pathlib import Path
 
@@ -55,8 +56,10 @@ def test_a_checker_that_could_not_judge_is_shown_not_counted_as_held() -> None:
         results.add(simulate(dead, strategy, 1))
     [row] = [line for line in _render(results) if line.startswith("| **dead**")]
     lease, _, _, script = row.removesuffix(" |").split(" | ")[1:5]
-    assert lease == "the others hold (1 runs)<br>P2 not judged in 1/1"
-    assert script == "the others hold (1 runs)<br>P2 not judged in 1/1"  # P4, of leases, is not script's to judge
+    # With no run at all, lateness has nothing to judge either.
+    assert lease == "the others hold (1 runs)<br>P2 not judged in 1/1<br>lateness not judged in 1/1"
+    # P4, of leases, is not script's to judge
+    assert script == "the others hold (1 runs)<br>P2 not judged in 1/1<br>lateness not judged in 1/1"
 
 
 def test_a_live_report_counts_its_live_runs_and_the_strategy_runs_judged_in_them() -> None:
@@ -100,7 +103,7 @@ def test_a_live_report_gives_its_times_in_live_ms() -> None:
         results = report.Results(mode, 1, ["redis-7"] if mode == "live" else [], [zombie])
         results.add(simulate(zombie, "lease", 1), "redis-7" if mode == "live" else "")
         text = "\n".join(_render(results))
-        assert f"| strategy | runs | p50 ({unit}) | p99 ({unit}) | max ({unit}) |" in text
+        assert f"| strategy | runs | min ({unit}) | p50 ({unit}) | p99 ({unit}) | max ({unit}) |" in text
         assert re.search(rf"worked past their lease; min -?\d+ {unit}, p50 -?\d+ {unit}\.", text)
 
 
@@ -145,3 +148,27 @@ def test_a_report_rewriting_its_own_tracked_figures_names_its_commit_clean(
     assert (out / "lateness.png").read_bytes() != b"an older figure"
     [line] = [line for line in markdown.read_text().splitlines() if line.startswith("- anarchon")]
     assert re.search(r"commit [0-9a-f]{7,}$", line), line
+
+
+def test_late_runs_and_counted_violations_are_traced_to_their_scenarios() -> None:
+    """Lateness is judged like the checkers, in the verdicts and the counterexamples; the rates name the
+    scenarios their counts come from (lease's missed slots are long-job's skipped-overlap ones)."""
+    scenarios = [load("late-claim"), load("long-job")]
+    results = report.Results("virtual", 1, [], scenarios)
+    for scenario in scenarios:
+        results.add(simulate(scenario, "lease", 1))
+    lines = _render(results)
+    [late_claim] = [line for line in lines if line.startswith("| **late-claim**")]
+    assert "lateness 1/1" in late_claim
+    assert "### lease: lateness (runs start within their job's jitter_ms + max_late_ms) in late-claim" in lines
+    long_job_p2 = results.cells[("long-job", "lease")].counts["P2"]
+    assert long_job_p2 > 0
+    assert f"- lease: P2 in long-job {long_job_p2}" in lines
+
+
+def test_a_live_runs_timeline_names_its_server_not_a_seed() -> None:
+    outcome = replace(simulate(load("zombie"), "lease", 1), target="redis-7")
+    checker = next(name for name, v in outcome.judgement.verdicts.items() if v.status == "invalid")
+    with unittest.mock.patch.object(report.plt.Axes, "set_title") as title:
+        report.timeline_figure(outcome, checker)
+    assert title.call_args.args[0] == f"zombie / lease / on redis-7: {checker} violated"
