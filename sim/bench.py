@@ -4,12 +4,14 @@
 
 Claim latency: for each target, the same asyncio redis-py client (RESP2) takes turns, in one loop, between
 ``PING`` (the floor), a per-slot ``SET key token NX PX`` (the textbook lock) and a claim of each strategy; each
-lease claim is followed (untimed) by its finish, as in real use. Claims cycle over 100 jobs, so that each job's
-history holds what a job firing every few seconds would (the script strategy scans a job's recent claims). p50 /
+lease claim is followed (untimed) by its finish, as in real use. Claims cycle over 100 jobs. The script strategy
+scans a job's claims of the last ``window_ms``: each job's window holds 30 of them throughout (a job every 10 s
+with the default window of 300 s), each claim followed (untimed) by the deletion of the oldest. p50 /
 p99 in microseconds, and each strategy's p50 over SET NX PX's. Beside them, ``lua_spin``: a script that does
 nothing but spin a Lua loop for as long as the lease claim runs in the server (``INFO commandstats``), which shows
 how much of the lease claim's ratio any script of that server time would cost. Pipelined claims per second are
-measured on each target, and on a cluster of three primaries of the burst's target.
+measured on each target, and on a cluster of three primaries of the burst's target, batches of each operation
+taking turns, each rate beside the time per claim over pipelined SET NX PX's.
 
 Where the bench may (root), the claim latencies are measured a second time while it holds a request for a CPU
 wake-up latency of 0 µs (``/dev/cpu_dma_latency``): idle CPUs then poll instead of halting. On a virtual machine
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import concurrent.futures
 import contextlib
 import gc
@@ -42,15 +45,16 @@ import redis.asyncio.cluster
 
 from anarchon import RedisBackend, RunContext, RunRecord, Scheduler, ValkeyBackend
 from anarchon._adapters import RedisPyAsync, adapt
-from anarchon._store import Store, as_text
+from anarchon._store import Store, as_list, as_text
 from anarchon._strategies import Claim, JobPolicy, Outcome, RunRequest
 from sim.checkers import percentile
 from sim.live import supported
 from sim.servers import RunningServer, available_targets, start_server
 
 STRATEGIES = ("lease", "stream-id", "idmp", "script")
-WARM_UP = 50
 JOBS = 100
+WARM_UP = JOBS  # every job's first claim (lease: it also fixes the job's catch-up moment) is left out
+SCRIPT_WINDOW_CLAIMS = 30  # claims in a script job's window while it is measured: one every 10 s for 300 s
 # SPIN: spin a Lua loop ARGV[1] times and nothing else. KEYS: none. Returns 1.
 SPIN = "local x = 0 for i = 1, tonumber(ARGV[1]) do x = x + i end return 1"
 Cleanup = Callable[[], Awaitable[None]] | None
@@ -83,6 +87,8 @@ class ClaimBench:
                 backend = make_backend(self.server, client, strategy, f"bench-{strategy}:")
                 await backend.start([f"job{j}" for j in range(JOBS)])
                 backends[strategy] = backend
+        if "script" in backends:
+            await _fill_script_windows(store, backends["script"])
         policy = JobPolicy(lease_ms=30_000, history_size=1000)
         ops: dict[str, Callable[[int], Awaitable[Cleanup]]] = {
             "ping": lambda i: self._ping(store),
@@ -162,6 +168,8 @@ class ClaimBench:
             [won] = await backend.strategy.claim(backend.store, [(request, policy)])
             if not isinstance(won, Claim) or won.outcome is not Outcome.WON:
                 raise RuntimeError(f"claim {i} on {self.server.target}: {won}")
+            if backend.strategy.name == "script":
+                return lambda: _delete_oldest(backend.store, backend.keys.claim(request.job).runs)
             if not backend.leases:
                 return None
 
@@ -176,6 +184,21 @@ class ClaimBench:
             return finish
 
         return claim
+
+
+async def _fill_script_windows(store: Store, backend: RedisBackend[Any]) -> None:
+    """Give each script job's window its SCRIPT_WINDOW_CLAIMS claims (of earlier slots), which every claim scans."""
+    for j in range(JOBS):
+        runs = backend.keys.claim(f"job{j}").runs
+        slots = range(1_600_000_000_000, 1_600_000_000_000 + SCRIPT_WINDOW_CLAIMS * 10_000, 10_000)
+        await store.execute_many(
+            [("XADD", runs, "*", "slot", slot, "token", "earlier", "runner", "bench") for slot in slots]
+        )
+
+
+async def _delete_oldest(store: Store, stream: str) -> None:
+    [oldest] = as_list(await store.execute("XRANGE", stream, "-", "+", "COUNT", 1))
+    await store.execute("XDEL", stream, as_text(as_list(oldest, 2)[0]))
 
 
 async def _evalsha_stats(store: Store) -> tuple[float, int]:
@@ -229,12 +252,12 @@ def burst(target: str, jobs: int, instances: int = 3) -> dict[str, Any]:
     started exactly once, and how late (start - slot, on the machine's clock)?"""
     with start_server(target) as server:
         due_in = 3 + jobs // 2000  # registering the jobs takes a moment in each process
-        second = (int(time.time()) + due_in) % 60
+        slot_ms = (int(time.time()) + due_in) * 1000
         context = multiprocessing.get_context("spawn")
         results = context.Queue()
         processes = [
             context.Process(
-                target=_burst_instance, args=(server.url(), server.is_valkey, f"i{i}", jobs, second, results)
+                target=_burst_instance, args=(server.url(), server.is_valkey, f"i{i}", jobs, slot_ms, results)
             )
             for i in range(instances)
         ]
@@ -245,22 +268,22 @@ def burst(target: str, jobs: int, instances: int = 3) -> dict[str, Any]:
             runs.extend(results.get(timeout=due_in + 120))
         for process in processes:
             process.join(timeout=30)
-    counts: dict[tuple[str, int], int] = {}
-    for job, slot, _ in runs:
-        counts[(job, slot)] = counts.get((job, slot), 0) + 1
-    lateness = [late for _, _, late in runs]
+    counts = collections.Counter(job for job, slot, _ in runs if slot == slot_ms)
+    lateness = [late for _, slot, late in runs if slot == slot_ms]
     return {
         "target": target,
         "jobs": jobs,
         "instances": instances,
         "started": len(counts),
         "duplicates": sum(n - 1 for n in counts.values()),
+        "missed": jobs - len(counts),
+        "other_slots": sum(1 for _, slot, _ in runs if slot != slot_ms),  # a process that began after the slot
         "lateness_p50_ms": round(percentile(lateness, 50), 1) if lateness else None,
         "lateness_p99_ms": round(percentile(lateness, 99), 1) if lateness else None,
     }
 
 
-def _burst_instance(url: str, valkey: bool, name: str, jobs: int, second: int, results: Any) -> None:
+def _burst_instance(url: str, valkey: bool, name: str, jobs: int, slot_ms: int, results: Any) -> None:
     """One scheduler process of the burst: registers the jobs, runs until they are due and done, reports."""
     runs: list[tuple[str, int, float]] = []
 
@@ -271,11 +294,9 @@ def _burst_instance(url: str, valkey: bool, name: str, jobs: int, second: int, r
         backend = ValkeyBackend(valkey=url) if valkey else RedisBackend(redis=url)
         scheduler = Scheduler(backend, instance_id=name)
         for j in range(jobs):
-            scheduler.add_job(f"job{j}", f"{second} * * * * *", work)
+            scheduler.add_job(f"job{j}", f"{slot_ms // 1000 % 60} * * * * *", work)
         async with scheduler:
-            slot_s = (int(time.time()) // 60 * 60) + second
-            slot_s += 60 if slot_s < time.time() - 1 else 0
-            await asyncio.sleep(max(0.0, slot_s - time.time()) + 5)
+            await asyncio.sleep(max(0.0, slot_ms / 1000 - time.time()) + 5)
 
     asyncio.run(serve())
     results.put(runs)
@@ -403,7 +424,7 @@ async def commands_per_claim(targets: Sequence[str], claims: int = 100) -> dict[
 
 async def pipelined_claims(
     targets: Sequence[str], claims: int, batch: int = 1000, *, cluster: bool = False
-) -> dict[str, dict[str, int]]:
+) -> dict[str, dict[str, dict[str, float]]]:
     """Claims per second when many are due together: batches of ``batch`` claims of distinct jobs, each batch one
     pipeline (as the scheduler sends a burst), beside pipelined ``SET NX PX`` with the same client. With
     ``cluster``, on a cluster of three primaries through redis-py's asyncio cluster client (a pipeline per
@@ -415,7 +436,7 @@ async def pipelined_claims(
     return results
 
 
-async def _pipelined_on(server: RunningServer, claims: int, batch: int) -> dict[str, int]:
+async def _pipelined_on(server: RunningServer, claims: int, batch: int) -> dict[str, dict[str, float]]:
     client: Any = (
         redis.asyncio.cluster.RedisCluster(host=server.host, port=server.port, protocol=2)
         if server.cluster
@@ -426,16 +447,22 @@ async def _pipelined_on(server: RunningServer, claims: int, batch: int) -> dict[
     async def locks(first: int) -> None:
         await store.execute_many([("SET", f"lock:{first + j}", "t", "NX", "PX", 30_000) for j in range(batch)])
 
-    rates = {"set_nx_px": await _per_second(locks, claims, batch)}
+    sends: dict[str, Callable[[int], Awaitable[None]]] = {"set_nx_px": locks}
     jobs = [f"job{j}" for j in range(batch)]
+    backends = []
     for strategy in STRATEGIES:
         if supported(strategy, server):
             backend = make_backend(server, client, strategy, f"pipe-{strategy}:")
             await backend.start(jobs)
-            rates[strategy] = await _per_second(_claim_batch(backend, jobs), claims, batch)
-            await backend.stop()
+            backends.append(backend)
+            sends[strategy] = _claim_batch(backend, jobs)
+    rates = await _per_second(sends, claims, batch)
+    for backend in backends:
+        await backend.stop()
     await client.aclose()
-    return {name: round(rate) for name, rate in rates.items()}
+    # The ratio is the time per claim over pipelined SET NX PX's, as the sequential ratios are.
+    return {name: {"per_s": round(rate), "ratio_to_set_nx_px": round(rates["set_nx_px"] / rate, 2)}
+            for name, rate in rates.items()}  # fmt: skip
 
 
 def _claim_batch(backend: RedisBackend[Any], jobs: list[str]) -> Callable[[int], Awaitable[None]]:
@@ -452,12 +479,17 @@ def _claim_batch(backend: RedisBackend[Any], jobs: list[str]) -> Callable[[int],
     return claim
 
 
-async def _per_second(send: Callable[[int], Awaitable[None]], total: int, batch: int) -> float:
-    await send(-batch)  # warm-up: connections, script caches
-    began = time.perf_counter()
+async def _per_second(sends: dict[str, Callable[[int], Awaitable[None]]], total: int, batch: int) -> dict[str, float]:
+    """Operations per second of each way of sending ``total`` in batches, the batches of each taking turns."""
+    for send in sends.values():
+        await send(-batch)  # warm-up: connections, script caches
+    spent = dict.fromkeys(sends, 0.0)
     for first in range(0, total, batch):
-        await send(first)
-    return total / (time.perf_counter() - began)
+        for name, send in sends.items():
+            began = time.perf_counter()
+            await send(first)
+            spent[name] += time.perf_counter() - began
+    return {name: total / seconds for name, seconds in spent.items()}
 
 
 def explorer_speed(quick: bool) -> dict[str, Any]:
@@ -565,47 +597,59 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--targets", default=None, help="comma list (default: every provisioned target)")
     parser.add_argument("--json", dest="json_path", default=None, help="also write the figures as JSON here")
     args = parser.parse_args(argv)
-    targets = args.targets.split(",") if args.targets else list(available_targets())
+    provisioned = available_targets()
+    targets = args.targets.split(",") if args.targets else list(provisioned)
+    # Checked before anything runs: a target found missing after an hour of figures would lose them.
+    if not targets:
+        parser.error("no server is provisioned here: run `python -m sim.servers provision` first")
+    if missing := [t for t in targets if t not in provisioned]:
+        parser.error(f"--targets: {', '.join(missing)} not available here (available: {', '.join(provisioned)})")
     iterations = 300 if args.quick else 3000
     burst_jobs = 1000 if args.quick else 10_000
 
     began = time.monotonic()
+    out: dict[str, Any] = {}
+
+    def keep(section: str, figures: Any, label: str | None = None) -> None:
+        """Record a section's figures (written out at once: a later failure keeps them) and print them."""
+        out[section] = figures
+        out["seconds"] = round(time.monotonic() - began, 1)
+        if args.json_path:
+            with open(args.json_path, "w") as handle:
+                json.dump(out, handle, indent=2)
+        if label:
+            print(f"{label}: {json.dumps(figures)}")
+
     claims = asyncio.run(claim_latency(targets, iterations))
     # Every entry of a target is an operation's figures; the servers' versions go beside them.
-    out: dict[str, Any] = {"versions": {target: ops.pop("version") for target, ops in claims.items()}}
-    out["targets"] = claims
-    print_claims(out["targets"])
+    out["versions"] = {target: ops.pop("version") for target, ops in claims.items()}
+    keep("targets", claims)
+    print_claims(claims)
     with idle_cpus_poll() as polling:
         if polling:
             polled = asyncio.run(claim_latency(targets, iterations))
             for ops in polled.values():
                 ops.pop("version")
-            out["targets_idle_polling"] = polled
+            keep("targets_idle_polling", polled)
             print("the same, while idle CPUs poll instead of halting (/dev/cpu_dma_latency held at 0 µs):")
             print_claims(polled)
         else:
             print("(no second table: holding /dev/cpu_dma_latency needs root)")
-    out["pipelined"] = asyncio.run(pipelined_claims(targets, 5_000 if args.quick else 50_000))
-    print(f"pipelined claims per second: {json.dumps(out['pipelined'])}")
+    pipelined = 5_000 if args.quick else 50_000
+    keep("pipelined", asyncio.run(pipelined_claims(targets, pipelined)), "pipelined claims per second")
     burst_target = "redis-7" if "redis-7" in targets else targets[0]
-    out["pipelined_cluster"] = asyncio.run(
-        pipelined_claims([burst_target], 5_000 if args.quick else 50_000, cluster=True)
-    )
-    print(f"pipelined claims per second, cluster of three primaries: {json.dumps(out['pipelined_cluster'])}")
-    out["burst"] = burst(burst_target, burst_jobs)
-    print(f"burst: {json.dumps(out['burst'])}")
-    out["memory"] = {"scheduler": scheduler_memory(), "store": asyncio.run(store_memory(burst_target))}
+    keep("pipelined_cluster", asyncio.run(pipelined_claims([burst_target], pipelined, cluster=True)),
+         "pipelined claims per second, cluster of three primaries")  # fmt: skip
+    keep("burst", burst(burst_target, burst_jobs), "burst")
+    memory = {"scheduler": scheduler_memory(), "store": asyncio.run(store_memory(burst_target))}
     if "redis-8.6" in targets and burst_target != "redis-8.6":  # idmp needs Redis 8.6
-        out["memory"]["store_idmp"] = asyncio.run(store_memory("redis-8.6", strategies=("idmp",)))
-    print(f"memory: {json.dumps(out['memory'])}")
-    out["sim"] = simulator_speed(300.0 if args.quick else 3600.0)
-    print(f"simulator: {json.dumps(out['sim'])}")
-    out["explorer"] = explorer_speed(args.quick)
-    print(f"explorer: {json.dumps(out['explorer'])}")
-    out["seconds"] = round(time.monotonic() - began, 1)
-    if args.json_path:
-        with open(args.json_path, "w") as handle:
-            json.dump(out, handle, indent=2)
+        memory["store_idmp"] = asyncio.run(store_memory("redis-8.6", strategies=("idmp",)))
+    keep("memory", memory, "memory")
+    keep("sim", simulator_speed(300.0 if args.quick else 3600.0), "simulator")
+    keep("explorer", explorer_speed(args.quick), "explorer")
+    if out["burst"]["duplicates"] or out["burst"]["missed"]:
+        print(f"the burst ran {out['burst']['duplicates']} runs twice and missed {out['burst']['missed']}")
+        return 1
     return 0
 
 
