@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -99,10 +101,28 @@ def report(args: argparse.Namespace) -> int:
 
 
 def search(args: argparse.Namespace) -> int:
-    from sim import search as property_search  # Hypothesis is a testbed dependency, loaded when used
+    # Hypothesis keeps a cache of its own (even with no example database): in a directory that goes with the search,
+    # not in the working directory.
+    with tempfile.TemporaryDirectory(prefix="anarchon-search-") as scratch:
+        os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY", scratch)
+        from sim import search as property_search  # Hypothesis is a testbed dependency, loaded when used
 
-    property_search.run(args.strategy, args.budget, args.out)
-    return 0
+        findings = property_search.run(args.strategy, args.budget, args.out, seed=args.seed, examples=args.examples)
+    return 1 if findings else 0
+
+
+def _positive_seconds(text: str) -> float:
+    value = float(text)
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"a finite number of seconds above 0, not {text}")
+    return value
+
+
+def _positive_count(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"1 or more, not {text}")
+    return value
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -122,9 +142,14 @@ def main(argv: list[str] | None = None) -> int:
     compare.add_argument("--mode", choices=("virtual", "live"), default="virtual")
     compare.add_argument("--servers", default="", help="live mode: comma list (default: every provisioned one)")
     compare.set_defaults(handler=report)
-    hunt = commands.add_parser("search", help="generate fault schedules, find and shrink violations")
+    hunt = commands.add_parser(
+        "search", help="generate fault schedules, find and shrink violations (exit status 1 when one is found)"
+    )
     hunt.add_argument("--strategy", choices=STRATEGIES, default="lease")
-    hunt.add_argument("--budget", type=float, default=60.0, help="seconds to spend, roughly")
+    hunt.add_argument("--budget", type=_positive_seconds, default=60.0, help="seconds to spend, roughly")
+    hunt.add_argument("--seed", type=int, default=None, help="repeat the search that printed this seed")
+    hunt.add_argument("--examples", type=_positive_count, default=None,
+                      help="schedules per checker (default: as many as the budget allows)")  # fmt: skip
     hunt.add_argument("--out", type=Path, default=Path("reports/latest/search"))
     hunt.set_defaults(handler=search)
     args = parser.parse_args(argv)

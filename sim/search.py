@@ -2,13 +2,18 @@
 smallest schedule (no subset of it fails), printed as a timeline with the scenario file and command that replay
 it. The budget covers the shrinking; a schedule the budget left unshrunk is reported as such.
 
-    python -m sim search --strategy lease --budget 60 [--out reports/latest/search]
+    python -m sim search --strategy lease --budget 60 [--seed N] [--examples N] [--out reports/latest/search]
+
+The search draws at random: ``--seed`` repeats a search, and with ``--examples`` (per checker) also on a
+machine of another speed, as long as the budget lets every example run. Exit status 1 when a violation was found.
 """
 
 from __future__ import annotations
 
 import contextlib
 import itertools
+import math
+import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -16,6 +21,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 from hypothesis.errors import Flaky
 
@@ -126,15 +132,17 @@ def search_checker(
     examples: int,
     *,
     derandomize: bool = False,
+    seed: int | None = None,
     budget: Budget | None = None,
     broken: list[Breakage] | None = None,
     kinds: Sequence[str] = tuple(FAULT_KINDS),
 ) -> Finding | None:
     """Look for a schedule under which ``checker`` rejects a run, shrunk to a smallest one (see :func:`shrink`).
-    ``derandomize`` makes the search itself repeatable (for tests). Once ``budget`` stops searching nothing more
-    is simulated: the generation ends, Hypothesis's shrinking stops at the smallest failure found so far, and
-    the final shrink has what is left. A simulation that raises is added to ``broken`` and counts as passing;
-    without ``broken`` it propagates. ``kinds``: the fault kinds drawn (every kind by default)."""
+    ``derandomize`` makes the search itself repeatable (for tests), as ``seed`` does with a draw of its own.
+    Once ``budget`` stops searching nothing more is simulated: the generation ends, Hypothesis's shrinking stops
+    at the smallest failure found so far, and the final shrink has what is left. A simulation that raises is
+    added to ``broken`` and counts as passing; without ``broken`` it propagates. ``kinds``: the fault kinds drawn
+    (every kind by default)."""
     budget = budget or Budget()
     found: list[Finding] = []
 
@@ -151,6 +159,8 @@ def search_checker(
             found.append(Finding(checker, faults, seed, outcome))
             raise AssertionError(outcome.judgement.verdicts[checker].witness)
 
+    if seed is not None:
+        holds = hypothesis_seed(seed)(holds)
     # Flaky: the budget ran out while Hypothesis shrank, and its last replay passed.
     with contextlib.suppress(AssertionError, Flaky):
         holds()
@@ -284,9 +294,22 @@ def schedule_toml(faults: list[dict[str, Any]], name: str, what: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run(strategy: str, budget_s: float, out: Path, report: Callable[[str], None] = print) -> list[Finding]:
+def run(
+    strategy: str,
+    budget_s: float,
+    out: Path,
+    report: Callable[[str], None] = print,
+    *,
+    seed: int | None = None,
+    examples: int | None = None,
+) -> list[Finding]:
     """Spend at most about ``budget_s`` seconds looking for violations of each checker, shrinking included; write
-    each one found. A simulation in progress when the time is up ends first: the overrun is about one run."""
+    each one found, in place of what an earlier search of the strategy wrote to ``out``. A simulation in progress
+    when the time is up ends first: the overrun is about one run. ``seed``: the search's draw (random if None,
+    and printed); ``examples``: schedules per checker (by default, as many as the budget's share would run)."""
+    if not (budget_s > 0 and math.isfinite(budget_s)):
+        raise ValueError(f"the budget must be a finite number of seconds above 0, got {budget_s}")
+    seed = random.randrange(2**32) if seed is None else seed
     checkers = ["P1", "P2", "P3", "P4", "P5", "P6"] if strategy == "lease" else ["P1", "P2", "P3", "P5", "P6"]
     began = time.perf_counter()
     simulate(schedule_scenario([], strategy), strategy, 1)  # warm up, then measure one run
@@ -296,14 +319,17 @@ def run(strategy: str, budget_s: float, out: Path, report: Callable[[str], None]
     findings = []
     broken: list[Breakage] = []
     out.mkdir(parents=True, exist_ok=True)
+    for stale in out.glob(f"{strategy}-*.toml"):  # an earlier search's: what remains is this one's
+        stale.unlink()
     for i, checker in enumerate(checkers):
         now = time.perf_counter()
         share = (budget_s - (now - began)) / (len(checkers) - i)
         budget = Budget(now + share, run_s=per_run, shrink_cap_s=share / 2)
-        examples = max(5, int(share / per_run))
-        finding = search_checker(strategy, checker, examples, budget=budget, broken=broken)
+        count = examples or max(5, int(share / per_run))
+        finding = search_checker(strategy, checker, count, seed=seed, budget=budget, broken=broken)
         if finding is None:
-            report(f"{checker}: no violation in {budget.simulations} generated schedules")
+            left = "" if budget.simulations >= count else f" (of {count}: the budget ran out)"
+            report(f"{checker}: no violation in {budget.simulations} generated schedules{left}")
             continue
         findings.append(finding)
         path = out / f"{strategy}-{finding.checker}.toml"
@@ -319,5 +345,5 @@ def run(strategy: str, budget_s: float, out: Path, report: Callable[[str], None]
         report(f"  replay: python -m sim run {path} --strategy {strategy} --seed {breakage.seed}")
     if len(broken) > 3:
         report(f"  ... and under {len(broken) - 3} more schedules")
-    report(f"searched for {time.perf_counter() - began:.1f} s (budget {budget_s:g} s)")
+    report(f"searched for {time.perf_counter() - began:.1f} s (budget {budget_s:g} s); the same draw: --seed {seed}")
     return findings

@@ -16,6 +16,7 @@ import pytest
 from hypothesis import given, settings
 
 from sim import search
+from sim.__main__ import main as sim_main
 from sim.run import simulate
 from sim.scenario import FAULT_KINDS, load
 
@@ -28,6 +29,7 @@ SEARCH_P4 = """
 import itertools, json, sys
 from dataclasses import replace
 from sim import search
+from sim.__main__ import main as sim_main
 from sim.run import simulate
 from sim.scenario import load
 
@@ -247,3 +249,46 @@ def test_the_search_draws_instances_that_stay_down_as_well_as_restarted_ones(kin
 
     draw()
     assert set(restarts) == {True, False}
+
+
+def test_a_seeded_search_draws_the_same_schedules_again() -> None:
+    def drawn(seed: int) -> list[Any]:
+        schedules: list[Any] = []
+        budget = search.Budget()
+        budget.simulate = lambda faults, strategy, seed: schedules.append((faults, seed))  # type: ignore[method-assign]
+        search.search_checker("lease", "P3", examples=20, seed=seed, budget=budget, broken=[])
+        return schedules
+
+    first = drawn(7)
+    assert len(first) == 20
+    assert drawn(7) == first
+    assert drawn(8) != first
+
+
+@pytest.mark.parametrize("budget", ["0", "-5", "inf", "nan"])
+def test_the_search_refuses_a_budget_that_is_not_a_positive_number_of_seconds(
+    budget: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        sim_main(["search", f"--budget={budget}"])
+    assert exited.value.code == 2
+    assert f"argument --budget: a finite number of seconds above 0, not {budget}" in capsys.readouterr().err
+
+
+def test_a_search_replaces_what_the_last_one_wrote_and_its_status_says_whether_it_found_something(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "script-P1.toml").write_text("an earlier search's finding")
+    (tmp_path / "lease-P4.toml").write_text("another strategy's")
+    monkeypatch.setattr(search, "simulate", lambda *args: None)  # the probe runs
+    monkeypatch.setattr(search, "search_checker", lambda *args, **kwargs: None)
+    lines: list[str] = []
+    assert search.run("script", 1.0, tmp_path, report=lines.append, seed=3) == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["lease-P4.toml"]
+    assert lines[-1].endswith("the same draw: --seed 3")
+    monkeypatch.setenv("PYTHONHASHSEED", "0")  # as python -m sim has it, which would run itself again otherwise
+    monkeypatch.setenv("HYPOTHESIS_STORAGE_DIRECTORY", str(tmp_path / "hypothesis"))  # kept: the test's own
+    arguments = ["search", "--strategy", "script", "--budget", "1", "--out", str(tmp_path)]
+    assert sim_main(arguments) == 0
+    monkeypatch.setattr(search, "run", lambda *args, **kwargs: ["a finding"])
+    assert sim_main(arguments) == 1
