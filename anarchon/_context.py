@@ -7,6 +7,21 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 
+class LeaseLostEvent(asyncio.Event):
+    """The event behind :attr:`RunContext.lease_is_lost`. It remembers whether the job saw it set: a sync job
+    that returns just after its interruption gave up if it had looked, and otherwise ran to its end."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen_set = False
+
+    def is_set(self) -> bool:
+        if super().is_set():
+            self.seen_set = True
+            return True
+        return False
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunContext:
     """One attempt of one run, as seen by the job function.
@@ -26,7 +41,7 @@ class RunContext:
     token: str
     fence: int
     manual: bool
-    lease_lost: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
+    lease_lost: LeaseLostEvent = field(default_factory=LeaseLostEvent, repr=False)
 
     @property
     def scheduled_at(self) -> datetime:

@@ -65,6 +65,9 @@ LEASE_MARGIN = 0.05  # share of the lease a winner gives up, so that it stops be
 # After stop()'s timeout, how long the runs it cut short (and claims in flight) may still wait for the store to
 # take their hand-back or result: a store that does not answer then is given up on, as after a crash.
 STOP_GRACE_S = 1.0
+# How long a sync job cut short is waited for: one that checks run.lease_is_lost between steps returns a step
+# later. Within STOP_GRACE_S, so that its hand-back or result still reaches the store.
+THREAD_GIVE_UP_S = 0.5
 # Why a lease claim answered that the store has forgotten the run (Claim.forgotten) does not run it.
 FORGOTTEN = (
     "the store's history no longer reaches back to this run (it ended more than keep_ms ago, or this clock is far "
@@ -110,11 +113,14 @@ class _Running:
         return self.thread is not None and not self.thread.done()
 
     def thread_ended(self) -> tuple[Status, str | None] | None:
-        """How a sync job's function ended, if it had ended when the interruption came, before the task awaiting
-        it heard (None otherwise): the run was done, and its result stands. Recorded as interrupted, it would be
-        handed back and run twice. One that returned after may have given up on seeing ``run.lease_is_lost``."""
+        """How a sync job's function ended, if it ran to its end: before the interruption came, or after it
+        without having seen ``run.lease_is_lost`` (None otherwise: it has not ended, or it gave up on seeing
+        it). The run was done, and its result stands. Recorded as interrupted, it would be handed back and run
+        twice."""
         thread = self.thread
-        if not self.ended_before_interrupt or thread is None:
+        if thread is None or not thread.done() or thread.cancelled():
+            return None
+        if not self.ended_before_interrupt and self.context.lease_lost.seen_set:
             return None
         if (error := thread.exception()) is not None:
             return "error", f"{type(error).__name__}: {error}"
@@ -1005,13 +1011,16 @@ class Scheduler(Generic[M]):
                 log.error("job %s slot %d attempt %d failed: CancelledError", job.name, request.slot, claim.attempt)
             elif running.reason is None or task is None:
                 raise  # this task was cancelled from outside: not an interruption the scheduler asked for
-            elif (ended := running.thread_ended()) is not None:
-                status, message = ended
-                if status == "error":
-                    log.error("job %s slot %d attempt %d failed: %s", job.name, request.slot, claim.attempt, message,
-                              extra=extra)  # fmt: skip
             else:
+                if running.thread_runs_on and running.thread is not None:
+                    # A thread cannot be cancelled; a job that checks run.lease_is_lost returns a step later.
+                    await asyncio.wait([asyncio.wrap_future(running.thread)], timeout=THREAD_GIVE_UP_S)
                 status, message = "interrupted", running.reason
+                if (ended := running.thread_ended()) is not None:
+                    status, message = ended
+                    if status == "error":
+                        log.error("job %s slot %d attempt %d failed: %s", job.name, request.slot, claim.attempt,
+                                  message, extra=extra)  # fmt: skip
         except Exception as error:
             if running.reason is not None:  # what an async job raised when it caught its interruption: still cut short
                 status, message = "interrupted", running.reason
