@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import concurrent.futures.thread  # registers its exit hook before any SchedulerThread does
 import contextlib
 import contextvars
 import dataclasses
@@ -1248,24 +1249,48 @@ class Scheduler(Generic[M]):
 
 
 class SchedulerThread:
-    """A scheduler running on its own event loop in a daemon thread, driven from sync code."""
+    """A scheduler running on its own event loop in a daemon thread, driven from sync code. Stopped at the
+    interpreter's exit if the app did not stop it (before Python shuts down the threads sync jobs run on)."""
 
     def __init__(self, scheduler: Scheduler[Any]) -> None:
         self.scheduler = scheduler
         self._loop = asyncio.new_event_loop()
+        self._lock = threading.Lock()  # orders calls and stop(): none reaches a loop that is ending
+        self._stopping = False
+        self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._loop.run_forever, name="anarchon", daemon=True)
         self._thread.start()
         try:
             self._call(scheduler.start())
         except BaseException:
+            self._stopping = True
             self._end_loop()
             raise
+        # Run when the app's threads have ended, before concurrent.futures shuts its pools down (these run last
+        # registered, first; an atexit function would run after): a run won then could not start on a job thread.
+        # The hook concurrent.futures itself uses; the stdlib has no public one that runs before it.
+        threading._register_atexit(self.stop)  # type: ignore[attr-defined]
 
     def _call(self, coroutine: Coroutine[Any, Any, S]) -> S:
-        if self._loop.is_closed():
-            coroutine.close()
-            raise SchedulerStateError("the scheduler's thread is stopped: start a new one with run_in_thread()")
-        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
+        self._check_caller(coroutine)
+        with self._lock:
+            if self._stopping:
+                coroutine.close()
+                raise SchedulerStateError("the scheduler's thread is stopped: start a new one with run_in_thread()")
+            future = asyncio.run_coroutine_threadsafe(coroutine, self._loop)
+        try:
+            return future.result()
+        except concurrent.futures.CancelledError:  # the thread stopped while the call waited
+            raise SchedulerStateError("the scheduler's thread stopped before the call ended") from None
+
+    def _check_caller(self, coroutine: Coroutine[Any, Any, object] | None = None) -> None:
+        """A job or hook on the scheduler's own loop would wait here for that loop, which it holds: for ever."""
+        if threading.current_thread() is self._thread:
+            if coroutine is not None:
+                coroutine.close()
+            raise SchedulerStateError(
+                "called from the scheduler's own thread (a job or hook): await the scheduler's method instead"
+            )
 
     def run_now(self, name: str) -> RunRecord:
         return self._call(self.scheduler.run_now(name))
@@ -1274,19 +1299,43 @@ class SchedulerThread:
         return self._call(self.scheduler.history(name, limit))
 
     def stop(self, timeout: float = 30.0) -> None:
-        """Stop the scheduler (see :meth:`Scheduler.stop`) and end its thread. Calling it again does nothing."""
-        if self._loop.is_closed():
+        """Stop the scheduler (see :meth:`Scheduler.stop`) and end its thread. Calling it again, from any thread,
+        returns once it has stopped."""
+        self._check_caller()
+        with self._lock:
+            first, self._stopping = not self._stopping, True
+            if first:
+                try:
+                    timeout = _check_timeout(timeout)  # refused here, the scheduler and its thread run on
+                except BaseException:
+                    self._stopping = False
+                    raise
+        if not first:
+            self._stopped.wait()
             return
-        timeout = _check_timeout(timeout)  # refused here, the scheduler and its thread run on
         try:
-            self._call(self.scheduler.stop(timeout))
+            asyncio.run_coroutine_threadsafe(self.scheduler.stop(timeout), self._loop).result()
         finally:
             self._end_loop()
 
     def _end_loop(self) -> None:
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join()
-        self._loop.close()
+        """Cancel what still runs on the loop (calls that were waiting on it end with the scheduler's error), then
+        end the loop and its thread."""
+        try:
+            asyncio.run_coroutine_threadsafe(_cancel_the_rest(), self._loop).result()
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join()
+            self._loop.close()
+            self._stopped.set()
+
+
+async def _cancel_the_rest() -> None:
+    tasks = asyncio.all_tasks() - {asyncio.current_task()}
+    for task in tasks:
+        task.cancel()
+    if tasks:  # a job that ignores cancellation is left: stop() said so when it gave up on it
+        await asyncio.wait(tasks, timeout=STOP_GRACE_S)
 
 
 async def _end_by(*tasks: asyncio.Task[Any], at: float) -> tuple[int, set[asyncio.Task[Any]]]:

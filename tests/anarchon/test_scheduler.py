@@ -2806,3 +2806,90 @@ def test_run_blocks_until_sigterm_then_stops_cleanly() -> None:
         process.kill()
     assert process.returncode == 0
     assert "stopped cleanly" in out
+
+
+def test_the_scheduler_thread_refuses_a_call_from_its_own_loop_instead_of_hanging(fake_target: StoreTarget) -> None:
+    """A hook or job on the scheduler's loop that calls the thread's methods would wait for that loop, which it
+    holds, for ever (and, a job, keep its lease the while): refused with the scheduler's error."""
+    raised: list[BaseException] = []
+    holder: list[SchedulerThread] = []
+
+    async def on_end(run: RunContext, record: RunRecord) -> None:
+        for call in (lambda: holder[0].history("job"), lambda: holder[0].run_now("job"), holder[0].stop):
+            try:
+                call()
+            except SchedulerStateError as error:
+                raised.append(error)
+
+    scheduler = Scheduler(fake_target.backend("lease"), on_run_end=on_end)
+    scheduler.add_job("job", "0 0 1 1 *", lambda: None)
+    holder.append(scheduler.run_in_thread())
+    try:
+        record = holder[0].run_now("job")
+    finally:
+        holder[0].stop()
+    assert record.status == "ok"
+    assert [str(error).split(":")[0] for error in raised] == [
+        "called from the scheduler's own thread (a job or hook)"
+    ] * 3
+
+
+def test_calls_racing_the_scheduler_threads_stop_return_or_are_refused(fake_target: StoreTarget) -> None:
+    """Calls from other threads while one thread stops the scheduler, and a second stop() beside it: each call
+    returns or raises the scheduler's error, none waits for ever on a loop that has ended, and both stops
+    return."""
+    for _ in range(5):
+        scheduler = Scheduler(fake_target.backend("lease"))
+        scheduler.add_job("job", "0 0 1 1 *", lambda: None)
+        thread = scheduler.run_in_thread()
+        outcomes: list[str] = []
+
+        def call_until_refused(thread: SchedulerThread, outcomes: list[str]) -> None:
+            while True:
+                try:
+                    thread.history("job")
+                except SchedulerStateError:
+                    outcomes.append("refused")
+                    return
+
+        callers = [threading.Thread(target=call_until_refused, args=(thread, outcomes)) for _ in range(2)]
+        for caller in callers:
+            caller.start()
+        time.sleep(0.05)
+        stoppers = [threading.Thread(target=thread.stop, args=(0.1,)) for _ in range(2)]
+        for stopper in stoppers:
+            stopper.start()
+        for joined in (*stoppers, *callers):
+            joined.join(10)
+            assert not joined.is_alive()
+        assert outcomes == ["refused", "refused"]
+
+
+EXIT_WITHOUT_STOP = """
+import time
+import fakeredis
+from anarchon import RedisBackend, Scheduler
+
+def ended(run, record):
+    print("ended", record.attempt, record.status, record.message, flush=True)
+
+scheduler = Scheduler(RedisBackend(redis=fakeredis.FakeAsyncRedis()), on_run_end=ended)
+scheduler.add_job("tick", "* * * * * *", lambda: time.sleep(0.05))
+scheduler.add_job("slow", "* * * * * *", lambda: time.sleep(2))  # one still runs as the app ends
+scheduler.run_in_thread()
+time.sleep(2.5)  # then the app ends without stop()
+"""
+
+
+def test_an_app_that_ends_without_stopping_its_scheduler_thread_stops_it() -> None:
+    """Stopped at the interpreter's exit before the job threads' pool is shut down: no run is won and then
+    recorded as an error for want of a thread to run it on (every slot after the exit used to be)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", EXIT_WITHOUT_STOP], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    ended = done.stdout.splitlines()
+    assert ended
+    assert all(line == "ended 1 ok None" for line in ended), ended
+    assert "cannot schedule new futures" not in done.stderr
