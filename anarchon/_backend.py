@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import math
 import re
+import sys
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, Generic, Protocol, TypedDict, TypeVar, overload
 from urllib.parse import unquote, urlsplit, urlunsplit
@@ -23,6 +24,7 @@ from ._config import (
     StrategyConfig,
     ValkeyClaimOnlyStrategy,
     parse_strategy,
+    shown,
 )
 from ._errors import (
     ConfigError,
@@ -320,8 +322,8 @@ def _value_problem(key: str, value: object) -> str | None:
     elif key == "db":
         ok = value >= 0
     else:
-        ok = math.isfinite(value) and value > 0
-    return None if ok else f"{value!r} is out of range"
+        ok = value > 0 and (value <= sys.float_info.max if isinstance(value, int) else math.isfinite(value))
+    return None if ok else f"{shown(value)} is out of range"
 
 
 def _check_url(option: str, url: str) -> None:

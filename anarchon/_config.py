@@ -132,6 +132,12 @@ def parse_strategy(value: object, allowed: tuple[str, ...], backend: str) -> Str
     return _CONFIGS[name](**settings)
 
 
+def shown(value: object) -> str:
+    """A value for an error message, cut short: a number of 400 digits is not read in full."""
+    text = repr(value)
+    return text if len(text) <= 24 else f"{text[:20]}… ({len(text)} characters)"
+
+
 def check_int(option: str, value: object, low: int, high: int) -> int:
     """Validate an integer option in ``low..high`` (bools refused) and return it."""
     if isinstance(value, bool) or not isinstance(value, int):

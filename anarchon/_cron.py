@@ -46,6 +46,16 @@ def load_timezone(name: object) -> ZoneInfo:
         raise ConfigError("timezone", f"unknown time zone {name!r}", 'an IANA name like "Europe/Berlin"') from error
 
 
+def _valid_in_some_month(fields: list[str]) -> bool:
+    """Whether an expression cronsim refuses is valid but for its months: days no month it names has (30 Feb)."""
+    month = len(fields) - 2
+    try:
+        CronSim(" ".join([*fields[:month], "*", fields[-1]]), datetime(1970, 1, 1))
+    except CronSimError:
+        return False
+    return fields[month] != "*"
+
+
 @dataclass(slots=True)
 class _Cursor:
     """Where the last cronsim iteration stopped: no match lies in ``(low, pending)``."""
@@ -72,6 +82,9 @@ class CronSchedule:
         try:
             next(iter(CronSim(self.expression, datetime(1970, 1, 1))))  # wall times: zones aside, it parses and matches
         except CronSimError as error:
+            if _valid_in_some_month(fields):
+                raise ConfigError("cron", f"{self.expression!r} never matches: no month of its month field has "
+                                          "those days", CRON_RULE) from error  # fmt: skip
             raise ConfigError("cron", f"{self.expression!r} is not valid ({error})", CRON_RULE) from error
         except StopIteration as error:
             raise ConfigError("cron", f"{self.expression!r} never matches", CRON_RULE) from error

@@ -94,20 +94,33 @@ def _takes_context(function: Callable[..., object]) -> bool:
 def _check_callable_as_a_job(name: str, function: Callable[..., object], takes_context: bool) -> None:
     """Refuse, when the job is added, a function that a run could not call, or whose call would not run it."""
     allowed = "a function or coroutine function taking the RunContext, or nothing"
+    check_callable("func", function, ("run",) if takes_context else (), allowed, f"job {name!r}: ")
+
+
+_ARGUMENT_NAMES = {"run": "the RunContext", "record": "the RunRecord"}
+
+
+def check_callable(
+    option: str, function: Callable[..., object], arguments: tuple[str, ...], allowed: str, context: str = ""
+) -> None:
+    """Refuse a function (a job's, a hook) that cannot be called with ``arguments``, or whose call would not run
+    its body (a generator function): found when it is given, not at every run, in the log."""
+    if not callable(function):
+        raise ConfigTypeError(option, f"{context}got {type(function).__name__}", allowed)
     shown = getattr(function, "__qualname__", type(function).__name__)
     call = getattr(function, "__call__", None)  # noqa: B004 - callable objects
     if any(inspect.isgeneratorfunction(f) or inspect.isasyncgenfunction(f) for f in (function, call)):
         # Calling it only creates a generator: the body would never run, and every run would be recorded ok.
-        raise ConfigTypeError("func", f"job {name!r}: {shown} is a generator function", allowed)
+        raise ConfigTypeError(option, f"{context}{shown} is a generator function", allowed)
     try:
         signature = inspect.signature(function)
     except (TypeError, ValueError):  # some builtins have no signature: their calls show what they take
         return
     try:
-        signature.bind(None) if takes_context else signature.bind()
+        signature.bind(*(None for _ in arguments))
     except TypeError as error:
-        how = "with the RunContext" if takes_context else "with no argument"
-        raise ConfigTypeError("func", f"job {name!r}: {shown} cannot be called {how}: {error}", allowed) from None
+        how = "with " + (" and ".join(_ARGUMENT_NAMES[a] for a in arguments) or "no argument")
+        raise ConfigTypeError(option, f"{context}{shown} cannot be called {how}: {error}", allowed) from None
 
 
 def _is_async(function: Callable[..., object]) -> bool:

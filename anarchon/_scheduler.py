@@ -22,8 +22,10 @@ import logging
 import math
 import os
 import random
+import re
 import signal
 import socket
+import sys
 import threading
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
@@ -32,7 +34,7 @@ from typing import Any, Generic, Literal, TypeAlias, TypeVar, cast, overload
 
 from ._backend import ClaimOnly, Leased, M, RedisBackend
 from ._clock import Clock, SystemClock
-from ._config import check_int
+from ._config import check_int, shown
 from ._context import RunContext
 from ._errors import (
     ConfigError,
@@ -44,7 +46,17 @@ from ._errors import (
     UnknownOptionError,
 )
 from ._heartbeats import HeartbeatThread, LeaseKeeper
-from ._job import DAY_MS, LEASE_OPTIONS, Job, JobFunction, JobOptions, check_claim_order, check_idmp_size, check_memory
+from ._job import (
+    DAY_MS,
+    LEASE_OPTIONS,
+    Job,
+    JobFunction,
+    JobOptions,
+    check_callable,
+    check_claim_order,
+    check_idmp_size,
+    check_memory,
+)
 from ._keys import check_job_name
 from ._records import RunRecord, Status
 from ._store import Connection, Store
@@ -240,9 +252,11 @@ class Scheduler(Generic[M]):
         # A default id names this process; a process forked from it (gunicorn --preload) takes its own at start.
         self._named_by_pid = os.getpid() if instance_id is None else None
         self._name(self._default_id() if instance_id is None else instance_id)
-        for name, hook in (("on_run_start", on_run_start), ("on_run_end", on_run_end)):
-            if hook is not None and not callable(hook):
-                raise ConfigTypeError(name, f"got {type(hook).__name__}", "a function, or None")
+        hooks = (("on_run_start", on_run_start, ("run",)), ("on_run_end", on_run_end, ("run", "record")))
+        for name, hook, arguments in hooks:
+            allowed = f"a function or coroutine function taking ({', '.join(arguments)}), or None"
+            if hook is not None:
+                check_callable(name, hook, arguments, allowed)
         self.on_run_start = on_run_start
         self.on_run_end = on_run_end
         self._jobs: dict[str, Job] = {}
@@ -409,7 +423,9 @@ class Scheduler(Generic[M]):
     def jobs(self) -> tuple[str, ...]:
         return tuple(self._jobs)
 
-    def _job(self, name: str) -> Job:
+    def _job(self, name: object) -> Job:
+        if not isinstance(name, str):
+            raise ConfigTypeError("name", f"must be a string, got {type(name).__name__}", "a registered job's name")
         try:
             return self._jobs[name]
         except KeyError:
@@ -1233,7 +1249,9 @@ class Scheduler(Generic[M]):
         )  # fmt: skip
 
     def _default_id(self) -> str:
-        return f"{socket.gethostname()}-{os.getpid()}-{self.random.getrandbits(16):04x}"
+        # A host name may hold what an instance id may not (spaces, accents, braces), or be longer.
+        host = re.sub(r"[^A-Za-z0-9_.\-]", "-", socket.gethostname())[:180] or "instance"
+        return f"{host}-{os.getpid()}-{self.random.getrandbits(16):04x}"
 
     def _name(self, instance_id: object) -> None:
         self.instance_id = _check_instance_id(instance_id)
@@ -1387,8 +1405,8 @@ def _check_timeout(value: object) -> float:
     """Validate stop()'s timeout before stopping begins: a bad one found halfway would leave it half stopped."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigTypeError("timeout", f"must be a number of seconds, got {type(value).__name__}", "0 or more")
-    if not 0 <= value < math.inf:
-        raise ConfigError("timeout", f"{value} is not a finite number of seconds", "0 or more")
+    if not 0 <= value < math.inf or (isinstance(value, int) and value > sys.float_info.max):
+        raise ConfigError("timeout", f"{shown(value)} is not a finite number of seconds", "0 or more")
     return float(value)
 
 

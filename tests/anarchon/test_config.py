@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import re
+import socket
 from typing import Any
 
 import fakeredis
@@ -356,3 +359,79 @@ def test_recognised_clients_are_adapted() -> None:
             return None
 
     RedisBackend(redis=Sender())
+
+
+def a_generator_hook(run: Any) -> Any:
+    yield
+
+
+@pytest.mark.parametrize(
+    ("hooks", "option", "why"),
+    [
+        ({"on_run_start": lambda: None}, "on_run_start", "cannot be called with the RunContext: too many"),
+        ({"on_run_end": lambda run: None}, "on_run_end", "cannot be called with the RunContext and the RunRecord"),
+        ({"on_run_end": a_generator_hook}, "on_run_end", "a_generator_hook is a generator function"),
+        ({"on_run_start": "print"}, "on_run_start", "got str"),
+    ],
+)
+def test_a_hook_that_a_run_could_not_call_is_refused_when_given(hooks: Any, option: str, why: str) -> None:
+    """Accepted, it would fail at every run, seen only in the log (a generator's body would never run)."""
+    with pytest.raises(ConfigTypeError) as caught:
+        Scheduler(**hooks)
+    assert caught.value.option == option
+    assert why in str(caught.value)
+
+
+def test_hooks_sync_or_async_with_optional_parameters_are_accepted() -> None:
+    async def on_end(run: Any, record: Any, extra: int = 0) -> None:
+        pass
+
+    scheduler = Scheduler(on_run_start=lambda run, *rest: None, on_run_end=on_end)
+    assert scheduler.on_run_end is on_end
+
+
+@pytest.mark.parametrize(
+    ("make", "option"),
+    [
+        (lambda: RedisBackend(redis={"socket_timeout": 10**400}), "redis.socket_timeout"),
+        (lambda: RedisBackend(redis={"socket_connect_timeout": 10**400}), "redis.socket_connect_timeout"),
+        (lambda: asyncio.run(Scheduler().stop(10**400)), "timeout"),
+    ],
+)
+def test_a_number_too_large_for_a_float_is_refused_by_name(make: Any, option: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        make()
+    assert caught.value.option == option
+    assert "(401 characters)" in str(caught.value)  # not the 401 digits
+
+
+@pytest.mark.parametrize("call", ["run_now", "history"])
+def test_a_job_name_that_is_not_a_string_is_a_type_error(call: str) -> None:
+    scheduler = Scheduler()
+    scheduler.add_job("a", "* * * * *", noop)
+    with pytest.raises(ConfigTypeError) as caught:
+        asyncio.run(getattr(scheduler, call)(["a"]))
+    assert caught.value.option == "name"
+
+
+@pytest.mark.parametrize(
+    ("cron", "why"),
+    [
+        ("0 0 30 2 *", "never matches: no month of its month field has those days"),
+        ("0 0 31 4,6 *", "never matches: no month of its month field has those days"),
+        ("0 0 32 2 *", "is not valid (Bad day-of-month)"),
+    ],
+)
+def test_a_cron_of_days_its_months_do_not_have_is_said_to_never_match(cron: str, why: str) -> None:
+    with pytest.raises(ConfigError, match="cron") as caught:
+        Scheduler().add_job("a", cron, noop)
+    assert why in str(caught.value)
+
+
+def test_a_host_name_an_instance_id_may_not_hold_still_makes_a_default_id(monkeypatch: pytest.MonkeyPatch) -> None:
+    for host in ("Jörg PC {1}", "x" * 300, "é"):
+        monkeypatch.setattr(socket, "gethostname", lambda host=host: host)
+        instance_id = Scheduler().instance_id
+        assert re.fullmatch(r"[A-Za-z0-9_.\-]{1,200}", instance_id), instance_id
+    monkeypatch.setattr(socket, "gethostname", lambda: "Jörg PC {1}")
+    assert Scheduler().instance_id.startswith("J-rg-PC--1--")
