@@ -864,50 +864,19 @@ async def test_stop_tells_a_sync_job_that_it_stopped_waiting(fake_target: StoreT
     assert record.status == "interrupted"
 
 
-async def test_stop_does_not_hand_back_a_sync_job_whose_thread_runs_on(fake_target: StoreTarget) -> None:
-    """A sync job's thread cannot be cancelled: handed back at stop(), its run would start again on a backup while
-    the thread still runs it. It is recorded interrupted instead, and no backup runs it."""
-    starts: list[tuple[str, int]] = []
-    started = threading.Event()
-
-    def job_of(name: str) -> Callable[[RunContext], None]:
-        def job(run: RunContext) -> None:
-            starts.append((name, run.attempt))
-            started.set()
-            time.sleep(1.5)
-
-        return job
-
-    cron = second_from_now(3)  # room for both to start before it, on a loaded machine too
-    schedulers = {}
-    for name in ("a", "b"):
-        scheduler = Scheduler(fake_target.backend("lease"), instance_id=name, lease_ms=1000)
-        scheduler.add_job("job", cron, job_of(name), max_attempts=3)
-        await scheduler.start()
-        schedulers[name] = scheduler
-    assert await asyncio.to_thread(started.wait, 10)
-    [(winner, _)] = starts
-    await schedulers[winner].stop(timeout=0.1)
-    await asyncio.sleep(2.5)  # past the lease: a backup would have taken a handed-back run over
-    history = await schedulers["b" if winner == "a" else "a"].history("job", 5)
-    for scheduler in schedulers.values():
-        await scheduler.stop()
-    assert starts == [(winner, 1)]
-    [record] = history
-    assert (record.attempt, record.status) == (1, "interrupted")
-    assert record.message is not None
-    assert "still runs on its thread" in record.message
-
-
-@pytest.mark.parametrize("looks", [True, False])
-async def test_a_sync_job_that_returns_soon_after_stop_is_handed_back_if_it_gave_up(
-    fake_target: StoreTarget, looks: bool
+@pytest.mark.parametrize("kind", ["gives-up", "ends", "runs-on"])
+async def test_a_sync_job_cut_short_by_stop_is_handed_back_only_if_it_gave_up(
+    fake_target: StoreTarget, kind: str
 ) -> None:
     """A sync job that checks ``run.lease_is_lost`` between steps returns a step after stop() cuts it short: it
     gave up, and its run is handed back and taken over as attempt 2. One that never looks, and whose last step
-    ends just after the interruption, ran to its end: its result stands, and no backup runs it again."""
+    ends just after the interruption, ran to its end: its result stands, and no backup runs it again. One still
+    running on its thread cannot be cancelled: handed back, the run would start again on a backup beside it; it is
+    recorded interrupted instead, and no backup runs it."""
     starts: list[tuple[str, int]] = []
     started = threading.Event()
+    looks = kind == "gives-up"
+    steps = {"gives-up": 30, "ends": 3, "runs-on": 30}[kind]  # of 50 ms each
 
     def job_of(name: str) -> Callable[[RunContext], None]:
         def job(run: RunContext) -> None:
@@ -915,7 +884,7 @@ async def test_a_sync_job_that_returns_soon_after_stop_is_handed_back_if_it_gave
             started.set()
             if run.attempt > 1:
                 return
-            for _ in range(30 if looks else 3):  # steps of 50 ms: 1.5 s when it does not give up, else 0.15 s
+            for _ in range(steps):
                 if looks and run.lease_is_lost:
                     return
                 time.sleep(0.05)
@@ -933,18 +902,20 @@ async def test_a_sync_job_that_returns_soon_after_stop_is_handed_back_if_it_gave
     [(winner, _)] = starts
     other = "b" if winner == "a" else "a"
     await schedulers[winner].stop(timeout=0.1)
-    await asyncio.sleep(1.5)  # past the lease: a backup would have taken a handed-back run over
+    await asyncio.sleep(2.0)  # past the lease: a backup would have taken a handed-back run over
     history = await schedulers[other].history("job", 5)
     for scheduler in schedulers.values():
         await scheduler.stop()
     records = [(r.runner, r.attempt, r.status) for r in history]
-    if looks:
+    if kind == "gives-up":
         assert starts == [(winner, 1), (other, 2)]
         assert records == [(other, 2, "ok"), (winner, 1, "interrupted")]
         assert "taken over by attempt 2" in (history[1].message or "")
     else:
         assert starts == [(winner, 1)]
-        assert records == [(winner, 1, "ok")]
+        assert records == [(winner, 1, "ok" if kind == "ends" else "interrupted")]
+    if kind == "runs-on":
+        assert "still runs on its thread" in (history[0].message or "")
 
 
 @pytest.mark.parametrize(("fails", "ended_as"), [(False, ("ok", None)), (True, ("error", "RuntimeError: failed"))])
