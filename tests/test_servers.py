@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import random
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -55,6 +56,14 @@ def _pid_alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie: an orphan waits for whoever adopted it to reap it, which may be never."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
 
 
 def _port_answers(port: int) -> bool:
@@ -491,3 +500,36 @@ def test_debian_mirror_reads_both_source_formats(tmp_path: Path, monkeypatch: py
     assert provisioning.debian_mirror(tmp_path) == "http://deb822.example/debian"
     monkeypatch.setenv(provisioning.MIRROR_ENV, "http://override.example/debian")
     assert provisioning.debian_mirror(tmp_path) == "http://override.example/debian"
+
+
+RESTARTED_FROM_A_THREAD = """
+import sys, threading, time
+from sim.servers import start_server
+
+with start_server(sys.argv[1]) as server:
+    restart = threading.Thread(target=server.restart)  # as a test's asyncio.to_thread(server.restart) does
+    restart.start()
+    restart.join()
+    print(server.pid, flush=True)
+    time.sleep(60)
+"""
+
+
+def test_a_server_restarted_from_a_thread_dies_with_a_killed_owner(real_target: str) -> None:
+    """Its parent-death signal belongs to the thread that started it: started from a thread that ended, the server
+    outlived its owner's SIGKILL (nothing else would stop it)."""
+    command = [sys.executable, "-c", RESTARTED_FROM_A_THREAD, real_target]
+    with subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, text=True) as owner:
+        try:
+            assert owner.stdout is not None
+            pid = int(owner.stdout.readline())
+            assert _running(pid)
+        finally:
+            owner.kill()
+    deadline = time.monotonic() + 5
+    while _running(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    alive = _running(pid)
+    if alive:
+        os.kill(pid, signal.SIGKILL)
+    assert not alive

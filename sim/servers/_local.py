@@ -9,9 +9,11 @@ in `_api`, an atexit hook over every process still registered here, and (when st
 from __future__ import annotations
 
 import atexit
+import concurrent.futures
 import contextlib
 import fcntl
 import os
+import queue
 import random
 import shutil
 import signal
@@ -20,13 +22,16 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any, TypeVar
 
 import redis
 
 from sim.servers._errors import ServerError
 from sim.servers._ops import info
+
+T = TypeVar("T")
 
 HOST = "127.0.0.1"
 READY_TIMEOUT = 30.0
@@ -135,11 +140,43 @@ def release_port(port: int) -> None:
 
 
 def _pdeathsig_prefix() -> list[str]:
-    # PR_SET_PDEATHSIG fires when the *thread* that forked the child ends: only use it from the main thread.
+    # PR_SET_PDEATHSIG fires when the *thread* that forked the child ends: servers are started by _launch's.
     setpriv = shutil.which("setpriv")
-    if setpriv is None or threading.current_thread() is not threading.main_thread():
-        return []
-    return [setpriv, "--pdeathsig", "KILL", "--"]
+    return [] if setpriv is None else [setpriv, "--pdeathsig", "KILL", "--"]
+
+
+class _Launcher:
+    """Starts server processes from one daemon thread that lasts as long as the process. A server's parent-death
+    signal fires when the thread that started it ends: started from a short-lived thread (a restart sent to
+    asyncio.to_thread), it would outlive a test process that was killed, or die when that thread ended."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._work: queue.SimpleQueue[tuple[Callable[[], Any], concurrent.futures.Future[Any]]] = queue.SimpleQueue()
+
+    def run(self, start: Callable[[], T]) -> T:
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():  # also in a process forked from this one
+                self._work = queue.SimpleQueue()
+                self._thread = threading.Thread(target=self._serve, args=(self._work,), name="server-launcher",
+                                                daemon=True)  # fmt: skip
+                self._thread.start()
+            done: concurrent.futures.Future[T] = concurrent.futures.Future()
+            self._work.put((start, done))
+        return done.result()
+
+    @staticmethod
+    def _serve(work: queue.SimpleQueue[tuple[Callable[[], Any], concurrent.futures.Future[Any]]]) -> None:
+        while True:
+            start, done = work.get()
+            try:
+                done.set_result(start())
+            except BaseException as error:  # handed to the caller, in its thread
+                done.set_exception(error)
+
+
+_launch = _Launcher()
 
 
 class ServerProcess:
@@ -218,14 +255,16 @@ class ServerProcess:
             raise ServerError(f"{self.target} on port {self.port} is already running")
         self.directory.mkdir(parents=True, exist_ok=True)
         with (self.directory / "stdout.log").open("ab") as stdout:
-            proc = subprocess.Popen(
-                [*_pdeathsig_prefix(), *self.command()],
-                cwd=self.directory,
-                env=self.env,
-                stdin=subprocess.DEVNULL,
-                stdout=stdout,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
+            proc = _launch.run(
+                lambda: subprocess.Popen(
+                    [*_pdeathsig_prefix(), *self.command()],
+                    cwd=self.directory,
+                    env=self.env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=stdout,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
             )
         self._proc = proc
         self._paused = False
