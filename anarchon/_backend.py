@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import re
-import sys
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, Generic, Protocol, TypedDict, TypeVar, overload
 from urllib.parse import unquote, urlsplit, urlunsplit
@@ -23,6 +21,7 @@ from ._config import (
     LeaseStrategy,
     StrategyConfig,
     ValkeyClaimOnlyStrategy,
+    is_finite,
     parse_strategy,
     shown,
 )
@@ -322,7 +321,7 @@ def _value_problem(key: str, value: object) -> str | None:
     elif key == "db":
         ok = value >= 0
     else:
-        ok = value > 0 and (value <= sys.float_info.max if isinstance(value, int) else math.isfinite(value))
+        ok = value > 0 and is_finite(value)
     return None if ok else f"{shown(value)} is out of range"
 
 

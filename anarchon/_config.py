@@ -6,6 +6,8 @@ of another strategy is a type error (TypedDict) and, at runtime, an :class:`Unkn
 
 from __future__ import annotations
 
+import math
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final, Literal, Required, TypeAlias, TypedDict
@@ -130,6 +132,11 @@ def parse_strategy(value: object, allowed: tuple[str, ...], backend: str) -> Str
             hint = f"it is a setting of {owner!r}" if owner else ""
             raise UnknownOptionError(f"strategy.{key}", f"strategy {name!r}", _SETTINGS[name], hint)
     return _CONFIGS[name](**settings)
+
+
+def is_finite(value: int | float) -> bool:
+    """Whether a number is finite as a float: an int too large for one is not (float() would overflow)."""
+    return abs(value) <= sys.float_info.max if isinstance(value, int) else math.isfinite(value)
 
 
 def shown(value: object) -> str:

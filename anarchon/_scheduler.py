@@ -19,13 +19,11 @@ import hashlib
 import heapq
 import inspect
 import logging
-import math
 import os
 import random
 import re
 import signal
 import socket
-import sys
 import threading
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
@@ -34,7 +32,7 @@ from typing import Any, Generic, Literal, TypeAlias, TypeVar, cast, overload
 
 from ._backend import ClaimOnly, Leased, M, RedisBackend
 from ._clock import Clock, SystemClock
-from ._config import check_int, shown
+from ._config import check_int, is_finite, shown
 from ._context import RunContext
 from ._errors import (
     ConfigError,
@@ -117,7 +115,6 @@ class _Running:
     reason: str | None = None  # why the job was interrupted
     thread: concurrent.futures.Future[object] | None = None  # a sync job's call on its thread
     cancels: int = 0  # the cancellations interrupt() sent the task, not yet withdrawn
-    ended_before_interrupt: bool = False  # a sync job's function had returned when interrupt() first came
 
     @property
     def thread_runs_on(self) -> bool:
@@ -129,11 +126,9 @@ class _Running:
         """How a sync job's function ended, if it ran to its end: before the interruption came, or after it
         without having seen ``run.lease_is_lost`` (None otherwise: it has not ended, or it gave up on seeing
         it). The run was done, and its result stands. Recorded as interrupted, it would be handed back and run
-        twice."""
+        twice. (One that ended before the interruption cannot have seen it.)"""
         thread = self.thread
-        if thread is None or not thread.done() or thread.cancelled():
-            return None
-        if not self.ended_before_interrupt and self.context.lease_lost.seen_set:
+        if thread is None or not thread.done() or thread.cancelled() or self.context.lease_lost.seen_set:
             return None
         if (error := thread.exception()) is not None:
             return "error", f"{type(error).__name__}: {error}"
@@ -146,8 +141,6 @@ class _Running:
         look at ``run.lease_is_lost`` between steps)."""
         if self.reason is None:
             self.reason = reason
-            thread = self.thread
-            self.ended_before_interrupt = thread is not None and thread.done() and not thread.cancelled()
         self.context.lease_lost.set()
         if self.task is not None:
             self.task.cancel()
@@ -1029,9 +1022,9 @@ class Scheduler(Generic[M]):
             elif running.reason is None or task is None:
                 raise  # this task was cancelled from outside: not an interruption the scheduler asked for
             else:
-                if running.thread_runs_on and running.thread is not None:
+                if (thread := running.thread) is not None and not thread.done():
                     # A thread cannot be cancelled; a job that checks run.lease_is_lost returns a step later.
-                    await asyncio.wait([asyncio.wrap_future(running.thread)], timeout=THREAD_GIVE_UP_S)
+                    await asyncio.wait([asyncio.wrap_future(thread)], timeout=THREAD_GIVE_UP_S)
                 status, message = "interrupted", running.reason
                 if (ended := running.thread_ended()) is not None:
                     status, message = ended
@@ -1320,14 +1313,9 @@ class SchedulerThread:
         """Stop the scheduler (see :meth:`Scheduler.stop`) and end its thread. Calling it again, from any thread,
         returns once it has stopped."""
         self._check_caller()
+        timeout = _check_timeout(timeout)  # refused here, the scheduler and its thread run on
         with self._lock:
             first, self._stopping = not self._stopping, True
-            if first:
-                try:
-                    timeout = _check_timeout(timeout)  # refused here, the scheduler and its thread run on
-                except BaseException:
-                    self._stopping = False
-                    raise
         if not first:
             self._stopped.wait()
             return
@@ -1405,7 +1393,7 @@ def _check_timeout(value: object) -> float:
     """Validate stop()'s timeout before stopping begins: a bad one found halfway would leave it half stopped."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigTypeError("timeout", f"must be a number of seconds, got {type(value).__name__}", "0 or more")
-    if not 0 <= value < math.inf or (isinstance(value, int) and value > sys.float_info.max):
+    if not (value >= 0 and is_finite(value)):
         raise ConfigError("timeout", f"{shown(value)} is not a finite number of seconds", "0 or more")
     return float(value)
 
