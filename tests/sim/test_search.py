@@ -251,6 +251,21 @@ def test_the_search_draws_instances_that_stay_down_as_well_as_restarted_ones(kin
     assert set(restarts) == {True, False}
 
 
+def test_half_the_faults_strike_while_a_slot_is_run() -> None:
+    # Between runs most faults change nothing: drawn uniformly, four in five fell there.
+    during: list[bool] = []
+
+    @settings(max_examples=400, derandomize=True, deadline=None, database=None)
+    @given(fault=search.FAULT_KINDS["pause"])
+    def draw(fault: dict[str, Any]) -> None:
+        into_the_period = fault["at_s"] % search.PERIOD_S
+        during.append(into_the_period < search.WORK_S)
+        assert 5 <= fault["at_s"] < 90 + search.WORK_S
+
+    draw()
+    assert 0.45 <= sum(during) / len(during) <= 0.8, sum(during)
+
+
 def test_a_seeded_search_draws_the_same_schedules_again() -> None:
     def drawn(seed: int) -> list[Any]:
         schedules: list[Any] = []
