@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -533,3 +534,19 @@ def test_a_server_restarted_from_a_thread_dies_with_a_killed_owner(real_target: 
     if alive:
         os.kill(pid, signal.SIGKILL)
     assert not alive
+
+
+def test_the_folder_of_a_killed_owner_is_deleted_by_the_next_server_started(real_target: str) -> None:
+    """SIGKILL runs no atexit hook: the owner's server folder stays until another process starts a server."""
+    command = [sys.executable, "-c", RESTARTED_FROM_A_THREAD, real_target]
+    with subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, text=True) as owner:
+        assert owner.stdout is not None
+        owner.stdout.readline()
+        left = list(Path(tempfile.gettempdir()).glob(f"anarchon-{real_target}-pid{owner.pid}-*"))
+        owner.kill()
+    assert len(left) == 1, left
+    with start_server(real_target) as server:
+        assert _port_answers(server.port)
+        assert not left[0].exists()
+        mine = list(Path(tempfile.gettempdir()).glob(f"anarchon-{real_target}-pid{os.getpid()}-*"))
+        assert mine  # a living owner's folder stays

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 from typing import Literal
 
 from sim.servers._docker import docker_engine_answers, docker_host, start_docker
 from sim.servers._errors import ServerError
-from sim.servers._local import ServerProcess, register_dir, release_dir, release_port, start_process
+from sim.servers._local import ServerProcess, release_dir, release_port, server_dir, start_process
 from sim.servers._ops import (
     base_args,
     form_cluster,
@@ -87,8 +85,7 @@ def _start_local(
     found = installed(spec.name, verify=False)
     if found is None:
         raise ServerError(f"{spec.name} is not provisioned: python -m sim.servers provision {spec.name}")
-    root = Path(tempfile.mkdtemp(prefix=f"anarchon-{spec.name}-"))
-    register_dir(root)
+    root = server_dir(spec.name)
     handles: list[ServerProcess] = []
     try:
         args = [*base_args(spec, cluster=cluster), *extra_args]

@@ -413,6 +413,29 @@ def start_process(
     raise ServerError(f"{target}: could not bind a port after {attempts} attempts: {last}")
 
 
+def server_dir(target: str) -> Path:
+    """A new folder for a target's server files, deleted at exit (see `register_dir`). Its name holds this
+    process's id, so that the folder of an owner killed before it could delete it (SIGKILL runs no atexit hook)
+    is deleted by the next process that starts a server here."""
+    for orphan in Path(tempfile.gettempdir()).glob("anarchon-*-pid*-*"):
+        owner = orphan.name.rsplit("-", 2)[1].removeprefix("pid")
+        if owner.isdigit() and not _process_exists(int(owner)):
+            shutil.rmtree(orphan, ignore_errors=True)
+    path = Path(tempfile.mkdtemp(prefix=f"anarchon-{target}-pid{os.getpid()}-"))
+    register_dir(path)
+    return path
+
+
+def _process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        return True
+    return True
+
+
 def register_dir(path: Path) -> None:
     """Delete `path` at interpreter exit unless `release_dir` was called first."""
     with _live_lock:
