@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 from .._errors import StoreError, StoreReplyError
 from .._records import RunRecord, encode_record
-from .._store import Reply, Script, Store
+from .._store import Reply, Script, Store, as_list, as_text
 from ._base import Claim, JobPolicy, Outcome, RunRequest, fence_of
 from ._claim_only import ClaimOnlyStrategy, entry_token
 
@@ -74,10 +74,16 @@ class StreamIdStrategy(ClaimOnlyStrategy):
 
     async def record_unclaimable(self, store: Store, record: RunRecord, policy: JobPolicy) -> bool:
         """After a stall longer than the gap between slots, the next slot's claim reaches the store before a
-        missed slot's skip, and the stream refuses the missed slot's id: if no entry holds it, nobody claimed it
-        and nobody can. Checked and recorded in one script, so that several instances reporting it store one."""
+        missed slot's skip, and the stream refuses the missed slot's id: if no entry holds it and one before it
+        is still there (trimmed or lost, whether it was claimed cannot be told), nobody claimed it and nobody can.
+        Recorded by a script that adds it only where the slot has no result, so that several instances reporting
+        it store one (the stream is read before: on a cluster it is in another slot than the results)."""
         keys = self.keys.claim(record.job)
-        recorded = await store.run(SKIP, (keys.runs, keys.results), (record.slot, encode_record(record))) == 1
+        slot_id = f"{record.slot}-0"
+        at_or_before = as_list(await store.execute("XREVRANGE", keys.runs, slot_id, "-", "COUNT", 1))
+        if not at_or_before or as_text(as_list(at_or_before[0], 2)[0]) == slot_id:
+            return False
+        recorded = await store.run(SKIP, (keys.results,), (record.slot, encode_record(record))) == 1
         if recorded:
             with contextlib.suppress(StoreError):  # the record is stored; the next one's trim does this one's
                 await store.execute_many(self._trims(record, policy))

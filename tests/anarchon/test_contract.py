@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
+from redis.crc import key_slot
 
 from anarchon import (
     RedisBackend,
@@ -20,7 +21,7 @@ from anarchon import (
     UnsupportedStrategyError,
 )
 from anarchon._adapters import adapt
-from anarchon._store import Command, Connection, Reply, ServerInfo
+from anarchon._store import Command, Connection, Reply, ScriptCall, ServerInfo
 from anarchon._strategies import Claim, JobPolicy, Outcome, RunRequest, run_id
 from tests.anarchon.support import StoreTarget
 
@@ -45,6 +46,23 @@ def record(req: RunRequest, claim: Claim, status: Any = "ok", message: str | Non
         job=req.job, run=req.run, slot=req.slot, attempt=claim.attempt, status=status, runner=req.runner,
         token=req.token, fence=claim.fence, manual=req.manual, started=req.slot, ended=req.slot + 1, message=message,
     )  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
+def every_script_keeps_to_one_cluster_slot(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """On a cluster a script whose keys hash to different slots is refused (CROSSSLOT): checked for every script
+    these tests run, on every target."""
+    crossing: list[tuple[str, Sequence[str]]] = []
+    evalsha = ScriptCall.evalsha
+
+    def checked(call: ScriptCall) -> list[Any]:
+        if len({key_slot(key.encode()) for key in call.keys}) > 1:
+            crossing.append((call.script.name, call.keys))
+        return evalsha(call)
+
+    monkeypatch.setattr(ScriptCall, "evalsha", checked)
+    yield
+    assert crossing == []
 
 
 @pytest.fixture(params=STRATEGIES)
