@@ -35,14 +35,13 @@ end
 -- Decide whether this claim starts an attempt; every other answer returns on the way.
 local r, job_fence, forgotten = load_run(run, true)
 local attempt -- the attempt this claim starts
+local now -- the server's ms (TIME), read once an answer depends on it, or when the attempt starts
 if not r then
   if tonumber(slot) <= forgotten then -- ended long ago and forgotten: this claim comes later than keep_ms allows
     return reply('done', 0, 0, 0)
   end
-  -- The server's ms is read (TIME) only where an answer depends on it: a new run with no run of the job in
-  -- progress (or with overlap allowed), nearly every claim, takes its time from the runs entry it adds.
   if not overlap_allowed and redis.call('SCARD', ACTIVE) > 0 then
-    local now = server_now()
+    now = server_now()
     local other, other_end = live_other(now)
     if other then
       local skipped = { status = 'skipped-overlap', attempt = 1, token = token, runner = runner, lease_end = 0,
@@ -58,7 +57,7 @@ else
   if r.status ~= 'running' then
     return reply('done', r.attempt, r.fence, 0)
   end
-  local now = server_now()
+  now = server_now()
   -- The lease end of another run of the job that is live now (nil if none, or if overlap is allowed): a retried
   -- claim whose lease ran out waits for it, and so does a takeover.
   local function live_other_end()
@@ -108,15 +107,16 @@ else
 end
 
 -- Start the attempt. Written out, not as a function: Lua builds each function a script defines anew on every
--- call. Attempt and fence become text once, not at each of their uses (the runs entry, the state, the reply), and
--- the start stays the text the entry id gave: each number turned into text costs a formatting call. Trimming (of
--- the runs stream too) is left to finish, which follows every won claim: claims stay short.
+-- call. Attempt and fence become text once, not at each of their uses (the runs entry, the state, the reply).
+-- Trimming (of the runs stream too) is left to finish, which follows every won claim: claims stay short.
 attempt = tostring(attempt)
 local fence = tostring(job_fence + 1)
-local entry = redis.call('XADD', RUNS, '*', 'run', run, 'slot', slot, 'attempt', attempt, 'token', token,
-  'runner', runner, 'fence', fence)
--- The entry id's first part is the server's ms (never below the stream's last id): the attempt's start.
-local started = string.match(entry, '^%d+')
+redis.call('XADD', RUNS, '*', 'run', run, 'slot', slot, 'attempt', attempt, 'token', token, 'runner', runner,
+  'fence', fence)
+-- The lease starts at the server's TIME, not at the entry id's ms: an id is never below the stream's last one,
+-- which a clock set back (or a failover to a server whose clock is behind) leaves ahead of the clock, and a
+-- lease counted from it would hold the run from backups for as long as the clock is behind.
+local started = now or server_now()
 local value = run_value('running', attempt, token, runner, started + lease_ms, fence, slot, manual, started)
 redis.call('HSET', STATE, run, value, 'fence', fence)
 if job_fence == 0 then

@@ -139,6 +139,28 @@ async def test_expired_lease_is_taken_over_with_a_new_attempt_and_a_larger_fence
     assert history[1].message == "lease expired; taken over by attempt 2"
 
 
+async def test_a_lease_ends_by_the_servers_clock_when_the_runs_stream_is_ahead_of_it(target: StoreTarget) -> None:
+    """A clock set back, or a failover to a server whose clock is behind, leaves the runs stream's last id ahead
+    of the clock (a new entry's id is never below it). Each attempt's lease still ends lease_ms after its claim by
+    the server's clock: a backup takes a crashed winner's run over then, not ten minutes later."""
+    backend = await target.started_backend("lease")
+    policy = JobPolicy(lease_ms=150, max_attempts=3)
+    before = await target.server_ms()
+    await target.raw("XADD", "{cron:sync}:runs", f"{before + 600_000}-0", "run", "from a clock ahead")
+    first, backup = request(SLOT, "first"), request(SLOT, "backup")
+    won = await claim_one(backend, first, policy)
+    await asyncio.sleep(0.2)
+    taken = await claim_one(backend, backup, policy)
+    assert (won.outcome, taken.outcome, taken.attempt) == (Outcome.WON, Outcome.WON, 2)
+    await asyncio.sleep(0.2)
+    third = await claim_one(backend, request(SLOT, "third"), policy)
+    assert (third.outcome, third.attempt) == (Outcome.WON, 3)
+    after = await target.server_ms()
+    history = await backend.strategy.history(backend.store, "sync", 10)
+    assert [r.attempt for r in history] == [2, 1]  # the third is running
+    assert all(before <= r.started <= after for r in history), [r.started - before for r in history]
+
+
 async def test_a_released_run_is_taken_over_at_once_by_the_next_attempt(target: StoreTarget) -> None:
     backend = await target.started_backend("lease")
     policy = JobPolicy(lease_ms=60_000, max_attempts=3)
