@@ -56,7 +56,7 @@ STOP_GRACE_S = 10  # past a stop fault's timeout, for the process to hand its ru
 REPO = Path(__file__).resolve().parent.parent
 
 
-VIRTUAL_ONLY = ("replication-hold", "replication-drop")
+VIRTUAL_ONLY = ("replication-hold",)
 
 
 def scaled(scenario: Scenario, factor: float = SCALE) -> Scenario:

@@ -1,4 +1,4 @@
-"""Replication to a replica: a log the simulator delivers after a lag, holds, or drops.
+"""Replication to a replica: a log the simulator delivers after a lag or holds, and a failover drops the rest of.
 
 Redis replicates what a write did, not the command that did it (a script's writes, not the script). The log
 here keeps, after every command the instances send, what each key the command may have written holds then
@@ -6,9 +6,11 @@ here keeps, after every command the instances send, what each key the command ma
 a replica that holds, in order, every entry delivered by then:
 
 - an entry reaches the replica ``lag_s`` after it was written (the failover's ``lag_ms``);
-- entries written while replication is held reach it when the hold ends, and are lost if the primary fails first;
-- entries written while replication drops never reach it; a later write to the same key brings the key whole,
-  as a partial resynchronisation would.
+- entries written while replication is held reach it when the hold ends, and are lost if the primary fails first.
+
+The replica holds a prefix of the log, as a real one does: a link that breaks loses nothing for good, as the
+replica resynchronises when it comes back (the primary's backlog replayed, or a full copy), so a broken link is a
+hold. What the replica had not received when it is promoted is lost.
 
 The replica needs no server of its own until it is promoted: its dataset is worked out from the log then.
 """
@@ -72,7 +74,7 @@ class Entry:
 
 
 class Replication:
-    """The primary's replication log and the windows in which it was held or dropped."""
+    """The primary's replication log and the windows in which it was held."""
 
     def __init__(self, read_key: Callable[[str], KeyState | None], idmp: IdmpState) -> None:
         self._read_key = read_key  # reads the current primary, at once
@@ -80,7 +82,6 @@ class Replication:
         self.base = Dataset()  # what the replica held when the log started (a full synchronisation)
         self.log: list[Entry] = []
         self.held: list[tuple[float, float]] = []
-        self.dropped: list[tuple[float, float]] = []
 
     @staticmethod
     def now() -> float:
@@ -103,28 +104,18 @@ class Replication:
     def hold(self, start: float, end: float) -> None:
         self.held.append((start, end))
 
-    def drop(self, start: float, end: float) -> None:
-        self.dropped.append((start, end))
-
-    def _delivered_at(self, entry: Entry, lag_s: float) -> float | None:
-        if any(start <= entry.t < end for start, end in self.dropped):
-            return None
+    def _delivered_at(self, entry: Entry, lag_s: float) -> float:
         return max([entry.t + lag_s, *(end for start, end in self.held if start <= entry.t < end)])
 
     def replica(self, lag_s: float) -> tuple[Dataset, list[Entry]]:
-        """What the replica holds now, ``lag_s`` behind, and the entries whose writes it lacks: those it has not
-        received, save the ones whose every key a later entry it did receive brought whole."""
+        """What the replica holds now, ``lag_s`` behind, and the entries whose writes it lacks (those it has not
+        received: the log's entries from the first of them on, as entries reach it in order)."""
         now = self.now()
         dataset = Dataset(dict(self.base.keys), dict(self.base.idmp))
-        undelivered: list[tuple[int, Entry]] = []
-        brought: dict[str, int] = {}  # key → index of the last delivered entry that wrote it
         for index, entry in enumerate(self.log):
-            delivered = self._delivered_at(entry, lag_s)
-            if delivered is None or delivered > now:
-                undelivered.append((index, entry))
-                continue
+            if self._delivered_at(entry, lag_s) > now:
+                return dataset, self.log[index:]
             for key, state in entry.keys.items():
-                brought[key] = index
                 if state is None:
                     dataset.keys.pop(key, None)
                 else:
@@ -134,7 +125,7 @@ class Replication:
                     dataset.idmp.pop(key, None)
                 else:
                     dataset.idmp[key] = stream  # a copy made when it was logged, copied again when promoted
-        return dataset, [e for i, e in undelivered if any(brought.get(key, -1) < i for key in e.keys)]
+        return dataset, []
 
     def restart(self, base: Dataset) -> None:
         """A full synchronisation: the replica now holds ``base``; the log starts again."""

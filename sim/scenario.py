@@ -46,8 +46,8 @@ FAULT_KINDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "drift": (("instance", "drift"), ()),  # the clock runs 1 + drift times as fast from here on
     "late": (("instance", "delay_ms", "duration_s"), ()),
     "failover": (("lag_ms",), ()),  # the replica, lag_ms behind, is promoted
-    "replication-hold": (("duration_s",), ()),  # writes reach the replica when the hold ends
-    "replication-drop": (("duration_s",), ()),  # writes made meanwhile never reach the replica
+    # writes reach the replica when the hold ends (a broken link too: the replica resynchronises when it is back)
+    "replication-hold": (("duration_s",), ()),
     "store-restart": ((), ()),
     "manual": (("instance", "job"), ()),  # run_now on that instance
 }

@@ -72,7 +72,6 @@ FAULT_KINDS: dict[str, st.SearchStrategy[dict[str, Any]]] = {
     "late": _fault("late", instance=_INSTANCE, delay_ms=st.integers(1_000, 30_000), duration_s=st.integers(5, 30)),
     "failover": _fault("failover", lag_ms=st.integers(100, 5_000)),
     "replication-hold": _fault("replication-hold", duration_s=st.integers(1, 20)),
-    "replication-drop": _fault("replication-drop", duration_s=st.integers(1, 20)),
     "store-restart": _fault("store-restart"),
     "manual": _fault("manual", instance=_INSTANCE, job=st.just("tick")),
 }

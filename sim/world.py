@@ -4,7 +4,8 @@ clocks, the faults of a scenario, and the history and ledger of everything that 
 Only time, randomness and the store connection are injected. Each instance gets a :class:`SimClock` (its own
 offset and drift over true time; its timers do not fire while the instance is paused) and a
 :class:`~sim.links.Link` to the store that the nemesis can cut, hold (pause) or redirect (failover). A store with
-a replica keeps a replication log (:mod:`sim.replica`) that the nemesis delays, holds or drops.
+a replica keeps a replication log (:mod:`sim.replica`) that the nemesis delays or holds, and whose undelivered
+rest a failover drops.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from sim.scenario import FaultSpec, InstanceSpec, JobSpec, Scenario
 EPOCH_S = 1_800_000_000  # 2027-01-15T08:00:00Z: simulations start at a fixed, round moment
 STORE_VERSION = (7, 0)
 IDMP_VERSION = (8, 6)  # the idmp strategy needs it; its IDMP is emulated (sim.idmp)
-REPLICA_FAULTS = ("failover", "replication-hold", "replication-drop")
+REPLICA_FAULTS = ("failover", "replication-hold")
 START_RETRY_S = 1.0  # a process that cannot reach the store as it starts exits; its supervisor starts it again
 log = logging.getLogger("sim")
 
@@ -439,15 +440,12 @@ class World:
             lost = frozenset(word for entry in lacked for word in entry.words)
             self.fault_windows.append(FaultWindow(since, start, fault.kind, lost_writes=bool(lacked), lost_words=lost))
             return
-        if fault.kind in ("replication-hold", "replication-drop"):
+        if fault.kind == "replication-hold":
             await asyncio.sleep(start)
             replication = self.store.replication
             assert replication is not None
-            (replication.hold if fault.kind == "replication-hold" else replication.drop)(
-                start, start + fault.duration_s
-            )
-            what = "held" if fault.kind == "replication-hold" else "drops the writes"
-            self.record_fault(fault, f"replication to the replica {what} for {fault.duration_s:g} s")
+            replication.hold(start, start + fault.duration_s)
+            self.record_fault(fault, f"replication to the replica held for {fault.duration_s:g} s")
             self.fault_windows.append(FaultWindow(start, start + fault.duration_s, fault.kind))
             return
         await asyncio.sleep(start)
