@@ -105,7 +105,7 @@ class EmbeddedConnection:
     reaches (transactions, ACL, the store's clock); only the wire is left out."""
 
     def __init__(self, server: Any) -> None:
-        self._client = fakeredis.FakeAsyncRedis(server=server)
+        self._client = fakeredis.FakeAsyncRedis(server=server, protocol=2)
         self._socket: Any = None
 
     async def _engine(self) -> Any:

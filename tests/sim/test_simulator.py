@@ -99,6 +99,20 @@ def test_the_embedded_store_caches_scripts_by_sha_as_redis_does() -> None:
     assert asyncio.run(main()) == [b"a", b"b", b"d", b"e"]
 
 
+def test_the_embedded_connection_speaks_resp2_as_anarchons_connections_do() -> None:
+    """A score is a bulk string ("2", as Redis 5+ sends it over RESP2), not RESP3's double ("2.0")."""
+
+    async def main() -> list[object]:
+        connection = fakestore.EmbeddedConnection(fakeredis.FakeServer(version=(7,)))
+        await connection.execute(["ZADD", "z", 2, "b"])
+        replies = [await connection.execute(["ZSCORE", "z", "b"]), await connection.execute(["HGETALL", "z2"])]
+        replies.append(await connection.execute(["ZRANGE", "z", 0, -1, "WITHSCORES"]))
+        await connection.close()
+        return replies
+
+    assert asyncio.run(main()) == ["2", [], ["b", "2"]]
+
+
 def test_a_simulation_that_can_never_progress_says_so() -> None:
     async def stuck() -> None:
         await asyncio.get_running_loop().create_future()
