@@ -28,9 +28,9 @@ def run_slot(run: str) -> int:
     return int(run[1:].partition("-")[0]) if run.startswith("m") else int(run)
 
 
-def _smembers_order(pair: tuple[str, Run]) -> tuple[int, str]:
-    """The order the model keeps runs in: by slot, which is SMEMBERS's order for a set of integers (an intset,
-    scheduled runs only); a set holding a manual run id comes in hash order, which the model cannot tell."""
+def _by_slot(pair: tuple[str, Run]) -> tuple[int, str]:
+    """The order the model keeps runs in, so that equal stores are equal states (the explorer compares them). No
+    answer depends on it, as none depends on the order SMEMBERS lists the job's active runs in."""
     return run_slot(pair[0]), pair[0]
 
 
@@ -53,7 +53,7 @@ class Run:
 
 @dataclass(frozen=True, slots=True)
 class LeaseStore:
-    runs: tuple[tuple[str, Run], ...] = ()  # (run id, run), by slot (see _smembers_order)
+    runs: tuple[tuple[str, Run], ...] = ()  # (run id, run), by slot (see _by_slot)
     fence: int = 0  # the job's fence counter: the fence of the latest attempt started
     forgotten: int = 0  # the latest slot of a run that trim dropped: a claim for it or an earlier one is "done"
 
@@ -64,7 +64,7 @@ class LeaseStore:
         return None
 
     def put(self, run_id: str, run: Run, fence: int | None = None) -> LeaseStore:
-        runs = sorted((*(pair for pair in self.runs if pair[0] != run_id), (run_id, run)), key=_smembers_order)
+        runs = sorted((*(pair for pair in self.runs if pair[0] != run_id), (run_id, run)), key=_by_slot)
         return LeaseStore(tuple(runs), self.fence if fence is None else fence, self.forgotten)
 
     def drop(self, run_ids: Iterable[str]) -> LeaseStore:
@@ -109,16 +109,12 @@ def claim(store: LeaseStore, run: str, token: str, now: int, policy: JobPolicy) 
     return _start(store, run, token, now, policy, r.attempt + 1)
 
 
-def live_others(store: LeaseStore, run: str, now: int) -> list[int]:
-    """The lease ends of the job's other live runs, in the model's order (see _smembers_order)."""
-    return [o.lease_end for other, o in store.runs if other != run and o.running and o.lease_end > now]
-
-
 def _live_other(store: LeaseStore, run: str, now: int, policy: JobPolicy) -> int | None:
-    """The lease end of another live run of the job, when overlap is forbidden: the first in SMEMBERS's order."""
+    """When overlap is forbidden, the latest lease end of the job's other live runs (None if none)."""
     if policy.overlap:
         return None
-    return next(iter(live_others(store, run, now)), None)
+    live = [o.lease_end for other, o in store.runs if other != run and o.running and o.lease_end > now]
+    return max(live, default=None)
 
 
 def _start(

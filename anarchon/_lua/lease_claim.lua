@@ -23,12 +23,18 @@ local function reply(answer, attempt, fence, lease_ms_left)
   return answer .. ' ' .. attempt .. ' ' .. fence .. ' ' .. lease_ms_left
 end
 
--- Another run of the job whose lease is live at `now`, and its lease end (nil if none).
+-- The other run of the job whose lease, live at `now`, ends last, and that end (nil if none): when a claim that
+-- waits for the job's other runs can go ahead. The same whatever order SMEMBERS lists them in (sorted for an
+-- intset, hash or insertion order once a manual run id joined; ties go to the greater run id).
 local function live_other(now)
+  local latest, latest_end = nil, now
   for _, other in ipairs(redis.call('SMEMBERS', ACTIVE)) do
     local o = other ~= run and load_run(other)
-    if o and o.lease_end > now then return other, o.lease_end end
+    if o and (o.lease_end > latest_end or (o.lease_end == latest_end and latest and other > latest)) then
+      latest, latest_end = other, o.lease_end
+    end
   end
+  if latest then return latest, latest_end end
   return nil
 end
 

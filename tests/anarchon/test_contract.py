@@ -548,6 +548,26 @@ async def test_overlap_is_refused_while_another_run_holds_a_live_lease(target: S
     assert statuses == [(SLOT + 60_000, "skipped-overlap")]
 
 
+@pytest.mark.parametrize("manual_first", [False, True])
+async def test_a_claim_that_waits_for_other_runs_waits_for_the_last_of_them(
+    target: StoreTarget, manual_first: bool
+) -> None:
+    """Two runs of the job hold live leases (started while overlap was allowed), one for 5 s, one for 60 s: a
+    claim that may not overlap them is told to come back when the later lease ends, and names that run, in
+    whatever order the job's active set lists them (sorted integers, or hash or insertion order once a manual
+    run id joined it)."""
+    backend = await target.started_backend("lease")
+    short, long = JobPolicy(lease_ms=5_000, overlap=True), JobPolicy(lease_ms=60_000, overlap=True)
+    first = RunRequest("sync", run_id(SLOT, "x"), SLOT, "m", "a", manual=True) if manual_first else request(SLOT, "a")
+    for req, policy in ((first, short), (request(SLOT + 1000, "b"), long)):
+        assert (await claim_one(backend, req, policy)).outcome is Outcome.WON
+    refused = await claim_one(backend, request(SLOT + 2000, "c"), JobPolicy(lease_ms=5_000))
+    assert refused.outcome is Outcome.OVERLAP
+    assert 55_000 < refused.lease_ms_left <= 60_000
+    [skipped] = [r for r in await backend.strategy.history(backend.store, "sync", 10) if r.slot == SLOT + 2000]
+    assert skipped.message == f"run {SLOT + 1000} was still running"
+
+
 async def test_keys_and_types_are_the_documented_ones(target: StoreTarget, strategy: str) -> None:
     backend = await target.started_backend(strategy, prefix="billing:cron:")
     policy = JobPolicy(lease_ms=5_000, overlap=True)
