@@ -70,6 +70,8 @@ def scaled(scenario: Scenario, factor: float = SCALE) -> Scenario:
     for spec in scenario.faults:
         if spec.kind in VIRTUAL_ONLY:
             raise ScenarioError(f"{scenario.name}: {spec.kind} is a fault of the virtual mode's replication log only")
+        if spec.settings.get("clock_ms"):  # libfaketime under redis-server never accepted connections
+            raise ScenarioError(f"{scenario.name}: a failover's clock_ms is for the virtual mode only")
     last_fault = max((f.at_s + min(f.duration_s, scenario.duration_s) for f in scenario.faults), default=0.0)
     duration = min(scenario.duration_s, last_fault + SETTLE_AFTER_FAULTS_S)
 

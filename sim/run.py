@@ -60,7 +60,7 @@ def simulate(scenario: Scenario, strategy: str, seed: int) -> Outcome:
     level = quiet.level
     quiet.setLevel(logging.ERROR)  # faults make instances log warnings by design
     try:
-        history = run_virtual(world.run(), epoch_s=EPOCH_S, seed=seed)
+        history = run_virtual(world.run(), epoch_s=EPOCH_S, seed=seed, store_ahead_s=lambda: world.store.clock_ahead_s)
     finally:
         quiet.setLevel(level)
     judgement = judge(scenario, strategy, history, world.fault_windows)

@@ -45,7 +45,8 @@ FAULT_KINDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "skew": (("instance", "offset_ms"), ()),  # the clock jumps
     "drift": (("instance", "drift"), ()),  # the clock runs 1 + drift times as fast from here on
     "late": (("instance", "delay_ms", "duration_s"), ()),
-    "failover": (("lag_ms",), ()),  # the replica, lag_ms behind, is promoted
+    # the replica, lag_ms behind, is promoted; its clock clock_ms ahead of the old primary's (behind if below 0)
+    "failover": (("lag_ms",), ("clock_ms",)),
     # writes reach the replica when the hold ends (a broken link too: the replica resynchronises when it is back)
     "replication-hold": (("duration_s",), ()),
     "store-restart": ((), ()),

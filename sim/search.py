@@ -70,7 +70,7 @@ FAULT_KINDS: dict[str, st.SearchStrategy[dict[str, Any]]] = {
     "skew": _fault("skew", instance=_INSTANCE, offset_ms=st.integers(-15_000, 15_000)),
     "drift": _fault("drift", instance=_INSTANCE, drift=st.sampled_from([-0.05, -0.01, 0.01, 0.05])),
     "late": _fault("late", instance=_INSTANCE, delay_ms=st.integers(1_000, 30_000), duration_s=st.integers(5, 30)),
-    "failover": _fault("failover", lag_ms=st.integers(100, 5_000)),
+    "failover": _fault("failover", {"clock_ms": st.integers(-600_000, 600_000)}, lag_ms=st.integers(100, 5_000)),
     "replication-hold": _fault("replication-hold", duration_s=st.integers(1, 20)),
     "store-restart": _fault("store-restart"),
     "manual": _fault("manual", instance=_INSTANCE, job=st.just("tick")),

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import random
 import selectors
-from collections.abc import Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, TypeVar
 from unittest import mock
 
@@ -65,8 +65,11 @@ class VirtualLoop(asyncio.SelectorEventLoop):
             self._now += seconds
 
 
-def run_virtual(main: Coroutine[Any, Any, T], *, epoch_s: float, seed: int) -> T:
-    """Run ``main`` to completion in virtual time; ``time.time()`` reads ``epoch_s`` + virtual seconds meanwhile.
+def run_virtual(
+    main: Coroutine[Any, Any, T], *, epoch_s: float, seed: int, store_ahead_s: Callable[[], float] = lambda: 0.0
+) -> T:
+    """Run ``main`` to completion in virtual time; ``time.time()``, the store's clock, reads ``epoch_s`` + virtual
+    seconds + ``store_ahead_s()`` meanwhile (a failover may promote a server whose clock differs).
 
     The module-level ``random`` is seeded too: fakeredis draws from it (SRANDMEMBER).
     """
@@ -75,7 +78,7 @@ def run_virtual(main: Coroutine[Any, Any, T], *, epoch_s: float, seed: int) -> T
     random.seed(seed)
 
     def wall_clock() -> float:
-        return epoch_s + loop.time()
+        return epoch_s + loop.time() + store_ahead_s()
 
     try:
         with mock.patch("time.time", wall_clock):

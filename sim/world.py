@@ -131,6 +131,7 @@ class SimStore:
         fakestore.install()
         self.version = version
         self.idmp = IdmpState()
+        self.clock_ahead_s = 0.0  # the serving server's clock over true time (time.time() reads it: run_virtual)
         self._new_server()
         self.replication = Replication(self._read_key, self.idmp) if replicated else None
 
@@ -155,11 +156,14 @@ class SimStore:
             connection = IdmpConnection(connection, self.idmp)
         return ReplicatedConnection(connection, self.replication) if self.replication else connection
 
-    def promote(self, lag_s: float) -> list[Entry]:
+    def promote(self, lag_s: float, clock_s: float = 0.0) -> list[Entry]:
         """The replica, ``lag_s`` behind, becomes the primary: what it had not received is gone, and so are the
-        scripts (they are not replicated). Returns the log's entries whose writes it lacked."""
+        scripts (they are not replicated). Its clock is ``clock_s`` ahead of the old primary's: TIME and new
+        stream ids follow it (an id never below the stream's last one), and expiries, replicated as absolute
+        times (Redis 7+), come that much sooner. Returns the log's entries whose writes it lacked."""
         assert self.replication is not None, "a failover needs a store with a replica"
         dataset, lacked = self.replication.replica(lag_s)
+        self.clock_ahead_s += clock_s
         now_ms = int(time.time() * 1000)
         self._new_server()
         for key, state in dataset.keys.items():
@@ -430,10 +434,12 @@ class World:
         start = fault.at_s
         if fault.kind == "failover":
             lag_s = float(fault.settings["lag_ms"]) / 1000
+            clock_ms = int(fault.settings.get("clock_ms", 0))
             await asyncio.sleep(start)
-            lacked = self.store.promote(lag_s)
+            lacked = self.store.promote(lag_s, clock_ms / 1000)
             self._redirect()
-            self.record_fault(fault, f"promoted a replica {lag_s * 1000:.0f} ms behind")
+            clock = f", its clock {clock_ms:+d} ms from the old one's" if clock_ms else ""
+            self.record_fault(fault, f"promoted a replica {lag_s * 1000:.0f} ms behind{clock}")
             # The window runs from the earliest write the replica lacked; the claims lost are those whose writes
             # it lacked, known by their tokens.
             since = min((entry.t for entry in lacked), default=start)

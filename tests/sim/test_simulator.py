@@ -343,6 +343,28 @@ def test_replication_loses_nothing_for_good_short_of_a_failover() -> None:
         _promoted_after({"at_s": 39, "kind": "replication-drop", "duration_s": 5})
 
 
+def test_a_failover_to_a_server_whose_clock_is_behind_keeps_the_lease_to_its_length() -> None:
+    """The replica promoted at 15 s has a clock 60 s behind the old primary's: its TIME reads 60 s less, and the
+    runs stream's last id (the claim of 10 s) stays ahead of it. The winner of the slot at 20 s dies a second
+    in: a backup takes the run over once its 3 s lease ends by the new clock, not a minute later."""
+    scenario = parse({
+        "name": "clock-behind", "duration_s": 40, "scheduler": {"lease_ms": 3000, "heartbeat_ms": 1000},
+        "instances": [{"name": "a"}, {"name": "b"}],
+        "jobs": [{"name": "tick", "cron": "*/10 * * * * *", "work_s": 5.0}],
+        "faults": [
+            {"at_s": 15, "kind": "failover", "lag_ms": 0, "clock_ms": -60_000},
+            {"at_s": 21, "kind": "crash", "instance": "winner"},
+        ],
+    })  # fmt: skip
+    outcome = simulate(scenario, "lease", 1)
+    [failover] = [e.value for e in outcome.history.events if e.op == "failover"]
+    assert failover == "promoted a replica 0 ms behind, its clock -60000 ms from the old one's"
+    attempts = sorted((e.attempt, e.started) for e in outcome.history.executions if e.slot == EPOCH_S * 1000 + 20_000)
+    assert [attempt for attempt, _ in attempts] == [1, 2]
+    assert 23 <= attempts[1][1] <= 25, attempts  # the lease (3 s from 20 s, renewed until the crash) then ends
+    assert outcome.judgement.verdicts["P4"].status == "valid"
+
+
 def test_the_promoted_replica_gets_a_replica_of_its_own() -> None:
     # A first failover at 25 s; the claim at 40 s reaches the new primary's replica before the second one.
     assert _promoted_after({"at_s": 25, "kind": "failover", "lag_ms": 0}) == ("valid", "valid")
