@@ -41,7 +41,7 @@ end
 -- Decide whether this claim starts an attempt; every other answer returns on the way.
 local r, job_fence, forgotten = load_run(run, true)
 local attempt -- the attempt this claim starts
-local now -- the server's ms (TIME), read once an answer depends on it, or when the attempt starts
+local now -- the server's ms (TIME), read only where an answer depends on it (see also the attempt's start)
 if not r then
   if tonumber(slot) <= forgotten then -- ended long ago and forgotten: this claim comes later than keep_ms allows
     return reply('done', 0, 0, 0)
@@ -117,12 +117,14 @@ end
 -- Trimming (of the runs stream too) is left to finish, which follows every won claim: claims stay short.
 attempt = tostring(attempt)
 local fence = tostring(job_fence + 1)
-redis.call('XADD', RUNS, '*', 'run', run, 'slot', slot, 'attempt', attempt, 'token', token, 'runner', runner,
-  'fence', fence)
--- The lease starts at the server's TIME, not at the entry id's ms: an id is never below the stream's last one,
--- which a clock set back (or a failover to a server whose clock is behind) leaves ahead of the clock, and a
--- lease counted from it would hold the run from backups for as long as the clock is behind.
-local started = now or server_now()
+local entry = redis.call('XADD', RUNS, '*', 'run', run, 'slot', slot, 'attempt', attempt, 'token', token,
+  'runner', runner, 'fence', fence)
+-- The attempt starts now. An id of sequence 0 is the server's ms (nearly every claim: no TIME needed); a later
+-- sequence means the stream's last id was at or past the clock, ahead of it after the clock was set back (or a
+-- failover to a server whose clock is behind), and a lease counted from it would hold the run from backups for
+-- as long as the clock is behind.
+local id_ms, sequence = string.match(entry, '^(%d+)-(%d+)$')
+local started = now or (sequence == '0' and id_ms) or server_now()
 local value = run_value('running', attempt, token, runner, started + lease_ms, fence, slot, manual, started)
 redis.call('HSET', STATE, run, value, 'fence', fence)
 if job_fence == 0 then
