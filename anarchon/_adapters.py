@@ -723,6 +723,10 @@ def adapt(client: object) -> Connection:
         )
     module = type(client).__module__
     cls = type(client).__name__
+    if "Pipeline" in cls and module.startswith(("redis.", "valkey.")):  # cluster ones too
+        raise ConfigTypeError(
+            "redis", f"got a pipeline ({module}.{cls}): it queues commands until execute()", "the client it came from"
+        )
     if all(inspect.iscoroutinefunction(getattr(client, m, None)) for m in _CONNECTION_METHODS):
         return cast(Connection, client)  # already speaks the seam (the simulator's store, test doubles)
     if module.startswith("glide"):

@@ -76,6 +76,13 @@ async def detect_server(execute: Callable[[Command], Awaitable[Reply]]) -> Serve
     try:
         return parse_hello(await execute(["HELLO"]))
     except StoreReplyError as refused:
+        if "HELLO" in info_refused.reply and "HELLO" in refused.reply:
+            # The client opened its connection with HELLO 3 (redis-py 8 does by default), which a server before
+            # Redis 6 does not know: every command fails with it.
+            raise StoreReplyError(
+                f"{info_refused.reply}: the client speaks RESP3 (HELLO 3), which this server (before Redis 6) does "
+                "not know; create the client with protocol=2"
+            ) from None
         raise StoreReplyError(
             f"{info_refused.reply} (to INFO server); {refused.reply} (to HELLO): anarchon reads the server's kind "
             "and version with either; allow this user one of them"

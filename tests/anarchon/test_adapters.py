@@ -48,6 +48,7 @@ from anarchon import (
     StoreError,
     StoreReplyError,
     StoreUnavailableError,
+    ValkeyBackend,
 )
 from anarchon._adapters import RedisPyAsync, RedisPyCluster, adapt, pack, translate
 from anarchon._keys import KeySpace
@@ -352,6 +353,27 @@ async def test_a_user_refused_info_is_detected_through_hello(client_on_server: C
         assert isinstance(claim, Claim)
         assert claim.outcome is Outcome.WON
         await backend.stop()
+
+
+async def test_a_resp3_client_starts_where_the_server_speaks_it_and_is_told_to_speak_resp2_where_not(
+    real_server: ServerUnderTest,
+) -> None:
+    """redis-py 8 opens a RESP3 connection with HELLO 3, which Redis 5 does not know: every command fails, and the
+    start says what to change (it said to allow the user INFO or HELLO, an ACL matter Redis 5 does not have)."""
+    running = real_server.running
+    client = redis.asyncio.Redis(host=running.host, port=running.port, protocol=3)
+    backend = RedisBackend(redis=client)
+    try:
+        if running.target == "redis-5":
+            with pytest.raises(StoreReplyError, match=r"speaks RESP3 .*create the client with protocol=2"):
+                await backend.start(["sync"])
+        else:
+            await backend.start(["sync"])
+            assert backend.server is not None
+            assert ".".join(map(str, backend.server.version)) == running.version
+            await backend.stop()
+    finally:
+        await client.aclose()
 
 
 @pytest.mark.parametrize("strategy", ["lease", "stream-id"])
@@ -902,6 +924,19 @@ def test_a_client_class_given_for_a_client_is_a_config_type_error(cls: type) -> 
     with pytest.raises(ConfigTypeError, match=rf"^redis: got the class .*{cls.__name__}") as refused:
         RedisBackend(redis=cls)
     assert refused.value.option == "redis"
+
+
+def test_a_pipeline_given_for_a_client_is_a_config_type_error() -> None:
+    """A pipeline answers every command with itself until execute(): taken for a client, start() read the store
+    format from it and blamed another program for the prefix."""
+    clients = [redis.asyncio.Redis(), redis.Redis(), valkey.asyncio.Valkey(), fakeredis.FakeAsyncRedis()]
+    for client in clients:
+        with pytest.raises(ConfigTypeError, match=r"^redis: got a pipeline .*the client it came from") as refused:
+            RedisBackend(redis=client.pipeline())
+        assert refused.value.option == "redis"
+    with pytest.raises(ConfigTypeError, match=r"^valkey: got a pipeline") as refused:
+        ValkeyBackend(valkey=valkey.Valkey().pipeline())
+    assert refused.value.option == "valkey"
 
 
 class Scripted:
