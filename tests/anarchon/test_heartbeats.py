@@ -90,6 +90,7 @@ async def test_a_heartbeat_failing_unexpectedly_is_tried_again_and_the_keeper_go
     try:
         keeper.hold(REQUEST, JobPolicy(), SystemClock().monotonic(), 10_000, lost.append)
         await eventually(lambda: strategy.beats >= 3, cap_s=5)  # the retry a second later, then the next beat
+        assert strategy.beats >= 3
         assert not serving.done()
     finally:
         serving.cancel()

@@ -951,7 +951,7 @@ async def test_a_sync_job_that_ends_as_stop_interrupts_it_keeps_its_result(
         if fails:
             raise RuntimeError("failed")
 
-    scheduler.add_job("job", second_from_now(1), job, max_attempts=3)
+    scheduler.add_job("job", second_from_now(3), job, max_attempts=3)  # a second after a slow start() too
     await scheduler.start()
     await eventually(lambda: bool(ended), 10)
     [stored] = await scheduler.history("job")
@@ -1990,10 +1990,23 @@ async def test_stop_closes_only_connections_it_opened(real_server: ServerUnderTe
         pass
     assert await mine.ping()  # still open
 
-    owned = Scheduler(backend_for(real_server.target, real_server.url()))
+    running = real_server.running
+    owned = Scheduler(
+        backend_for(real_server.target, {"host": running.host, "port": running.port, "client_name": "own"})
+    )
+
+    async def connections_named_own() -> int:
+        return sum(client.get("name") == "own" for client in await mine.client_list())
+
     await owned.start()
-    store = owned.backend.store
+    assert await connections_named_own() >= 1
+    store = owned.backend.store  # held: a client dropped would close its connection when collected
     await owned.stop()
+    for _ in range(100):  # the server sees the connection close a moment later
+        if not await connections_named_own():
+            break
+        await asyncio.sleep(0.01)
+    assert await connections_named_own() == 0
     with pytest.raises(SchedulerStateError):
         owned.backend.store  # noqa: B018
     assert store.owned

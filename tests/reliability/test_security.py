@@ -140,9 +140,10 @@ async def test_tls_and_an_acl_user_schedule_and_run(
     password = PASSWORDS["alice"]
     connection: Any = secure.url("alice", password) if given_as == "url" else secure.options("alice", password)
     schedulers = []
+    tick = second_from_now(2)  # once: a second that began between two instances would give each its own slot
     for i in range(2):
         scheduler = Scheduler(RedisBackend(redis=connection, prefix="a:"), instance_id=f"i{i}", lease_ms=5_000)
-        scheduler.add_job("tick", second_from_now(2), ledger.job(f"i{i}"))
+        scheduler.add_job("tick", tick, ledger.job(f"i{i}"))
         scheduler.add_job("sync", "0 0 1 1 *", ledger.job(f"i{i}"))
         schedulers.append(scheduler)
     await asyncio.gather(*(s.start() for s in schedulers))
@@ -289,9 +290,10 @@ async def test_user_text_reaches_the_store_only_as_arguments_and_comes_back_verb
 async def test_two_prefixes_on_one_store_keep_runs_history_and_manual_runs_apart(secure: TlsServer) -> None:
     ledger = Ledger()
     schedulers: dict[str, Scheduler[Any]] = {}
+    tick = second_from_now(2)  # once: both prefixes run the same slot
     for user, prefix in (("alice", "a:"), ("bob", "b:")):
         scheduler = Scheduler(RedisBackend(redis=secure.url(user, PASSWORDS[user]), prefix=prefix), instance_id=user)
-        scheduler.add_job("tick", second_from_now(2), ledger.job(user))
+        scheduler.add_job("tick", tick, ledger.job(user))
         scheduler.add_job("sync", "0 0 1 1 *", ledger.job(user))
         schedulers[prefix] = scheduler
     await asyncio.gather(*(s.start() for s in schedulers.values()))
