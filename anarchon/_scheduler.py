@@ -25,7 +25,7 @@ import re
 import signal
 import socket
 import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Generic, Literal, TypeAlias, TypeVar, cast, overload
@@ -533,23 +533,22 @@ class Scheduler(Generic[M]):
         self._started = False
         self._stop_deadline = self.clock.monotonic() + timeout
         loop = asyncio.get_running_loop()
-        interrupt_at = loop.time() + timeout
-        abandon_at = interrupt_at + STOP_GRACE_S
         abandoned = 0
         for nap in self._naps:
             nap.cancel()
         if self._dispatcher is not None:
             self._dispatcher.cancel()
-            abandoned, _ = await _end_by(self._dispatcher, at=abandon_at)
+            abandoned, _ = await _end_by(self._dispatcher, at=loop.time() + timeout + STOP_GRACE_S)
             self._dispatcher = None
         self._hand_back_queued_retries()
-        # Runs and catch-ups (which stop between slots) go on, heartbeats included, for up to `timeout`.
+        # Runs and catch-ups (which stop between slots) go on, heartbeats included, for up to `timeout` of this
+        # scheduler's clock, as its jobs' time: a process stopped (SIGSTOP) meanwhile acts on it when it resumes,
+        # and so does one whose clock the simulator pauses.
         work = [task for task in self._tasks if task.get_name() != "anarchon-heartbeats"]
-        if work:
-            await asyncio.wait(work, timeout=max(0.0, interrupt_at - loop.time()))
+        await _wait_until(self.clock, work, self._stop_deadline)
         for running in list(self._running.values()):
             running.interrupt(STOPPED)
-        given_up, left = await _end_by(*work, at=abandon_at)
+        given_up, left = await _end_by(*work, at=loop.time() + STOP_GRACE_S)
         abandoned += given_up
         if abandoned:
             log.warning(
@@ -1342,6 +1341,21 @@ async def _cancel_the_rest() -> None:
         task.cancel()
     if tasks:  # a job that ignores cancellation is left: stop() said so when it gave up on it
         await asyncio.wait(tasks, timeout=STOP_GRACE_S)
+
+
+async def _wait_until(clock: Clock, tasks: Iterable[asyncio.Task[Any]], at: float) -> set[asyncio.Task[Any]]:
+    """Wait for the tasks until ``at`` on ``clock`` (its monotonic seconds); returns those still going."""
+    pending = {task for task in tasks if not task.done()}
+    if not pending or at <= clock.monotonic():  # stop(timeout=0) waits for no timer
+        return pending
+    timer = asyncio.ensure_future(clock.sleep(at - clock.monotonic()))
+    try:
+        while pending and not timer.done():
+            done, _ = await asyncio.wait({*pending, timer}, return_when=asyncio.FIRST_COMPLETED)
+            pending -= done
+    finally:
+        timer.cancel()
+    return pending
 
 
 async def _end_by(*tasks: asyncio.Task[Any], at: float) -> tuple[int, set[asyncio.Task[Any]]]:

@@ -329,9 +329,9 @@ class SimInstance:
         scheduler, self.scheduler, link = self.scheduler, None, self.link
         try:
             # A paused process (SIGSTOP) acts on its stop only when it resumes, as live mode's does: until then
-            # its jobs go on, frozen. Killed meanwhile, it is stopped by the crash. (A pause that begins once the
-            # stop is under way does not hold stop()'s timeout, on the event loop's clock: the jobs are cut short
-            # inside the pause, where a live process cuts them short at the resume.)
+            # its jobs go on, frozen. Killed meanwhile, it is stopped by the crash. A pause that begins once the
+            # stop is under way holds stop()'s timeout (it waits on the instance's clock, whose timers fire at the
+            # resume): the jobs are cut short at the resume, as a live process's are.
             self.stop_at_resume = scheduler
             await self.clock.gate()
             if self.stop_at_resume is None:

@@ -229,6 +229,31 @@ def test_a_process_told_to_stop_while_paused_acts_on_it_at_the_resume(crash_at_s
         assert (first.ended, first.completed) == (pytest.approx(41.0), False)
 
 
+def test_a_pause_that_begins_during_a_stop_holds_its_timeout_to_the_resume() -> None:
+    """Stopped at 12 s with 3 s to finish its job, the winner of the slot at 10 s is paused from 13 s to 23 s. As a
+    live process (SIGSTOP) does, it acts on the timeout that ran out meanwhile when it resumes: its job is cut
+    short at 23 s, beside the backup that took the run over when its lease ran out (P1 and P4 invalid), not
+    inside the pause, where a paused process does nothing."""
+    scenario = parse({
+        "name": "pause-in-stop", "duration_s": 40, "scheduler": {"lease_ms": 3000, "heartbeat_ms": 1000},
+        "instances": [{"name": "a"}, {"name": "b"}],
+        "jobs": [{"name": "tick", "cron": "*/10 * * * * *", "work_s": 20.0}],
+        "faults": [
+            {"at_s": 12, "kind": "stop", "instance": "a", "timeout_s": 3},
+            {"at_s": 13, "kind": "pause", "instance": "a", "duration_s": 10},
+        ],
+    })  # fmt: skip
+    outcome = simulate(scenario, "lease", 1)
+    slot = int((EPOCH_S + 10) * 1000)
+    runs = sorted((e.attempt, e.instance, e.ended, e.completed) for e in outcome.history.executions if e.slot == slot)
+    assert runs == [(1, "a", pytest.approx(23.0), False), (2, "b", pytest.approx(35.001), True)]
+    stopped = [e.t for e in outcome.history.events if e.kind == "fault" and e.value == "instance a stopped"]
+    assert stopped == [pytest.approx(23.0)]
+    assert {name: outcome.judgement.checks[name].status for name in ("P1", "P4")} == dict.fromkeys(
+        ("P1", "P4"), "invalid"
+    )
+
+
 def test_clock_faults_are_history_entries_and_move_the_clock_without_a_jump() -> None:
     scenario = parse({
         "name": "clocks", "duration_s": 30,
