@@ -34,7 +34,7 @@ from sim.servers import (
     start_server,
 )
 from sim.servers import _provision as provisioning
-from sim.servers._local import pick_port
+from sim.servers._local import pick_port, process_exists
 from sim.servers.testing import ServerUnderTest, resolve_selection
 
 SERIES = {"redis-5": "5.0.", "redis-7": "7.0.", "redis-8.6": "8.6.", "valkey-9": "9."}
@@ -49,14 +49,6 @@ async def _command(client: redis.asyncio.Redis, *args: str) -> Any:
 
 def _has_idmp(target: str) -> bool:
     return target == "redis-8.6"
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def _running(pid: int) -> bool:
@@ -156,7 +148,7 @@ def _assert_gone(pids: list[int], dirs: list[Path], ports: list[int]) -> None:
     assert pids
     assert dirs
     for pid in pids:
-        assert not _pid_alive(pid)
+        assert not process_exists(pid)
     for directory in dirs:
         assert not directory.exists()
         assert not directory.parent.exists()  # the whole temporary folder
@@ -170,7 +162,7 @@ def test_exit_removes_processes_and_folder(real_target: str) -> None:
         assert server.directory is not None
         assert server.directory.is_dir()
         assert server.pid is not None
-        assert _pid_alive(server.pid)
+        assert process_exists(server.pid)
         assert server.url() == f"redis://127.0.0.1:{server.port}/0"
     _assert_gone(*footprint)
 
@@ -267,7 +259,7 @@ def test_kill_pause_and_restart(real_target: str) -> None:
             server.kill()
             assert server.pid is None
             assert first_pid is not None
-            assert not _pid_alive(first_pid)
+            assert not process_exists(first_pid)
             assert not _port_answers(server.port)
             server.restart()
             assert server.pid is not None

@@ -419,20 +419,21 @@ def server_dir(target: str) -> Path:
     is deleted by the next process that starts a server here."""
     for orphan in Path(tempfile.gettempdir()).glob("anarchon-*-pid*-*"):
         owner = orphan.name.rsplit("-", 2)[1].removeprefix("pid")
-        if owner.isdigit() and not _process_exists(int(owner)):
+        if owner.isdigit() and not process_exists(int(owner)):
             shutil.rmtree(orphan, ignore_errors=True)
     path = Path(tempfile.mkdtemp(prefix=f"anarchon-{target}-pid{os.getpid()}-"))
     register_dir(path)
     return path
 
 
-def _process_exists(pid: int) -> bool:
+def process_exists(pid: int) -> bool:
+    """Whether a process of that id exists (a zombie too), this user's or another's."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:  # another user's
-        return True
+        pass
     return True
 
 

@@ -428,21 +428,18 @@ def test_live_mode_scales_only_seconds_crons_that_fire_every_n_seconds(cron: str
     [
         ({"kind": "replication-hold", "duration_s": 5}, "replication log only"),
         ({"kind": "failover", "lag_ms": 100, "clock_ms": -5000}, "clock_ms is for the virtual mode only"),
+        ({"kind": "failover", "lag_ms": 100}, None),  # to a server on the same clock: live mode makes it
     ],
 )
-def test_live_mode_refuses_the_faults_it_cannot_make_real_servers_do(fault: dict[str, Any], refusal: str) -> None:
+def test_live_mode_refuses_the_faults_it_cannot_make_real_servers_do(
+    fault: dict[str, Any], refusal: str | None
+) -> None:
     scenario = parse({
-        "name": "virtual-only", "duration_s": 60, "instances": [{"name": "a"}],
+        "name": "faults", "duration_s": 60, "instances": [{"name": "a"}],
         "jobs": [{"name": "tick", "cron": "*/10 * * * * *", "work_s": 1}], "faults": [{"at_s": 20, **fault}],
     })  # fmt: skip
-    with pytest.raises(ScenarioError, match=refusal):
-        live.scaled(scenario)
-
-
-def test_live_mode_runs_a_failover_to_a_server_on_the_same_clock() -> None:
-    scenario = parse({
-        "name": "failover", "duration_s": 60, "instances": [{"name": "a"}],
-        "jobs": [{"name": "tick", "cron": "*/10 * * * * *", "work_s": 1}],
-        "faults": [{"at_s": 20, "kind": "failover", "lag_ms": 100}],
-    })  # fmt: skip
-    assert [fault.kind for fault in live.scaled(scenario).faults] == ["failover"]
+    if refusal is None:
+        assert [spec.kind for spec in live.scaled(scenario).faults] == [fault["kind"]]
+    else:
+        with pytest.raises(ScenarioError, match=refusal):
+            live.scaled(scenario)
