@@ -47,6 +47,7 @@ class Execution:
     started: float  # true time
     ended: float | None = None
     completed: bool = False
+    cut_by_end: bool = False  # still going when the run ended (``ended`` is then the end): its outcome unknown
 
     def overlaps(self, other: Execution) -> bool:
         end = self.ended if self.ended is not None else float("inf")

@@ -206,6 +206,7 @@ class Instance:
     # its start records carry: a kill ends the executions of the process it killed, however many run at once.
     incarnation: dict[asyncio.subprocess.Process, int] = field(default_factory=dict)
     killed_at: list[tuple[int, float]] = field(default_factory=list)  # (incarnation, monotonic time)
+    killed_at_end: set[int] = field(default_factory=set)  # incarnations the run's end killed, not a fault
     crashes: int = 0  # crash faults struck: a restart under way gives up once its process is killed
     # Pauses in force. They strike the instance, not one process of it: a process restarted within one starts
     # paused. (Partitions live in the proxy, which a restarted process connects through.)
@@ -347,6 +348,8 @@ class Instance:
         """The end of the run: every process of the instance is killed, its jobs counted as going on until now,
         paused or not (a zombie still paused at the end has not stopped its job; see the virtual world's end)."""
         for process in self._processes():
+            if process.returncode is None:
+                self.killed_at_end.add(self.incarnation[process])
             await self._kill(process, time.monotonic())
         self.process, self.leaving = None, []
 
@@ -524,6 +527,7 @@ class LiveRun:
             for execution, incarnation in by_token.values():
                 if execution.ended is None:  # its process was killed (two may run at once: see Instance.leaving)
                     execution.ended = killed.get(incarnation, self.scenario.duration_s)
+                    execution.cut_by_end = incarnation in instance.killed_at_end
         runs = {e.token: e.run for e in history.events if e.op == "claim"}
         for execution in history.executions:
             execution.run = runs.get(execution.token, execution.run)  # a manual run's id is not its slot

@@ -289,6 +289,8 @@ class SimInstance:
         """The end of the simulation: the process is killed as by a crash, but its jobs count as going on until
         now, paused or not. A paused process had not stopped them: a zombie still paused at the end believes it
         holds its lease beside the backup that took its run over, and the checkers must see it."""
+        for execution in self.running_jobs.values():
+            execution.cut_by_end = True
         self._stop_jobs(self.world.now())
         await self.crash()
 

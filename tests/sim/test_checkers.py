@@ -103,6 +103,30 @@ def test_a_slot_is_not_expected_of_an_instance_that_was_down_within_its_settling
     assert judgement.slots_checked == 6
 
 
+def test_a_slot_still_going_when_the_run_ended_is_not_judged_missed() -> None:
+    # The slot at 80 s began late, at 92 s, and was going when the run ended at 100 s: it may yet finish.
+    going = replace(_execution("a", 80, 92, 100, completed=False), cut_by_end=True)
+    verdict = _judge([*_every_slot(skip=80), going]).verdicts["P2"]
+    assert verdict.status == "unknown"
+    assert verdict.witness == (
+        "still going at the end: tick slot at 80 s: a attempt 1 [92.000 .. 100.000] still going at the end"
+    )
+    # Killed there instead, it is missed; and a slot missed elsewhere makes the verdict invalid whatever is going.
+    killed = replace(going, cut_by_end=False)
+    assert _judge([*_every_slot(skip=80), killed]).verdicts["P2"].status == "invalid"
+    missed = _judge([*(e for e in _every_slot(skip=80) if e.started != 20), going])
+    assert (missed.verdicts["P2"].status, missed.verdicts["P2"].count) == ("invalid", 1)
+
+
+def test_missed_slots_that_lease_skipped_as_overlaps_are_counted_apart() -> None:
+    # The slot at 30 s was answered overlap (the run of 20 s still held its lease); the one at 60 s never claimed.
+    runs = [e for e in _every_slot() if e.started not in (30, 60)]
+    skipped = _execution("b", 30, 30, None)
+    events = [Event(30.0, "ok", "b", "claim", "tick", skipped.run, "t-b", "overlap attempt=0 lease_ms=2000 fence=0")]
+    verdict = _judge(runs, events).verdicts["P2"]
+    assert (verdict.status, verdict.count, verdict.figures) == ("invalid", 2, {"skipped_overlap": 1})
+
+
 # --- P3 no overlap --------------------------------------------------------------------------------------------
 
 
@@ -165,6 +189,23 @@ def test_the_lease_margin_is_the_last_acknowledged_expiry_minus_the_last_side_ef
     assert "a's lease ran out at 44.000 s, 3000 ms before it stopped" in verdict.witness
     assert verdict.figures == {"attempts": 2, "past_lease": 1, "min_margin_ms": -3000.0, "p50_margin_ms": -3000.0}
     assert judgement.as_json()["figures"]["P4"]["past_lease"] == 1
+
+
+def test_a_lease_counts_from_when_its_request_was_sent_not_when_the_reply_was_read() -> None:
+    # a sent a heartbeat at 41 s and was paused before reading the reply (read at 46.5 s): its lease ran to 44 s,
+    # as its scheduler counts it, however late the reply came.
+    zombie = _execution("a", 40, 40, 47, completed=False)
+    sent = Event(41.0, "invoke", "a", "heartbeat", "tick", zombie.run, zombie.token)
+    events = [_ack(zombie, 40.0), sent, _ack(zombie, 46.5, "heartbeat", "3000")]
+    judgement = _judge([*_every_slot(skip=40), zombie], events)
+    assert judgement.lease_margins_ms == pytest.approx([-3000.0])
+
+
+def test_an_execution_still_going_at_the_end_has_no_lease_margin() -> None:
+    # Paused at 41 s until the end (100 s): its work never ended, so nothing measures how far past its lease.
+    zombie = replace(_execution("a", 40, 40, 100, completed=False), cut_by_end=True)
+    judgement = _judge([*_every_slot(skip=40), zombie], [_ack(zombie, 40.0)])
+    assert judgement.lease_margins_ms == []
 
 
 def test_a_retried_claim_counts_only_the_lease_it_had_left() -> None:
@@ -264,6 +305,14 @@ def test_a_failover_that_knows_the_tokens_it_lost_blames_those_claims_only() -> 
     assert _p5(events, [FaultWindow(19.0, 22.0, "failover")], "script").count == 2
 
 
+def test_a_lost_token_won_again_after_the_failover_is_not_a_lost_claim() -> None:
+    # a's claim reached the old primary inside the window, but its reply was lost: a retried it on the new primary
+    # at 23 s with the same token, won, and b's claim at 25 s lost to it. Nothing acknowledged was lost.
+    lost_a = frozenset({"t-a-40-1"})
+    verdict = _p5([_won("a", 23.0), _won("b", 25.0)], [FaultWindow(19.0, 22.0, "failover", lost_words=lost_a)])
+    assert verdict.status == "valid"
+
+
 # --- P6 fencing ------------------------------------------------------------------------------------------------
 
 
@@ -284,15 +333,35 @@ def test_fences_accepted_at_the_same_instant_keep_the_order_of_the_history() -> 
     assert after_a_reset.witness == "tick: fence 3 accepted at 40.000 s after fence 5 at 40.000 s"
 
 
+def test_a_retried_claim_recognising_its_own_token_is_one_acceptance() -> None:
+    # a's claim reply was lost; its retry at 41 s got the same fence back. b then accepted fence 2.
+    a, b = _execution("a", 40, 40, 41), _execution("b", 50, 50, 51)
+    events = [_ack(a, 40.0, value="won attempt=1 fence=1"), _ack(b, 40.5, value="won attempt=1 fence=2"),
+              _ack(a, 41.0, value="won attempt=1 fence=1")]  # fmt: skip
+    assert _judge(_every_slot(), events).verdicts["P6"].status == "valid"
+
+
+def test_a_claim_whose_outcome_is_unknown_is_no_acceptance() -> None:
+    # The store may or may not have run it: only acknowledged claims are judged (P5, P6, the margins).
+    a = _execution("a", 40, 40, 41)
+    unknown = Event(40.5, "info", "a", "claim", "tick", a.run, "t-other", "won attempt=1 fence=0")
+    judgement = _judge(_every_slot(), [_ack(a, 40.0, value="won attempt=1 fence=5"), unknown])
+    assert judgement.verdicts["P6"].status == "valid"
+
+
 # --- lateness --------------------------------------------------------------------------------------------------
 
 
 def test_runs_on_time_have_valid_lateness_with_figures() -> None:
-    runs = [_execution("a", s, s + (0.5 if s == 50 else 0), s + 1) for s in range(10, 100, 10)]
+    # The slot at 50 s starts 0.5 s late; the one at 30 s 2 s early (its instance's clock ahead): shown, not judged.
+    started = {50: 50.5, 30: 28.0}
+    runs = [_execution("a", s, started.get(s, s), started.get(s, s) + 1) for s in range(10, 100, 10)]
     judgement = _judge(runs)
     assert judgement.lateness.status == "valid"
-    assert judgement.lateness.figures == {"runs": 9, "p50_ms": 0.0, "p99_ms": 500.0, "max_ms": 500.0}
-    assert "slot at 50 s" in judgement.lateness.witness  # the latest run
+    assert judgement.lateness.figures == {"runs": 9, "min_ms": -2000.0, "p50_ms": 0.0, "p99_ms": 500.0,
+                                          "max_ms": 500.0}  # fmt: skip
+    assert "nearest its allowance: tick slot at 50 s" in judgement.lateness.witness
+    assert "started 500 ms after its slot" in judgement.lateness.witness
     assert judgement.as_json()["lateness"]["verdict"] == "valid"
     assert judgement.as_json()["lateness"]["max_ms"] == 500.0
 
@@ -324,8 +393,15 @@ def test_lateness_is_each_runs_first_start_and_a_late_duplicate_does_not_count()
     duplicated = [*_every_slot(skip=40), _execution("a", 40, 40, 41), _execution("b", 40, 55, 56)]
     judgement = _judge(duplicated, strategy="script", max_late_ms=5000)
     assert judgement.lateness.status == "valid"
-    assert judgement.lateness.figures == {"runs": 9, "p50_ms": 0.0, "p99_ms": 0.0, "max_ms": 0.0}
+    assert judgement.lateness.figures == {"runs": 9, "min_ms": 0.0, "p50_ms": 0.0, "p99_ms": 0.0, "max_ms": 0.0}
     assert judgement.verdicts["P1"].status == "invalid"
+
+
+def test_a_slot_due_before_the_run_began_is_not_judged_late() -> None:
+    # An instance whose clock is behind runs the slot of -10 s at 5 s: no one could have run it on time.
+    before = _execution("a", -10, 5, 6)
+    judgement = _judge([*_every_slot(), before])
+    assert (judgement.lateness.status, judgement.lateness.figures["runs"]) == ("valid", 9)
 
 
 def test_lateness_is_unknown_without_runs() -> None:

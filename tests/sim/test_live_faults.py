@@ -145,6 +145,7 @@ def test_an_execution_of_a_process_killed_while_paused_ended_when_the_pause_bega
     [execution] = run.history("lease", epoch_s=0).executions
     assert execution.ended is not None
     assert execution.ended == pytest.approx(paused_at - run.t0, abs=0.05)
+    assert not execution.cut_by_end
 
 
 def test_an_execution_of_a_process_still_paused_when_the_run_ends_went_on_until_the_end(tmp_path: Path) -> None:
@@ -160,6 +161,7 @@ def test_an_execution_of_a_process_still_paused_when_the_run_ends_went_on_until_
     [execution] = run.history("lease", epoch_s=0).executions
     assert execution.ended is not None
     assert execution.ended == pytest.approx(ended_at - run.t0, abs=0.05)
+    assert execution.cut_by_end  # not stopped: P2 cannot call it missed, nor the margins measure its end
 
 
 def test_a_crash_of_an_instance_down_already_strikes_nothing_and_restarts_nothing(tmp_path: Path) -> None:

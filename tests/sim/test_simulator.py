@@ -194,6 +194,12 @@ def test_a_zombie_still_paused_when_the_simulation_ends_is_judged_as_running(pau
     [zombie] = [e for e in outcome.history.executions if e.slot == slot and e.attempt == 1]
     assert zombie.started == pytest.approx(40.0)
     assert zombie.ended == pytest.approx(79.0 if pause_s == 38 else 80.0)
+    # Resumed at 79 s, its work (due in the pause) ended then; still paused, it was still going at the end.
+    assert zombie.cut_by_end == (pause_s == 45)
+    state = "ran to the end" if pause_s == 38 else "still going at the end"
+    assert (
+        f"{zombie.instance} attempt 1 [40.000 .. {zombie.ended:.3f}] {state}" in outcome.judgement.checks["P1"].witness
+    )
 
 
 @pytest.mark.parametrize("crash_at_s", [None, 45])
