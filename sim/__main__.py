@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     one.set_defaults(handler=run)
     compare = commands.add_parser("report", help="compare the strategies under faults; write report.md")
     compare.add_argument("--out", type=Path, default=Path("reports/latest"))
-    compare.add_argument("--seeds", type=int, default=20, help="runs of each scenario (live: per server)")
+    compare.add_argument("--seeds", type=_positive_count, default=20, help="runs of each scenario (live: per server)")
     compare.add_argument("--mode", choices=("virtual", "live"), default="virtual")
     compare.add_argument("--servers", default="", help="live mode: comma list (default: every provisioned one)")
     compare.set_defaults(handler=report)

@@ -7,7 +7,6 @@ Writes ``report.md`` (figures as PNG files beside it) and a self-contained ``ind
 from __future__ import annotations
 
 import base64
-import html
 import io
 import math
 import platform
@@ -16,6 +15,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +23,12 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from markdown_it import MarkdownIt
 from tqdm import tqdm  # type: ignore[import-untyped]
 
-import anarchon
 from sim.checkers import percentile, true_s
+from sim.history import Execution
+from sim.live import SCALE, SETTLE_AFTER_FAULTS_S
 from sim.run import Outcome, simulate
 from sim.scenario import Scenario, load_all
 from sim.world import IDMP_VERSION, STORE_VERSION
@@ -39,7 +41,22 @@ CHECKER_NAMES = {
     "P4": "lease safety",
     "P5": "no lost acknowledged claim",
     "P6": "fencing order",
-    "lateness": "runs start within their job's jitter_ms + max_late_ms",
+    "lateness": "on time",
+}
+# What each checker asks of a run (sim/checkers.py has the exact rules), for the reader choosing a strategy.
+CHECKER_RULES = {
+    "P1": "A slot runs at most once. Under lease a later attempt, begun after the earlier one stopped short (a crash, "
+    "a lost lease), is a retry, not a duplicate.",
+    "P2": "Every slot due while some instance was healthy runs to its end. A slot that lease skips because the "
+    "job's previous run still holds its lease (skipped-overlap, its overlap protection) counts as missed.",
+    "P3": "Two runs of a job never execute at once (a job may allow it: none here does).",
+    "P4": "Lease only: two holders of one run's lease (two tokens) never execute at once.",
+    "P5": "A claim the store acknowledged and then lost (a failover, a restart) is not won again by another "
+    "instance. Judged where a store fault lost writes; elsewhere it holds.",
+    "P6": "The fences of a job's runs grow in the order their claims were acknowledged (claim-only strategies: "
+    "scheduled runs only, as documented).",
+    "lateness": "Each run starts within its job's jitter_ms + max_late_ms (catch_up_ms under lease, if larger) "
+    "+ 1 s of its slot.",
 }
 RATE_CHECKERS = ("P1", "P2", "P3", "P5")
 COLOURS = {"lease": "#1b6ca8", "stream-id": "#d1495b", "script": "#edae49", "idmp": "#66a182"}
@@ -63,6 +80,7 @@ class Cell:
     violations: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     unknown: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     counts: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    skipped_overlap: int = 0  # of P2's count: slots lease skipped while the previous run held its lease
     slots: int = 0
     first_violation: dict[str, Outcome] = field(default_factory=dict)
     runs_on: dict[str, int] = field(default_factory=lambda: defaultdict(int))  # live: runs per server
@@ -98,6 +116,7 @@ class Results:
             if verdict.status == "invalid":
                 cell.violations[name] += 1
                 cell.counts[name] += verdict.count
+                cell.skipped_overlap += int(verdict.figures.get("skipped_overlap", 0))
                 if target:
                     cell.violations_on[name][target] += 1
                 shortest = cell.first_violation.get(name)
@@ -198,31 +217,38 @@ def margin_figure(results: Results) -> bytes:
 
 
 def timeline_figure(outcome: Outcome, checker: str) -> bytes:
-    """Lanes per instance and for the store: fault bands, claims, and runs as bars, around the violation."""
+    """Lanes per instance and for the store: fault bands, claims, and runs as bars, around the violation. Runs of
+    one instance that execute at once (P3's overlaps) are stacked in its lane, not drawn over each other."""
     history = outcome.history
     instances = [spec.name for spec in outcome.scenario.instances]
     focus = _focus_time(outcome, checker)
-    low, high = max(0.0, focus - 25), focus + 25
+    span = 25 * (SCALE if outcome.target else 1)  # live times are compressed: the same 50 scenario seconds
+    # Not before 0 unless something happened then (a live run's instances may start before its clock's 0).
+    low = max(min([0.0, *(e.started for e in history.executions)]), focus - span)
+    high = focus + span
     figure, axis = plt.subplots(figsize=(10, 0.7 * len(instances) + 1.6))
     lanes = {name: i + 1 for i, name in enumerate(instances)}
     lanes["store"] = 0
     for window in outcome.fault_windows:
         end = min(window.end, outcome.scenario.duration_s)
+        if end < low or window.start > high:  # drawn outside the axes, it would widen the figure
+            continue
         lane = lanes.get(window.instance, 0)
         axis.broken_barh([(window.start, max(end - window.start, 0.2))], (lane - 0.45, 0.9), facecolor="#dddddd",
                          edgecolor="#999999", hatch="//", zorder=0)  # fmt: skip
-        axis.text(window.start, lane + 0.32, f" {window.kind}", fontsize=7, zorder=3)
-    for e in history.executions:
-        if (e.ended is not None and e.ended < low) or e.started > high:
-            continue
+        axis.text(max(window.start, low), lane + 0.32, f" {window.kind}", fontsize=7, zorder=3, clip_on=True)
+    shown = [e for e in history.executions if (e.ended is None or e.ended >= low) and e.started <= high]
+    for e, level, levels in _stacked(shown):
         end = e.ended if e.ended is not None else high
         colour = "#2a9d8f" if e.completed else "#e76f51"
-        axis.broken_barh([(e.started, max(end - e.started, 0.05))], (lanes[e.instance] - 0.25, 0.5), color=colour,
-                         zorder=2)  # fmt: skip
+        height = 0.5 / levels
+        bottom = lanes[e.instance] - 0.25 + level * height
+        axis.broken_barh([(e.started, max(end - e.started, 0.05))], (bottom, height * 0.9), color=colour, zorder=2)
         label = f" slot {true_s(e.slot, history.epoch_s):.0f} s, attempt {e.attempt}"
         inside = end - e.started > (high - low) / 8  # a short bar gets its label above it
-        axis.text(e.started, lanes[e.instance] + (-0.05 if inside else 0.27), label, fontsize=6,
-                  color="white" if inside else "black", zorder=3)  # fmt: skip
+        axis.text(max(e.started, low), bottom + (height * 0.45 if inside else height * 0.9 + 0.02), label,
+                  fontsize=6, va="center" if inside else "bottom", color="white" if inside else "black", zorder=3,
+                  clip_on=True)  # fmt: skip
     for event in history.events:
         if event.kind == "invoke" or event.op != "claim" or not low <= event.t <= high:
             continue
@@ -237,6 +263,21 @@ def timeline_figure(outcome: Outcome, checker: str) -> bytes:
     run = f"on {outcome.target}" if outcome.target else f"seed {outcome.seed}"  # a live run has no seed
     axis.set_title(f"{outcome.scenario.name} / {outcome.strategy} / {run}: {checker} violated")
     return _png(figure)
+
+
+def _stacked(executions: Sequence[Execution]) -> list[tuple[Execution, int, int]]:
+    """Each execution with its level in its instance's lane (0 at the bottom; an execution takes the lowest level
+    free when it starts) and the number of levels that lane needs."""
+    placed: list[tuple[Execution, int]] = []
+    ends: dict[str, list[float]] = defaultdict(list)  # per instance, per level: when its last execution ends
+    for e in sorted(executions, key=lambda e: e.started):
+        levels = ends[e.instance]
+        level = next((i for i, busy_until in enumerate(levels) if busy_until <= e.started), len(levels))
+        if level == len(levels):
+            levels.append(0.0)
+        levels[level] = math.inf if e.ended is None else e.ended
+        placed.append((e, level))
+    return [(e, level, len(ends[e.instance])) for e, level in placed]
 
 
 def _focus_time(outcome: Outcome, checker: str) -> float:
@@ -264,7 +305,9 @@ def _commit() -> str:
         return "unknown"
 
 
-def _rate(violations: int, runs: int) -> str:
+def _rate(violations: int, runs: int, interval: bool = True) -> str:
+    if not interval:
+        return f"{violations}/{runs}"
     low, high = wilson(violations, runs)
     return f"{violations}/{runs} ({100 * low:.0f}–{100 * high:.0f}%)"
 
@@ -341,7 +384,7 @@ def _lateness_row(results: Results, strategy: str) -> str:
         return _row(strategy, 0, "–", "–", "–", "–", f"0/{results.runs.get(strategy, 0)}")
     figures = (min(values), percentile(values, 50), percentile(values, 99), max(values))
     return _row(strategy, len(values), *(f"{v:.0f}" for v in figures),
-                _rate(results.late_runs.get(strategy, 0), results.runs[strategy]))  # fmt: skip
+                _rate(results.late_runs.get(strategy, 0), results.runs[strategy], results.mode == "live"))  # fmt: skip
 
 
 def _margin_summary(margins: list[float], unit: str) -> str:
@@ -354,15 +397,15 @@ def _margin_summary(margins: list[float], unit: str) -> str:
             f"p50 {percentile(margins, 50):.0f} {unit}.")  # fmt: skip
 
 
-def _verdict_cell(cell: Cell, strategy: str) -> str:
-    """The checkers violated (in how many runs; live, on which servers in how many of their runs), then those
-    that could not judge some runs."""
+def _verdict_cell(cell: Cell, strategy: str, interval: bool) -> str:
+    """The checkers violated (in how many runs, with the rate's interval where runs vary; live, on which servers
+    in how many of their runs), then those that could not judge some runs."""
     if not cell.runs:
         return "not run"
     bad = []
     for name, n in sorted(cell.violations.items()):
         where = [f"{target} {k}/{cell.runs_on[target]}" for target, k in sorted(cell.violations_on[name].items())]
-        bad.append(f"{name} {_rate(n, cell.runs)}" + (f" on {', '.join(where)}" if where else ""))
+        bad.append(f"{name} {_rate(n, cell.runs, interval)}" + (f" on {', '.join(where)}" if where else ""))
     # P4 is of leases: the other strategies have none to judge, which is no doubt about them.
     unknown = [f"{name} not judged in {n}/{cell.runs}" for name, n in sorted(cell.unknown.items())
                if name != "P4" or strategy == "lease"]  # fmt: skip
@@ -376,12 +419,16 @@ def _this_run(results: Results) -> str:
     if results.mode == "virtual":
         return (f"- {judged} simulated runs, {results.simulated_s / 3600:.1f} h of simulated time in "
                 f"{results.seconds:.1f} s of wall time")  # fmt: skip
-    from sim.live import SCALE
-
     scenario_h = results.simulated_s / SCALE / 3600
     return (f"- {results.simulations} live runs, each judged once per strategy that ran side by side in it "
             f"({judged} judged); {results.simulated_s / 60:.0f} min of live time ({scenario_h:.1f} h of scenario "
             f"time) in {results.seconds:.0f} s of wall time")  # fmt: skip
+
+
+def _command(results: Results) -> str:
+    """The command line that makes a report like this one (``--out`` aside)."""
+    command = f"python -m sim report --mode {results.mode} --seeds {results.seeds}"
+    return command + (f" --servers {','.join(results.targets)}" if results.mode == "live" else "")
 
 
 def render(results: Results, figure: Callable[[str, bytes], str]) -> str:
@@ -390,11 +437,12 @@ def render(results: Results, figure: Callable[[str, bytes], str]) -> str:
         how = [
             f"{len(results.scenarios)} scenarios × {len(STRATEGIES)} strategies × {results.seeds} seeds, virtual",
             "time on the embedded store (fakeredis running the real Lua scripts; for idmp, Redis 8.6's idempotent",
-            "XADD emulated as in its source, since fakeredis's own is incomplete).",
+            "XADD emulated as in its source, since fakeredis's own is incomplete). A scenario's faults come at fixed",
+            "moments and virtual time is exact: a seed changes only what is drawn at random (tokens, jitter_ms, the",
+            "order of large claim batches), so the seeds are replays, not samples, and a cell counts runs without a",
+            "rate's interval: a verdict belongs to the scenario's timing. `python -m sim search` varies the timing.",
         ]
     else:
-        from sim.live import SCALE, SETTLE_AFTER_FAULTS_S
-
         how = [
             f"{len(results.scenarios)} scenarios × {len(STRATEGIES)} strategies on {', '.join(results.targets)},",
             f"{results.seeds} run(s) each, in real time: instances are OS processes, crashes SIGKILL, stops",
@@ -409,11 +457,16 @@ def render(results: Results, figure: Callable[[str, bytes], str]) -> str:
         "# Strategy comparison",
         "",
         *how,
-        "Each run is judged by the checkers P1–P6; a cell shows the checkers violated, in how many runs, with the",
-        "95% Wilson interval of the violation rate" + (", and on which servers." if results.mode == "live" else "."),
+        "Each run is judged by the checkers P1–P6 and lateness, each valid, invalid or not judged (the run gave it",
+        "nothing to judge); a cell shows the checkers violated and in how many runs"
+        + (
+            ", with the 95% Wilson interval of the violation rate, and on which servers."
+            if results.mode == "live"
+            else "."
+        ),
         "",
-        *_head("checker", "meaning"),
-        *[_row(name, meaning) for name, meaning in CHECKER_NAMES.items()],
+        *_head("checker", "holds when"),
+        *[_row(f"{name}: {CHECKER_NAMES[name]}", rule) for name, rule in CHECKER_RULES.items()],
         "",
         "## Verdicts",
         "",
@@ -422,7 +475,8 @@ def render(results: Results, figure: Callable[[str, bytes], str]) -> str:
     for scenario in results.scenarios:
         row = [f"**{scenario.name}**"]
         for strategy in STRATEGIES:
-            row.append(_verdict_cell(results.cells.get((scenario.name, strategy), Cell()), strategy))
+            cell = results.cells.get((scenario.name, strategy), Cell())
+            row.append(_verdict_cell(cell, strategy, interval=results.mode == "live"))
         lines.append(_row(*row))
     lines += ["", "Scenarios:", ""]
     lines += [f"- **{s.name}**: {' '.join(s.description.split())}" for s in results.scenarios]
@@ -432,15 +486,26 @@ def render(results: Results, figure: Callable[[str, bytes], str]) -> str:
         "",
         "Violations counted by the checkers, over all scenarios, per 1,000 slots due while some instance was healthy",
         "(the slots P2 examines). P1 and P3 count every run, also those of the first and last moments of a scenario,",
-        "so where nearly every run overlaps the next a rate can pass 1,000. The scenarios they come from follow.",
+        "so where nearly every run overlaps the next a rate can pass 1,000. Of the missed slots, those lease skipped",
+        "on purpose (skipped-overlap: the job's previous run still held its lease) are counted again on their own.",
+        "The scenarios the counts come from follow.",
         "",
-        *_head("strategy", "slots", "duplicates (P1)", "missed (P2)", "overlaps (P3)", "lost acknowledged claims (P5)"),
+        *_head(
+            "strategy",
+            "slots",
+            "duplicates (P1)",
+            "missed (P2)",
+            "of them skipped-overlap",
+            "overlaps (P3)",
+            "lost acknowledged claims (P5)",
+        ),
     ]
     for strategy in STRATEGIES:
         cells = [c for (_, s), c in results.cells.items() if s == strategy]
         slots = sum(c.slots for c in cells)
         per = [1000 * sum(c.counts.get(k, 0) for c in cells) / max(slots, 1) for k in RATE_CHECKERS]
-        lines.append(_row(strategy, slots, *(f"{v:.1f}" for v in per)))
+        skipped = 1000 * sum(c.skipped_overlap for c in cells) / max(slots, 1)
+        lines.append(_row(strategy, slots, *(f"{v:.1f}" for v in (per[0], per[1], skipped, *per[2:]))))
     lines += ["", *_rates_by_scenario(results)]
     if results.bench:
         lines += _bench_sections(results.bench)
@@ -451,7 +516,7 @@ def render(results: Results, figure: Callable[[str, bytes], str]) -> str:
         "Lateness: a run's start (its earliest first attempt; a duplicate is P1's to judge) − its slot, true time.",
         "A run is judged late when it starts later than its job's jitter_ms + max_late_ms (catch_up_ms under lease,",
         "if larger) + 1 s"
-        + (" of scenario time (0.2 s live)." if results.mode == "live" else ".")
+        + (" of scenario time (0.2 s live), as the compressed options are." if results.mode == "live" else ".")
         + " Below 0, a run started before its slot: an instance whose clock runs ahead claimed it early.",
         "Which scenarios the late runs are in: the Verdicts table (lateness) and the counterexamples.",
         "",
@@ -496,7 +561,9 @@ def render(results: Results, figure: Callable[[str, bytes], str]) -> str:
         "## This run",
         "",
         _this_run(results),
-        f"- anarchon {anarchon.__version__ if hasattr(anarchon, '__version__') else 'checkout'}, commit {commit}",
+        f"- made by `{_command(results)}`"
+        + (f", seeds 1 to {results.seeds}, fakeredis {version('fakeredis')}" if results.mode == "virtual" else ""),
+        f"- anarchon {version('anarchon')}, commit {commit}",
         f"- Python {platform.python_version()}, {platform.machine()}, {platform.system()} {platform.release()}",
         "",
     ]
@@ -519,55 +586,16 @@ def write(results: Results, out: Path) -> tuple[Path, Path]:
 
 
 def _html(markdown: str, figures: dict[str, bytes]) -> str:
-    """A small Markdown subset (headings, tables, lists, code, images) to self-contained HTML."""
-    body: list[str] = []
-    in_table = in_code = False
-    for line in markdown.splitlines():
-        if line.startswith("```"):
-            body.append("</pre>" if in_code else "<pre>")
-            in_code = not in_code
-            continue
-        if in_code:
-            body.append(html.escape(line))
-            continue
-        if line.startswith("|"):
-            cells = [c.strip() for c in line.strip("|").split("|")]
-            if set("".join(cells)) <= set("-"):
-                continue
-            tag = "th" if not in_table else "td"
-            if not in_table:
-                body.append("<table>")
-                in_table = True
-            body.append("<tr>" + "".join(f"<{tag}>{_inline(c)}</{tag}>" for c in cells) + "</tr>")
-            continue
-        if in_table:
-            body.append("</table>")
-            in_table = False
-        if line.startswith("!["):
-            name = line[2:].split("]")[0]
-            data = base64.b64encode(figures[name]).decode()
-            body.append(f'<p><img alt="{name}" src="data:image/png;base64,{data}"></p>')
-        elif line.startswith("#"):
-            level = len(line) - len(line.lstrip("#"))
-            body.append(f"<h{level}>{_inline(line[level:].strip())}</h{level}>")
-        elif line.startswith("- "):
-            body.append(f"<li>{_inline(line[2:])}</li>")
-        elif line:
-            body.append(f"<p>{_inline(line)}</p>")
-    if in_table:
-        body.append("</table>")
+    """The report as one self-contained page: its Markdown rendered, each figure embedded as a data URI."""
+    for name, png in figures.items():
+        markdown = markdown.replace(f"]({name})", f"](data:image/png;base64,{base64.b64encode(png).decode()})")
+    # Raw HTML on: table cells break their lines with <br> (the report writes no other tag).
+    body = MarkdownIt("commonmark", {"html": True}).enable("table").render(markdown)
     style = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto;line-height:1.4}table{border-collapse:"
              "collapse}td,th{border:1px solid #ccc;padding:4px 8px;vertical-align:top}img{max-width:100%}"
              "pre{background:#f4f4f4;padding:8px;overflow-x:auto}")  # fmt: skip
-    return f"<!doctype html><meta charset=utf-8><title>anarchon strategy comparison</title><style>{style}</style>" + (
-        "\n".join(body)
-    )
-
-
-def _inline(text: str) -> str:
-    escaped = html.escape(text).replace("&lt;br&gt;", "<br>")
-    parts = escaped.split("**")
-    return "".join(f"<b>{p}</b>" if i % 2 else p for i, p in enumerate(parts))
+    head = f"<!doctype html><meta charset=utf-8><title>anarchon strategy comparison</title><style>{style}</style>"
+    return f"{head}\n{body}"
 
 
 def main(
