@@ -291,10 +291,10 @@ def _lease_safety(
 
 def lease_margins(history: History, lease_ms: int) -> dict[tuple[str, str], tuple[float, float]]:
     """For each execution that ended, keyed by (instance, token): (margin ms, lease expiry), the margin being the
-    lease expiry as its holder last heard it minus the execution's end. The expiry is the true time of the last
-    acknowledgement before the end - a won claim or a heartbeat - plus the lease it granted (``lease_ms`` when the
-    history does not say).
-    An execution with no acknowledged lease in the history has no margin."""
+    lease expiry as its holder last heard it minus the execution's end. The expiry is the true time the last
+    operation acknowledged before the end - a won claim or a heartbeat - was sent, plus the lease its reply
+    granted (``lease_ms`` when the history does not say).
+    An execution with no acknowledged lease in the history, or still going at the end, has no margin."""
     acks: dict[tuple[str, str], list[tuple[float, float]]] = defaultdict(list)
     sent: dict[tuple[str, str, str], float] = {}  # (process, op, token) -> when its latest request went out
     for event in history.events:

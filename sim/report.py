@@ -391,8 +391,9 @@ def _margin_summary(margins: list[float], unit: str) -> str:
     if not margins:
         return "Lease margins: no lease attempt with an acknowledged lease."
     past = sum(1 for m in margins if m < 0)
-    return (f"Lease margin (lease only): each attempt's lease expiry, as its holder last heard it (the last won "
-            f"claim's or heartbeat's reply + the lease granted), − the end of its work. {len(margins)} attempts, "
+    return (f"Lease margin (lease only): each attempt's lease expiry, as its holder last heard it (when its last "
+            f"won claim or heartbeat was sent + the lease the reply granted), − the end of its work (an attempt "
+            f"still going at the end has none). {len(margins)} attempts, "
             f"{past} worked past their lease; min {min(margins):.0f} {unit}, "
             f"p50 {percentile(margins, 50):.0f} {unit}.")  # fmt: skip
 
