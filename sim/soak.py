@@ -17,13 +17,17 @@ At the end the ledger is checked:
   ended, and the repeat is a later attempt); any other repeat is a violation.
 - P2, no slot missed while an instance was up: every slot from the warm-up to the end (less the time a backup
   may wait for a crashed winner's lease) ran to completion at least once.
+- No leak: from the end of the warm-up to the end, the resident memory of each spared instance grows by at most
+  ``--max-rss-growth-mb``, its open file descriptors (sockets included) by at most ``--max-fd-growth``, and the
+  store's ``used_memory`` by at most ``--max-store-growth-mb``. A flat line is the goal; the allowances leave
+  room for a connection pool meeting a burst it had not met before, not for growth with every run.
 
 Jobs allow overlap: with overlap forbidden, the runs a killed instance held would make the following slots of
 the same jobs be skipped (recorded skipped-overlap) until their leases ran out, which P2 would count as missed.
 History is kept short (``--history-size``) so that the store's memory reaches its plateau within the run.
 
-Prints the memory after the warm-up and at the end (a flat line is the goal) and both verdicts; exits 1 if a
-property is violated.
+Prints the memory after the warm-up and at the end and every verdict; exits 1 if a property is violated, 2 if
+the run could not be judged (an instance exited on its own, never started, or the run was too short).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import argparse
 import asyncio
 import itertools
 import json
+import math
 import os
 import random
 import shutil
@@ -41,11 +46,12 @@ import sys
 import tempfile
 import time
 from collections import Counter, defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sim.servers import TARGETS, start_server
+from sim.servers import TARGETS, pdeathsig_prefix, start_server
 
 PREFIX = "soak:"
 
@@ -103,6 +109,7 @@ class Incarnation:
     started: float  # time.time()
     killed: float | None = None
     rss_kb: list[tuple[float, int]] = field(default_factory=list)
+    fds: list[tuple[float, int]] = field(default_factory=list)  # open file descriptors, sockets included
 
 
 @dataclass
@@ -119,9 +126,11 @@ class Soak:
         return self.folder / f"ledger-{instance}.jsonl"
 
     def launch(self, instance: str) -> Incarnation:
+        # SIGTERM when the driver dies without stopping it (SIGKILLed): an orphan would go on claiming from
+        # whatever server takes that port next.
         command = [
-            sys.executable, "-m", "sim.soak", "--serve", instance, "--url", self.url, "--ledger",
-            str(self.ledger(instance)), "--jobs", str(self.args.jobs), "--every", str(self.args.every),
+            *pdeathsig_prefix("TERM"), sys.executable, "-m", "sim.soak", "--serve", instance, "--url", self.url,
+            "--ledger", str(self.ledger(instance)), "--jobs", str(self.args.jobs), "--every", str(self.args.every),
             "--lease-ms", str(self.args.lease_ms), "--history-size", str(self.args.history_size),
             "--target", self.args.target,
         ]  # fmt: skip
@@ -136,6 +145,13 @@ class Soak:
         return [i for i in self.incarnations if i.killed is None and i.process.poll() is None]
 
 
+def open_fds(pid: int) -> int | None:
+    try:
+        return len(os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return None
+
+
 def rss_kb(pid: int) -> int | None:
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -146,14 +162,19 @@ def rss_kb(pid: int) -> int | None:
     return None
 
 
+def _terminated(number: int, frame: object) -> None:
+    raise SystemExit(128 + number)  # the driver's clean-up (its finally clauses) stops the instances and the server
+
+
 def drive(args: argparse.Namespace) -> int:
     folder = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="anarchon-soak-"))
     folder.mkdir(parents=True, exist_ok=True)
+    signal.signal(signal.SIGTERM, _terminated)
     rng = random.Random(args.seed)
     duration_s = args.minutes * 60
     warmup_s = min(args.warmup_minutes * 60, duration_s / 2)
     names = [f"i{n}" for n in range(args.instances)]
-    steady = set(names[: args.steady])  # never killed: their memory is followed over the whole run
+    steady = steady_instances(args)
     print(
         f"soak: {args.jobs} jobs every {args.every} s x {args.instances} instances on {args.target} for "
         f"{args.minutes:g} min, a crash every ~{args.crash_every:g} s (seed {args.seed}); files in {folder}",
@@ -168,7 +189,7 @@ def drive(args: argparse.Namespace) -> int:
                 soak.launch(name)
             began = time.time()
             end = began + duration_s
-            next_crash = began + warmup_s / 2 + rng.expovariate(1 / args.crash_every)
+            next_crash = began + warmup_s / 2 + rng.expovariate(1 / args.crash_every) if args.crash_every else math.inf
             next_sample = began
             last_report = began
             while time.time() < end:
@@ -177,7 +198,7 @@ def drive(args: argparse.Namespace) -> int:
                     if now >= when:
                         del restarts[name]
                         soak.launch(name)
-                if now >= next_crash and args.crash_every > 0:
+                if now >= next_crash:
                     candidates = [i for i in soak.live() if i.instance not in steady]
                     if candidates and len(soak.live()) > 1:  # keep at least one instance up
                         victim = rng.choice(candidates)
@@ -189,9 +210,10 @@ def drive(args: argparse.Namespace) -> int:
                     next_crash = now + rng.expovariate(1 / args.crash_every)
                 if now >= next_sample:
                     for incarnation in soak.live():
-                        kb = rss_kb(incarnation.process.pid)
-                        if kb is not None:
+                        kb, fds = rss_kb(incarnation.process.pid), open_fds(incarnation.process.pid)
+                        if kb is not None and fds is not None:
                             incarnation.rss_kb.append((now, kb))
+                            incarnation.fds.append((now, fds))
                     soak.store_memory.append((now, int(admin.info("memory")["used_memory"])))
                     next_sample = now + args.sample_s
                 if now - last_report >= 60:
@@ -208,6 +230,9 @@ def drive(args: argparse.Namespace) -> int:
             for incarnation in soak.live():
                 incarnation.process.wait(timeout=60)
             result = judge(soak, admin, began, warmup_s, stopped)
+        except KeyboardInterrupt:
+            print(f"\ninterrupted: stopping the instances and the server; files kept in {folder}", flush=True)
+            return 130
         finally:
             for incarnation in soak.incarnations:
                 if incarnation.process.poll() is None:
@@ -244,10 +269,16 @@ def read_ledgers(soak: Soak) -> tuple[list[dict[str, Any]], dict[str, float]]:
 def judge(soak: Soak, admin: Any, began: float, warmup_s: float, stopped: float) -> int:
     args = soak.args
     executions, ready = read_ledgers(soak)
-    first_pids: dict[str, int] = {}
-    for incarnation in soak.incarnations:
-        first_pids.setdefault(incarnation.instance, incarnation.process.pid)
-    first_ready = max(ready[f"{name}:{pid}"] for name, pid in first_pids.items())
+    # When each instance was first ready (a first process may have been killed before it was).
+    ready_at: dict[str, float] = {}
+    for key, t in ready.items():
+        name = key.split(":")[0]
+        ready_at[name] = min(t, ready_at.get(name, t))
+    never = sorted({i.instance for i in soak.incarnations} - set(ready_at))
+    if never:
+        print(f"not judged: instance {never[0]} never started its scheduler (see {soak.folder})")
+        return 2
+    first_ready = max(ready_at.values())
     runs: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
     for entry in executions:
         runs[(entry["j"], entry["s"])].append(entry)
@@ -277,17 +308,8 @@ def judge(soak: Soak, admin: Any, began: float, warmup_s: float, stopped: float)
     expected = range(start, horizon + 1, step)
     missed = [(job_name(i), slot) for i in range(args.jobs) for slot in expected if (job_name(i), slot) not in runs]
 
-    print("\nmemory (MB)         after warm-up   at the end")
-    warm = began + warmup_s
-    for incarnation in soak.incarnations:  # a restarted process is left 30 s to load its jobs and connect
-        samples = [(t, kb) for t, kb in incarnation.rss_kb if t >= max(warm, incarnation.started + 30)]
-        if len(samples) >= 2:
-            label = f"{incarnation.instance} pid {incarnation.process.pid}"
-            lived = (samples[-1][0] - samples[0][0]) / 60
-            print(f"  rss {label:<17} {samples[0][1] / 1024:8.1f}   {samples[-1][1] / 1024:8.1f}   ({lived:.1f} min)")
-    store = [(t, b) for t, b in soak.store_memory if t >= warm]
-    if store:
-        print(f"  store used_memory     {store[0][1] / 2**20:8.1f}   {store[-1][1] / 2**20:8.1f}")
+    lines, leaks = resources(soak, began + warmup_s)
+    print("\nmemory (MB) and open files   after warm-up   at the end   (followed for)", *lines, sep="\n")
     slots = len(expected) * args.jobs
     per_attempt = Counter(entry["a"] for entry in executions)
     late = sorted(entry["t"] - entry["s"] for entry in executions)
@@ -311,7 +333,54 @@ def judge(soak: Soak, admin: Any, began: float, warmup_s: float, stopped: float)
     print(f"P2 no slot missed while an instance was up: {'valid' if not missed else 'INVALID'} ({len(missed)} missed)")
     for job, slot in missed[:5]:
         print(f"  witness: {job} slot {slot} never completed; stored {stored_statuses(admin, job, slot)}")
-    return 1 if violations or missed else 0
+    print(f"no leak: {'valid' if not leaks else 'INVALID'}")
+    for leak in leaks:
+        print(f"  witness: {leak}")
+    if not expected:
+        print("not judged: no slot fell between the instances' start and the end less two leases (a longer run)")
+        return 2
+    return 1 if violations or missed or leaks else 0
+
+
+def resources(soak: Soak, warm: float) -> tuple[list[str], list[str]]:
+    """What each process and the store held after the warm-up (``warm``) and at the end, as lines to print, and a
+    witness for each that grew beyond its allowance (judged for the spared instances and the store)."""
+    args = soak.args
+    lines: list[str] = []
+    leaks: list[str] = []
+    for incarnation in soak.incarnations:  # a restarted process is left 30 s to load its jobs and connect
+        since = max(warm, incarnation.started + 30)
+        rss = [(t, kb / 1024) for t, kb in incarnation.rss_kb if t >= since]
+        fds = [(t, n) for t, n in incarnation.fds if t >= since]
+        if len(rss) < 2:
+            continue
+        label = f"{incarnation.instance} pid {incarnation.process.pid}"
+        lines.append(
+            f"  rss {label:<24} {rss[0][1]:8.1f}   {rss[-1][1]:8.1f}   ({(rss[-1][0] - rss[0][0]) / 60:.1f} min)"
+        )
+        lines.append(f"  fds {label:<24} {fds[0][1]:8d}   {fds[-1][1]:8d}")
+        if incarnation.instance in steady_instances(args):  # the others' lives are too short to judge
+            leaks += grew(f"{label} resident memory", rss, args.max_rss_growth_mb, "MB")
+            leaks += grew(f"{label} open files", fds, args.max_fd_growth, "")
+    store = [(t, b / 2**20) for t, b in soak.store_memory if t >= warm]
+    if len(store) >= 2:
+        lines.append(f"  store used_memory             {store[0][1]:8.1f}   {store[-1][1]:8.1f}")
+        leaks += grew("the store's used_memory", store, args.max_store_growth_mb, "MB")
+    return lines, leaks
+
+
+def steady_instances(args: argparse.Namespace) -> set[str]:
+    """The instances never killed: their memory is followed over the whole run."""
+    return {f"i{n}" for n in range(args.steady)}
+
+
+def grew(what: str, samples: Sequence[tuple[float, float]], limit: float, unit: str) -> list[str]:
+    """A witness if ``samples`` (time, value) end more than ``limit`` above where they began."""
+    growth = samples[-1][1] - samples[0][1]
+    if growth <= limit:
+        return []
+    return [f"{what} grew by {growth:g}{' ' + unit if unit else ''} (allowed {limit:g}) in "
+            f"{(samples[-1][0] - samples[0][0]) / 60:.1f} min"]  # fmt: skip
 
 
 def stored_statuses(admin: Any, job: str, slot: int) -> dict[int, str]:
@@ -319,6 +388,30 @@ def stored_statuses(admin: Any, job: str, slot: int) -> dict[int, str]:
     members = admin.zrangebyscore(f"{{{PREFIX}{job}}}:results", slot * 100, slot * 100 + 99)
     records = [json.loads(member) for member in members]
     return {record["attempt"]: record["status"] for record in records if record["slot"] == slot}
+
+
+def refuse_nonsense(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Options no soak can run with, each named with what it allows (parser.error exits with status 2)."""
+    for option, value in (("--jobs", args.jobs), ("--instances", args.instances), ("--lease-ms", args.lease_ms)):
+        if value < 1:
+            parser.error(f"{option} must be 1 or more, not {value}")
+    for option, value in (("--minutes", args.minutes), ("--sample-s", args.sample_s)):
+        if not (value > 0 and math.isfinite(value)):
+            parser.error(f"{option} must be a number above 0, not {value:g}")
+    for option, value in (("--crash-every", args.crash_every), ("--warmup-minutes", args.warmup_minutes),
+                          ("--max-rss-growth-mb", args.max_rss_growth_mb), ("--max-fd-growth", args.max_fd_growth),
+                          ("--max-store-growth-mb", args.max_store_growth_mb)):  # fmt: skip
+        if not (value >= 0 and math.isfinite(value)):
+            parser.error(f"{option} must be 0 or more, not {value:g}")
+    if not 0 <= args.steady <= args.instances:
+        parser.error(f"--steady must be between 0 and --instances ({args.instances}), not {args.steady}")
+    # P2 judges the slots from the instances' start to the end less two leases and 5 s (a backup's wait).
+    shortest_s = 2 * args.lease_ms / 1000 + 5 + 10
+    if args.minutes * 60 < shortest_s:
+        parser.error(f"--minutes must leave slots to judge: at least {shortest_s / 60:.2f} with --lease-ms "
+                     f"{args.lease_ms} (two leases, a backup's 5 s, 10 s to start)")  # fmt: skip
+    if args.out and Path(args.out).is_dir() and any(Path(args.out).iterdir()):
+        parser.error(f"--out {args.out} is not empty: the verdicts would mix in the ledgers of an earlier soak")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -334,6 +427,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--history-size", type=int, default=100)
     parser.add_argument("--warmup-minutes", type=float, default=3.0)
     parser.add_argument("--sample-s", type=float, default=5.0, help="seconds between memory samples")
+    parser.add_argument(
+        "--max-rss-growth-mb",
+        type=float,
+        default=5.0,
+        help="a spared instance's memory growth after the warm-up judged a leak (default 5)",
+    )
+    parser.add_argument(
+        "--max-fd-growth",
+        type=int,
+        default=4,
+        help="a spared instance's growth in open files after the warm-up judged a leak (default 4)",
+    )
+    parser.add_argument("--max-store-growth-mb", type=float, default=5.0,
+                        help="the store's used_memory growth after the warm-up judged a leak (default 5)")  # fmt: skip
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--out", default=None, help="keep the ledgers and logs in this folder")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder even when all is valid")
@@ -347,6 +454,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.every < 1 or 60 % args.every:
         parser.error("--every must divide 60")
+    refuse_nonsense(parser, args)
     if args.seed is None:
         args.seed = random.SystemRandom().randrange(2**32)
     return drive(args)

@@ -16,7 +16,7 @@ containers where a Docker engine answers.
 from sim.servers._api import MODE_ENV, available_targets, backend_for, server_mode, start_server
 from sim.servers._docker import docker_engine_answers
 from sim.servers._errors import ServerError
-from sim.servers._local import ServerProcess
+from sim.servers._local import ServerProcess, pdeathsig_prefix
 from sim.servers._provision import ProvisionError, provision
 from sim.servers._running import RunningServer, ServerControl
 from sim.servers._targets import (
@@ -50,6 +50,7 @@ __all__ = [
     "cache_dir",
     "docker_engine_answers",
     "installed",
+    "pdeathsig_prefix",
     "provision",
     "provisioned_targets",
     "server_mode",

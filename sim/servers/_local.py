@@ -139,10 +139,12 @@ def release_port(port: int) -> None:
     _ports.give_back(port)
 
 
-def _pdeathsig_prefix() -> list[str]:
-    # PR_SET_PDEATHSIG fires when the *thread* that forked the child ends: servers are started by _launch's.
+def pdeathsig_prefix(signal_name: str = "KILL") -> list[str]:
+    """A command prefix that has the kernel send the child ``signal_name`` when its parent dies without cleaning
+    up (where setpriv exists). PR_SET_PDEATHSIG fires when the *thread* that forked the child ends: servers are
+    started by _launch's."""
     setpriv = shutil.which("setpriv")
-    return [] if setpriv is None else [setpriv, "--pdeathsig", "KILL", "--"]
+    return [] if setpriv is None else [setpriv, "--pdeathsig", signal_name, "--"]
 
 
 class _Launcher:
@@ -257,7 +259,7 @@ class ServerProcess:
         with (self.directory / "stdout.log").open("ab") as stdout:
             proc = _launch.run(
                 lambda: subprocess.Popen(
-                    [*_pdeathsig_prefix(), *self.command()],
+                    [*pdeathsig_prefix(), *self.command()],
                     cwd=self.directory,
                     env=self.env,
                     stdin=subprocess.DEVNULL,
