@@ -302,8 +302,13 @@ class Store:
 
     async def _deliver(self, batch: Sequence[Command] = ()) -> list[Reply | StoreError]:
         """Send the queued commands, as they are when it starts (a batch sent before it may have taken them
-        along), then ``batch``; settle the queued commands' callers and return the batch's replies."""
-        waiting, self._pending = self._pending, []
+        along), then ``batch``; settle the queued commands' callers and return the batch's replies. A queued command
+        whose caller is gone (cancelled) is not sent; a delivery of queued commands alone ends once all their callers
+        are gone (as stop() cancels them), instead of waiting on for a store that may not answer."""
+        waiting = [(command, future) for command, future in self._pending if not future.done()]
+        self._pending = []
+        if not batch and waiting:
+            _cancel_when_all_cancelled(asyncio.current_task(), [future for _, future in waiting])
         if self._closed and waiting:  # sent now, they would open a new connection behind close()'s back
             _fail(waiting, StoreUnavailableError("the store connection was closed"))
             waiting = []
@@ -358,6 +363,21 @@ def _settle(waiting: Sequence[tuple[Command, asyncio.Future[Reply]]], replies: S
             future.set_exception(reply)
         else:
             future.set_result(reply)
+
+
+def _cancel_when_all_cancelled(task: asyncio.Future[Any] | None, futures: Sequence[asyncio.Future[Reply]]) -> None:
+    """Cancel ``task`` once every one of ``futures`` is cancelled."""
+    left = len(futures)
+
+    def ended(future: asyncio.Future[Reply]) -> None:
+        nonlocal left
+        if future.cancelled():
+            left -= 1
+            if not left and task is not None and not task.done():
+                task.cancel()
+
+    for future in futures:
+        future.add_done_callback(ended)
 
 
 def _fail(waiting: Sequence[tuple[Command, asyncio.Future[Reply]]], error: BaseException) -> None:

@@ -1260,6 +1260,32 @@ async def test_a_closed_store_sends_nothing_more() -> None:
     assert [command[1] for command in connection.received] == ["a"]
 
 
+async def test_a_queued_command_whose_caller_is_gone_is_not_sent() -> None:
+    """Cancelled while it waited behind a command in flight (as stop() cancels what it gave up on), a command
+    does not go out once that one is answered: nobody would read its reply."""
+    connection = _Held()
+    store, in_flight, queued = await _in_flight_and_queued(connection)
+    queued.cancel()
+    connection.answer.set()
+    assert await in_flight == "OK"
+    await asyncio.wait_for(store.close(), 1)
+    assert [command[1] for command in connection.received] == ["a"]
+
+
+async def test_close_does_not_wait_on_a_silent_store_for_callers_that_are_gone() -> None:
+    """The command in flight cancelled, the one queued behind it goes out, and then its caller is cancelled too
+    (stop() giving up on a store that does not answer): close() returns at once, not after the client's socket
+    timeout (10 s by default) for a reply nobody would read."""
+    connection = _Held()
+    store, in_flight, queued = await _in_flight_and_queued(connection)
+    in_flight.cancel()
+    for _ in range(5):  # the delivery of the queued command starts once the one in flight has ended
+        await asyncio.sleep(0)
+    assert [command[1] for command in connection.received] == ["a", "b"]
+    queued.cancel()
+    await asyncio.wait_for(store.close(), 1)
+
+
 async def test_a_batch_takes_the_commands_queued_before_it_along_in_front() -> None:
     """A batch goes out at once, beside the command in flight; the command queued behind that one leaves with the
     batch, ahead of it. Sent after it, a claim retried behind a slow reply would reach the store after a claim of
