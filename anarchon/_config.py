@@ -145,10 +145,12 @@ def shown(value: object) -> str:
     return text if len(text) <= 24 else f"{text[:20]}… ({len(text)} characters)"
 
 
-def check_int(option: str, value: object, low: int, high: int) -> int:
-    """Validate an integer option in ``low..high`` (bools refused) and return it."""
+def check_int(option: str, value: object, low: int, high: int, high_is: str = "") -> int:
+    """Validate an integer option in ``low..high`` (bools refused) and return it; ``high_is`` says where ``high``
+    comes from when another option sets it."""
+    allowed = f"{low}..{high}" + (f" ({high} is {high_is})" if high_is else "")
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigTypeError(option, f"must be an integer, got {type(value).__name__}", f"{low}..{high}")
+        raise ConfigTypeError(option, f"must be an integer, got {type(value).__name__}", allowed)
     if not low <= value <= high:
-        raise ConfigError(option, f"{value} is out of range", f"{low}..{high}")
+        raise ConfigError(option, f"{value} is out of range", allowed)
     return value

@@ -25,7 +25,7 @@ import re
 import signal
 import socket
 import threading
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Callable, Coroutine, Iterable, Iterator
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Generic, Literal, TypeAlias, TypeVar, cast, overload
@@ -227,6 +227,7 @@ class Scheduler(Generic[M]):
             default_heartbeat if heartbeat_ms is None else heartbeat_ms,
             1,
             self.lease_ms // 2,
+            high_is="half of lease_ms",
         )
         self.history_size = check_int("history_size", history_size, 1, 1_000_000)
         self.history_ttl_ms = (
@@ -362,12 +363,13 @@ class Scheduler(Generic[M]):
 
     def _register(self, name: str, cron: str, func: JobFunction, options: dict[str, Any]) -> None:
         known = ("overlap", "max_attempts", "catch_up_ms", "jitter_ms", "max_late_ms", "timezone")
-        for option in options:
-            if option not in known:
-                raise UnknownOptionError(option, f"job {name!r}", known)
-            if option in LEASE_OPTIONS and not self.backend.leases:
-                raise _lease_only(option, self.backend.config.name)
-        job = Job.create(name, cron, func, JobOptions(**options))
+        with _naming_job(name):
+            for option in options:
+                if option not in known:
+                    raise UnknownOptionError(option, f"job {name!r}", known)
+                if option in LEASE_OPTIONS and not self.backend.leases:
+                    raise _lease_only(option, self.backend.config.name)
+            job = Job.create(name, cron, func, JobOptions(**options))
         if job.name in self._jobs:
             raise ConfigError("name", f"a job named {job.name!r} is already registered", "a unique name per job")
         config = self.backend.config
@@ -1401,6 +1403,18 @@ def _lease_only(option: str, strategy: str) -> ConfigError:
         f"is a lease option, and the backend's strategy is {strategy!r}",
         'leave it unset, or use strategy="lease"',
     )
+
+
+@contextlib.contextmanager
+def _naming_job(name: str) -> Iterator[None]:
+    """A job's bad option or cron names the job as well: jobs added in a loop (from a config file) are told
+    apart. The error keeps its type and fields; its message gains the job."""
+    try:
+        yield
+    except ConfigError as error:
+        if f"job {name!r}" not in str(error):
+            error.args = (f"job {name!r}: {error}", *error.args[1:])
+        raise
 
 
 def _check_timeout(value: object) -> float:

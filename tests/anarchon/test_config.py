@@ -52,8 +52,8 @@ def claim_only() -> RedisBackend[Any]:
         (lambda: Scheduler(claim_only(), lease_ms=1000), "lease_ms", 'strategy="lease"'),
         (lambda: Scheduler(claim_only(), heartbeat_ms=1000), "heartbeat_ms", 'strategy="lease"'),
         (lambda: Scheduler(lease_ms=-5), "lease_ms", "10..86400000"),
-        (lambda: Scheduler(lease_ms=1000, heartbeat_ms=1000), "heartbeat_ms", "1..500"),
-        (lambda: Scheduler(lease_ms=1000, heartbeat_ms=501), "heartbeat_ms", "1..500"),
+        (lambda: Scheduler(lease_ms=1000, heartbeat_ms=1000), "heartbeat_ms", "1..500 (500 is half of lease_ms)"),
+        (lambda: Scheduler(lease_ms=1000, heartbeat_ms=501), "heartbeat_ms", "1..500 (500 is half of lease_ms)"),
         (lambda: Scheduler(clock=SystemClock), "clock", "an instance"),
         (lambda: Scheduler(history_size=0), "history_size", "1..1000000"),
         (lambda: Scheduler(history_ttl_ms=0), "history_ttl_ms", "1.."),
@@ -403,6 +403,34 @@ def test_a_number_too_large_for_a_float_is_refused_by_name(make: Any, option: st
         make()
     assert caught.value.option == option
     assert "(401 characters)" in str(caught.value)  # not the 401 digits
+
+
+@pytest.mark.parametrize(
+    ("cron", "options", "option", "error_type"),
+    [
+        ("0 9 * * *", {"timezone": "Europe/Berln"}, "timezone", ConfigError),
+        ("0 9 * * 8", {}, "cron", ConfigError),
+        ("0 9 * * *", {"jitter_ms": -1}, "jitter_ms", ConfigError),
+        ("0 9 * * *", {"max_attempts": "3"}, "max_attempts", ConfigTypeError),
+        ("0 9 * * *", {"max_atempts": 3}, "max_atempts", UnknownOptionError),
+    ],
+)
+def test_a_bad_job_is_named_in_the_error(
+    cron: str, options: dict[str, Any], option: str, error_type: type[ConfigError]
+) -> None:
+    """Jobs added in a loop from a config file: the error says which one, and keeps its type and fields."""
+    scheduler = Scheduler()
+    with pytest.raises(error_type) as caught:
+        scheduler.add_job("nightly-report", cron, noop, **options)
+    assert caught.value.option == option
+    assert str(caught.value).count("job 'nightly-report'") == 1, str(caught.value)
+
+
+def test_a_lease_only_option_of_a_job_on_another_strategy_names_the_job() -> None:
+    with pytest.raises(ConfigError) as caught:
+        Scheduler(claim_only()).add_job("nightly-report", "0 9 * * *", noop, max_attempts=3)
+    assert caught.value.option == "max_attempts"
+    assert str(caught.value).startswith("job 'nightly-report': max_attempts:"), str(caught.value)
 
 
 @pytest.mark.parametrize("call", ["run_now", "history"])
