@@ -944,6 +944,9 @@ class Scheduler(Generic[M]):
                     await self._execute(job, request, claim, sent)
                 elif claim.forgotten:  # only with a longer catch_up_ms than another instance's trim allows for
                     log.info("job %s: slot %d not caught up: %s", job.name, slot, FORGOTTEN)
+                elif claim.outcome is Outcome.OVERLAP:  # recorded as skipped-overlap: as visible as the dispatcher's
+                    log.info("job %s: slot %d not caught up: skipped-overlap: an earlier run of the job is still going",
+                             job.name, slot)  # fmt: skip
                 break
             if unanswered:  # given up (stop() began, or the slot aged) on a claim that may have won
                 await self._release_unanswered(request)
