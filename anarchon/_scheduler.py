@@ -131,7 +131,7 @@ class _Running:
         if thread is None or not thread.done() or thread.cancelled() or self.context.lease_lost.seen_set:
             return None
         if (error := thread.exception()) is not None:
-            return "error", f"{type(error).__name__}: {error}"
+            return "error", _failure(error)
         if inspect.isawaitable(thread.result()):  # its work was still to come, in the coroutine it returned
             return None
         return "ok", None
@@ -483,6 +483,7 @@ class Scheduler(Generic[M]):
         if loop := self._own_loop_elsewhere("stop"):
             await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self.stop(timeout), loop))
             return
+        self._refuse_from_a_run("stop()")
         if self._starting is not None:
             await self._starting.wait()
         if self._stopping is None:
@@ -491,6 +492,15 @@ class Scheduler(Generic[M]):
             self._stopping = asyncio.ensure_future(self._stop(timeout))
             self._stopping.add_done_callback(self._stop_ended)
         await asyncio.shield(self._stopping)
+
+    def _refuse_from_a_run(self, call: str) -> None:
+        """A job or hook that awaited stop() would wait for its own task to end: until the timeout, then be
+        cancelled, and its run handed back for another instance to run again."""
+        if asyncio.current_task() in self._tasks:
+            raise SchedulerStateError(
+                f"{call} awaited by a job or hook of this scheduler would wait for that job to end: start it as a "
+                "task of its own (asyncio.create_task(scheduler.stop())) and return"
+            )
 
     def _stop_ended(self, stopping: asyncio.Future[None]) -> None:
         """Forget a stop once it ends, whether its caller waited for it or gave up (a stop() cancelled by the
@@ -1041,7 +1051,7 @@ class Scheduler(Generic[M]):
                 log.warning("job %s slot %d attempt %d raised when interrupted: %s: %s", job.name, request.slot,
                             claim.attempt, type(error).__name__, error, extra=extra)  # fmt: skip
             else:
-                status, message = "error", f"{type(error).__name__}: {error}"
+                status, message = "error", _failure(error)
                 log.exception("job %s slot %d attempt %d failed", job.name, request.slot, claim.attempt, extra=extra)
         finally:
             running.job_ended()
@@ -1143,7 +1153,8 @@ class Scheduler(Generic[M]):
             return await job.call(context)  # type: ignore[misc]
         if self._job_threads is None:
             self._job_threads = concurrent.futures.ThreadPoolExecutor(JOB_THREADS, thread_name_prefix="anarchon-job")
-        call = functools.partial(contextvars.copy_context().run, job.call, context)  # the caller's contextvars
+        # With the caller's contextvars.
+        call = functools.partial(contextvars.copy_context().run, _on_its_thread, job.call, context)
         running.thread = self._job_threads.submit(call)
         result = await asyncio.wrap_future(running.thread)
         if inspect.isawaitable(result):  # a sync function that returned a coroutine: the job goes on in it
@@ -1406,6 +1417,27 @@ def _lease_only(option: str, strategy: str) -> ConfigError:
         f"is a lease option, and the backend's strategy is {strategy!r}",
         'leave it unset, or use strategy="lease"',
     )
+
+
+class _ThreadExit(Exception):
+    """A sync job's function raised SystemExit or KeyboardInterrupt (its ``__cause__``) on its worker thread."""
+
+
+def _on_its_thread(function: Callable[[RunContext], object], context: RunContext) -> object:
+    """Call a sync job's function on its worker thread. SystemExit there ends that thread only, as in any Python
+    thread: handed to the event loop as it is, asyncio would raise it out of the loop and end the application (and
+    each instance that took the run over after it, in turn). The job failed: its run is recorded as an error."""
+    try:
+        return function(context)
+    except (SystemExit, KeyboardInterrupt) as error:
+        raise _ThreadExit(_failure(error)) from error
+
+
+def _failure(error: BaseException) -> str:
+    """How a job's exception is recorded: its type and message (a SystemExit on a job's thread as itself)."""
+    if isinstance(error, _ThreadExit) and error.__cause__ is not None:
+        error = error.__cause__
+    return f"{type(error).__name__}: {error}"
 
 
 @contextlib.contextmanager

@@ -15,6 +15,7 @@ import logging
 import math
 import multiprocessing
 import random
+import sys
 import threading
 import time
 from collections import Counter
@@ -2847,6 +2848,61 @@ def test_calls_racing_the_scheduler_threads_stop_return_or_are_refused(fake_targ
             joined.join(10)
             assert not joined.is_alive()
         assert outcomes == ["refused", "refused"]
+
+
+def _raise_keyboard_interrupt() -> None:
+    raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize(
+    ("leave", "message"),
+    [
+        (lambda: sys.exit(2), "SystemExit: 2"),
+        (lambda: sys.exit("no input files"), "SystemExit: no input files"),
+        (_raise_keyboard_interrupt, "KeyboardInterrupt: "),
+    ],
+)
+async def test_a_sync_job_that_exits_fails_and_the_app_runs_on(leave: Callable[[], None], message: str) -> None:
+    """sys.exit() in a sync job (a command-line entry point reused as a job) ends the job's thread, as in any
+    Python thread: the run is an error, instead of SystemExit leaving the event loop and ending the app, and then
+    each instance that took the run over."""
+    scheduler = Scheduler(RedisBackend(redis=fakeredis.FakeAsyncRedis()))
+    scheduler.add_job("cli", "0 0 1 1 *", lambda: leave())
+    scheduler.add_job("next", "0 0 1 1 *", lambda: None)
+    async with scheduler:
+        record = await scheduler.run_now("cli")
+        assert (record.status, record.message) == ("error", message)
+        assert (await scheduler.run_now("next")).status == "ok"
+        [stored] = await scheduler.history("cli")
+        assert (stored.status, stored.message) == ("error", message)
+
+
+async def test_a_job_that_awaits_stop_is_told_to_start_it_as_a_task() -> None:
+    """Awaited by a job, stop() would wait for that job to end: for its whole timeout, and then cancel it and
+    hand its run back for another instance to run again. It is refused at once instead; started as a task, it
+    lets the job end, and then stops the scheduler."""
+    scheduler = Scheduler(RedisBackend(redis=fakeredis.FakeAsyncRedis()))
+    stopping: list[asyncio.Task[None]] = []
+
+    async def stop_and_wait() -> None:
+        await scheduler.stop(timeout=5)
+
+    async def stop_as_a_task() -> None:
+        stopping.append(asyncio.create_task(scheduler.stop(timeout=5)))
+
+    scheduler.add_job("waits", "0 0 1 1 *", stop_and_wait)
+    scheduler.add_job("leaves", "0 0 1 1 *", stop_as_a_task)
+    await scheduler.start()
+    began = time.monotonic()
+    record = await scheduler.run_now("waits")
+    assert time.monotonic() - began < 1
+    assert record.status == "error"
+    assert record.message is not None
+    assert "asyncio.create_task(scheduler.stop())" in record.message
+    assert (await scheduler.run_now("leaves")).status == "ok"
+    await asyncio.wait_for(stopping[0], 5)
+    with pytest.raises(SchedulerStateError):
+        await scheduler.run_now("leaves")
 
 
 EXIT_WITHOUT_STOP = """
