@@ -25,7 +25,7 @@ import re
 import signal
 import socket
 import threading
-from collections.abc import Callable, Coroutine, Iterable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Generic, Literal, TypeAlias, TypeVar, cast, overload
@@ -545,23 +545,26 @@ class Scheduler(Generic[M]):
         self._started = False
         self._stop_deadline = self.clock.monotonic() + timeout
         loop = asyncio.get_running_loop()
-        abandoned = 0
         for nap in self._naps:
             nap.cancel()
-        if self._dispatcher is not None:
-            self._dispatcher.cancel()
-            abandoned, _ = await _end_by(self._dispatcher, at=loop.time() + timeout + STOP_GRACE_S)
-            self._dispatcher = None
+        dispatcher, self._dispatcher = self._dispatcher, None
+        if dispatcher is not None:
+            dispatcher.cancel()  # it ends once its claims in flight settle (see _claim)
         self._hand_back_queued_retries()
-        # Runs and catch-ups (which stop between slots) go on, heartbeats included, for up to `timeout` of this
-        # scheduler's clock, as its jobs' time: a process stopped (SIGSTOP) meanwhile acts on it when it resumes,
-        # and so does one whose clock the simulator pauses.
-        work = [task for task in self._tasks if task.get_name() != "anarchon-heartbeats"]
+
+        def work() -> set[asyncio.Task[Any]]:
+            """What stop() waits for, as it is at each moment: a claim that settles meanwhile starts a hand-back."""
+            tasks = {task for task in self._tasks if task.get_name() != "anarchon-heartbeats"}
+            return tasks | {dispatcher} if dispatcher is not None else tasks
+
+        # Claims in flight, runs and catch-ups (which stop between slots) go on, heartbeats included, for up to
+        # `timeout` of this scheduler's clock, as its jobs' time: a process stopped (SIGSTOP) meanwhile acts on it
+        # when it resumes, and so does one whose clock the simulator pauses. Then all of them end within the same
+        # STOP_GRACE_S, and what is cancelled then within STOP_GRACE_S more, whatever waited on what.
         await _wait_until(self.clock, work, self._stop_deadline)
         for running in list(self._running.values()):
             running.interrupt(STOPPED)
-        given_up, left = await _end_by(*work, at=loop.time() + STOP_GRACE_S)
-        abandoned += given_up
+        abandoned, left = await _end_by(work, at=loop.time() + STOP_GRACE_S)
         if abandoned:
             log.warning(
                 "scheduler %s: %d claims or runs had not ended %.0f s after stop()'s timeout (a store that does not "
@@ -863,6 +866,12 @@ class Scheduler(Generic[M]):
 
     def _settle(self, entry: _Due, request: RunRequest, claim: Claim | StoreError, now: int, sent: float) -> None:
         _, _, name, slot, kind, failures, _ = entry
+        if isinstance(claim, StoreError) and not self._started:  # stop() began: it is not sent again
+            log.warning("job %s: claim of slot %d failed (%s) as the scheduler stopped", name, slot, claim,
+                        extra={"job": name, "slot": slot})  # fmt: skip
+            if self.backend.leases:  # it may have won: handed back, as the retries queued when stop() began
+                self._spawn(self._release_unanswered(request), "anarchon-hand-back")
+            return
         if isinstance(claim, StoreError):
             delay_s = min(RETRY_MAX_S, RETRY_MIN_S * 2 ** min(failures, 16))  # a backup may fail for hours
             log.warning(
@@ -1359,36 +1368,34 @@ async def _cancel_the_rest() -> None:
         await asyncio.wait(tasks, timeout=STOP_GRACE_S)
 
 
-async def _wait_until(clock: Clock, tasks: Iterable[asyncio.Task[Any]], at: float) -> set[asyncio.Task[Any]]:
-    """Wait for the tasks until ``at`` on ``clock`` (its monotonic seconds); returns those still going."""
-    pending = {task for task in tasks if not task.done()}
-    if not pending or at <= clock.monotonic():  # stop(timeout=0) waits for no timer
-        return pending
+Tasks: TypeAlias = Callable[[], set[asyncio.Task[Any]]]
+
+
+async def _wait_until(clock: Clock, tasks: Tasks, at: float) -> None:
+    """Wait until ``at`` on ``clock`` (its monotonic seconds) for ``tasks()``, those of the moment, to end."""
+    if at <= clock.monotonic():  # stop(timeout=0) waits for no timer
+        return
     timer = asyncio.ensure_future(clock.sleep(at - clock.monotonic()))
     try:
-        while pending and not timer.done():
-            done, _ = await asyncio.wait({*pending, timer}, return_when=asyncio.FIRST_COMPLETED)
-            pending -= done
+        while (pending := {task for task in tasks() if not task.done()}) and not timer.done():
+            await asyncio.wait({*pending, timer}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         timer.cancel()
-    return pending
 
 
-async def _end_by(*tasks: asyncio.Task[Any], at: float) -> tuple[int, set[asyncio.Task[Any]]]:
-    """Let the tasks end until the loop's time ``at``, then cancel those still going (waiting for a store that
-    does not answer, or running a job) and give them STOP_GRACE_S more to end. Returns how many were cancelled,
-    and those that did not end even then (a job that ignores cancellation): they are left running."""
-    pending: set[asyncio.Task[Any]] = {task for task in tasks if not task.done()}
-    if pending:
-        _, pending = await asyncio.wait(pending, timeout=max(0.0, at - asyncio.get_running_loop().time()))
+async def _end_by(tasks: Tasks, at: float) -> tuple[int, set[asyncio.Task[Any]]]:
+    """Let ``tasks()``, those of the moment, end until the loop's time ``at``, then cancel those still going
+    (waiting for a store that does not answer, or running a job) and give them STOP_GRACE_S more to end. Returns
+    how many were cancelled, and those that did not end even then (a job that ignores cancellation): they are left
+    running."""
+    loop = asyncio.get_running_loop()
+    while (pending := {task for task in tasks() if not task.done()}) and loop.time() < at:
+        await asyncio.wait(pending, timeout=at - loop.time(), return_when=asyncio.FIRST_COMPLETED)
     left: set[asyncio.Task[Any]] = set()
     if pending:
         for task in pending:
             task.cancel()
         _, left = await asyncio.wait(pending, timeout=STOP_GRACE_S)
-    for task in tasks:
-        if task.done() and not task.cancelled():
-            task.exception()  # retrieved: a failure was logged where it happened
     return len(pending), left
 
 

@@ -2409,6 +2409,41 @@ async def test_stop_ends_on_time_when_an_async_job_ignores_cancellation(
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
 
 
+async def test_stop_ends_on_time_when_a_claim_and_a_job_both_hang(
+    real_target: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The store freezes with a claim in flight while a job that ignores cancellation runs: the claim and the
+    job share stop()'s bounds (timeout, STOP_GRACE_S, STOP_GRACE_S more once cancelled), where the job's grace
+    used to begin only after the claim's had run out (3.5 s, one STOP_GRACE_S more). The heartbeat thread's
+    connection closes without waiting on the frozen store."""
+    with start_server(real_target) as running:
+        let_go = asyncio.Event()
+        started: list[int] = []
+
+        async def ignore_cancellation(run: RunContext) -> None:
+            started.append(run.slot)
+            while not let_go.is_set():
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.sleep(0.05)
+
+        scheduler = Scheduler(backend_for(real_target, running.url()), instance_id="stubborn", lease_ms=2_000)
+        scheduler.add_job("long", "* * * * * *", ignore_cancellation)
+        await scheduler.start()
+        try:
+            await eventually(lambda: bool(started), 5)
+            running.pause()
+            await asyncio.sleep(1.2)  # the next second's claim is sent to the frozen store
+            began = time.monotonic()
+            await scheduler.stop(timeout=0.5)
+            took_s = time.monotonic() - began
+        finally:
+            running.resume()
+            let_go.set()
+    assert len(started) == 1
+    assert "2 claims or runs had not ended 1 s after stop()'s timeout" in caplog.text
+    assert took_s < 0.5 + 2 * scheduler_module.STOP_GRACE_S + 0.4
+
+
 async def test_a_job_hogging_the_event_loop_keeps_its_lease(real_server: ServerUnderTest) -> None:
     """Heartbeats run on a thread of their own: a job that blocks its loop for 4 leases or more keeps the run.
     It blocks until the backup has asked fifteen times, however long that takes on a loaded machine."""
