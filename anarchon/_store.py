@@ -213,10 +213,15 @@ class Store:
         self._check_open()
         self._in_flight += 1
         if self._pending:
-            pipeline = asyncio.ensure_future(self._deliver(commands))
+            caller: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            pipeline = asyncio.ensure_future(self._deliver(commands, caller))
             self._deliveries.add(pipeline)
             pipeline.add_done_callback(self._delivered)
-            return await asyncio.shield(pipeline)
+            try:
+                return await asyncio.shield(pipeline)
+            except asyncio.CancelledError:
+                caller.cancel()  # gone as well: once every caller of the pipeline is, it ends
+                raise
         try:
             return await self.connection.execute_many(commands)
         except StoreError:
@@ -300,15 +305,19 @@ class Store:
             self._deliveries.add(delivery)
             delivery.add_done_callback(self._delivered)
 
-    async def _deliver(self, batch: Sequence[Command] = ()) -> list[Reply | StoreError]:
+    async def _deliver(
+        self, batch: Sequence[Command] = (), batch_caller: asyncio.Future[None] | None = None
+    ) -> list[Reply | StoreError]:
         """Send the queued commands, as they are when it starts (a batch sent before it may have taken them
         along), then ``batch``; settle the queued commands' callers and return the batch's replies. A queued command
-        whose caller is gone (cancelled) is not sent; a delivery of queued commands alone ends once all their callers
-        are gone (as stop() cancels them), instead of waiting on for a store that may not answer."""
+        whose caller is gone (cancelled) is not sent; a delivery ends once all its callers are gone (as stop()
+        cancels them; ``batch_caller`` is cancelled when the batch's is), instead of waiting on for a store that may
+        not answer."""
         waiting = [(command, future) for command, future in self._pending if not future.done()]
         self._pending = []
-        if not batch and waiting:
-            _cancel_when_all_cancelled(asyncio.current_task(), [future for _, future in waiting])
+        callers = [future for _, future in waiting] + ([batch_caller] if batch_caller is not None else [])
+        if callers:
+            _cancel_when_all_cancelled(asyncio.current_task(), callers)
         if self._closed and waiting:  # sent now, they would open a new connection behind close()'s back
             _fail(waiting, StoreUnavailableError("the store connection was closed"))
             waiting = []
@@ -365,11 +374,11 @@ def _settle(waiting: Sequence[tuple[Command, asyncio.Future[Reply]]], replies: S
             future.set_result(reply)
 
 
-def _cancel_when_all_cancelled(task: asyncio.Future[Any] | None, futures: Sequence[asyncio.Future[Reply]]) -> None:
+def _cancel_when_all_cancelled(task: asyncio.Future[Any] | None, futures: Sequence[asyncio.Future[Any]]) -> None:
     """Cancel ``task`` once every one of ``futures`` is cancelled."""
     left = len(futures)
 
-    def ended(future: asyncio.Future[Reply]) -> None:
+    def ended(future: asyncio.Future[Any]) -> None:
         nonlocal left
         if future.cancelled():
             left -= 1

@@ -1286,6 +1286,35 @@ async def test_close_does_not_wait_on_a_silent_store_for_callers_that_are_gone()
     await asyncio.wait_for(store.close(), 1)
 
 
+async def test_close_does_not_wait_on_a_silent_store_for_a_batch_whose_callers_are_gone() -> None:
+    """A batch takes the queued command along (the claims of a dispatcher round behind a heartbeat); the store does
+    not answer, and stop() cancels the batch's caller and the queued command's: close() returns at once."""
+    connection = _Held()
+    store, in_flight, queued = await _in_flight_and_queued(connection)
+    batch = asyncio.ensure_future(store.execute_many([("SET", "c", "1"), ("SET", "d", "1")]))
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert [command[1] for command in connection.received] == ["a", "b"]
+    for caller in (in_flight, queued, batch):
+        caller.cancel()
+    await asyncio.wait_for(store.close(), 1)
+    assert [command[1] for command in connection.received] == ["a", "b"]
+
+
+async def test_a_batch_whose_caller_is_gone_still_answers_the_queued_command() -> None:
+    """Only the batch's caller is cancelled: the pipeline goes on for the command it took along."""
+    connection = _Held()
+    store, in_flight, queued = await _in_flight_and_queued(connection)
+    batch = asyncio.ensure_future(store.execute_many([("SET", "c", "1"), ("SET", "d", "1")]))
+    for _ in range(3):
+        await asyncio.sleep(0)
+    batch.cancel()
+    connection.answer.set()
+    assert [await in_flight, await queued] == ["OK", "OK"]
+    await asyncio.wait_for(store.close(), 1)
+    assert [command[1] for command in connection.received] == ["a", "b", "c", "d"]
+
+
 async def test_a_batch_takes_the_commands_queued_before_it_along_in_front() -> None:
     """A batch goes out at once, beside the command in flight; the command queued behind that one leaves with the
     batch, ahead of it. Sent after it, a claim retried behind a slow reply would reach the store after a claim of
