@@ -1454,8 +1454,8 @@ def _naming_job(name: str) -> Iterator[None]:
     try:
         yield
     except ConfigError as error:
-        if f"job {name!r}" not in str(error):
-            error.args = (f"job {name!r}: {error}", *error.args[1:])
+        if f"job {name!r}" not in str(error):  # a long name (refused as such) is cut short, as its error cuts it
+            error.args = (f"job {shown(name)}: {error}", *error.args[1:])
         raise
 
 

@@ -426,6 +426,15 @@ def test_a_bad_job_is_named_in_the_error(
     assert str(caught.value).count("job 'nightly-report'") == 1, str(caught.value)
 
 
+def test_a_long_bad_job_name_is_cut_short_in_the_error() -> None:
+    name = "report-" * 500 + "{shard}"
+    with pytest.raises(ConfigError) as caught:
+        Scheduler().add_job(name, "0 9 * * *", noop)
+    assert caught.value.option == "name"
+    assert len(str(caught.value)) < 400, str(caught.value)
+    assert "(3509 characters)" in str(caught.value)
+
+
 def test_a_lease_only_option_of_a_job_on_another_strategy_names_the_job() -> None:
     with pytest.raises(ConfigError) as caught:
         Scheduler(claim_only()).add_job("nightly-report", "0 9 * * *", noop, max_attempts=3)
