@@ -846,6 +846,8 @@ class Scheduler(Generic[M]):
     async def _claim_part(self, part: list[_Due], lanes: asyncio.Semaphore) -> None:
         strategy, store = self.backend.strategy, self.backend.store
         async with lanes:
+            if not self._started:  # stop() began while it waited for a lane: a claim won now would not run
+                return
             requests = [self._request(entry) for entry in part]
             sent, sent_ms = self.clock.monotonic(), self.clock.wall_ms()
             try:

@@ -1808,6 +1808,37 @@ async def test_stop_waits_for_claim_pipelines_in_flight(monkeypatch: pytest.Monk
         assert await _starts_after_stop(turns, monkeypatch) == [], f"stopped after {turns} loop turns"
 
 
+async def test_pipelines_waiting_for_a_lane_when_stop_begins_are_not_sent(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A burst of 50 runs in pipelines of 10, two lanes: stop() begins while the first two are in flight. The
+    three waiting for a lane are not sent: a run they won would not be run (claim-only strategies record it
+    interrupted), only handed back."""
+    monkeypatch.setattr(scheduler_module, "CLAIM_BATCH", 10)
+    scheduler = Scheduler(RedisBackend(redis=fakeredis.FakeAsyncRedis(), strategy="script"), instance_id="a")
+    for j in range(50):
+        scheduler.add_job(f"job{j}", "0 0 1 1 *", lambda: None)
+    claim = scheduler.backend.strategy.claim
+    sent_while_stopping: list[int] = []
+    in_flight = asyncio.Event()
+
+    async def slow_claim(store: Any, requests: Any) -> Any:
+        if not scheduler._started:
+            sent_while_stopping.append(len(requests))
+        in_flight.set()
+        await asyncio.sleep(0.05)
+        return await claim(store, requests)
+
+    monkeypatch.setattr(scheduler.backend.strategy, "claim", slow_claim)
+    await scheduler.start()
+    now = scheduler.clock.wall_ms()
+    for j in range(50):
+        scheduler._push(now - 5, f"job{j}", now - 10, "scheduled")
+    scheduler._wake()
+    await asyncio.wait_for(in_flight.wait(), 1)
+    await scheduler.stop()
+    assert sent_while_stopping == []
+    assert [r.status for j in range(50) for r in await scheduler.history(f"job{j}")].count("interrupted") <= 20
+
+
 async def _starts_after_stop(turns: int, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The runs that start after stop(), when stop() comes ``turns`` loop turns into a burst of 50 runs."""
     stopped = False
