@@ -483,7 +483,7 @@ class Scheduler(Generic[M]):
         if loop := self._own_loop_elsewhere("stop"):
             await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self.stop(timeout), loop))
             return
-        self._refuse_from_a_run("stop()")
+        self._refuse_stop_from_a_run()
         if self._starting is not None:
             await self._starting.wait()
         if self._stopping is None:
@@ -493,12 +493,12 @@ class Scheduler(Generic[M]):
             self._stopping.add_done_callback(self._stop_ended)
         await asyncio.shield(self._stopping)
 
-    def _refuse_from_a_run(self, call: str) -> None:
+    def _refuse_stop_from_a_run(self) -> None:
         """A job or hook that awaited stop() would wait for its own task to end: until the timeout, then be
         cancelled, and its run handed back for another instance to run again."""
         if asyncio.current_task() in self._tasks:
             raise SchedulerStateError(
-                f"{call} awaited by a job or hook of this scheduler would wait for that job to end: start it as a "
+                "stop() awaited by a job or hook of this scheduler would wait for that job to end: start it as a "
                 "task of its own (asyncio.create_task(scheduler.stop())) and return"
             )
 
@@ -868,13 +868,13 @@ class Scheduler(Generic[M]):
 
     def _settle(self, entry: _Due, request: RunRequest, claim: Claim | StoreError, now: int, sent: float) -> None:
         _, _, name, slot, kind, failures, _ = entry
-        if isinstance(claim, StoreError) and not self._started:  # stop() began: it is not sent again
-            log.warning("job %s: claim of slot %d failed (%s) as the scheduler stopped", name, slot, claim,
-                        extra={"job": name, "slot": slot})  # fmt: skip
-            if self.backend.leases:  # it may have won: handed back, as the retries queued when stop() began
-                self._spawn(self._release_unanswered(request), "anarchon-hand-back")
-            return
         if isinstance(claim, StoreError):
+            if not self._started:  # stop() began: it is not sent again
+                log.warning("job %s: claim of slot %d failed (%s) as the scheduler stopped", name, slot, claim,
+                            extra={"job": name, "slot": slot})  # fmt: skip
+                if self.backend.leases:  # it may have won: handed back, as the retries queued when stop() began
+                    self._spawn(self._release_unanswered(request), "anarchon-hand-back")
+                return
             delay_s = min(RETRY_MAX_S, RETRY_MIN_S * 2 ** min(failures, 16))  # a backup may fail for hours
             log.warning(
                 "job %s: claim of slot %d failed (%s); retrying in %.1f s", name, slot, claim, delay_s,
@@ -1444,9 +1444,7 @@ def _on_its_thread(function: Callable[[RunContext], object], context: RunContext
 
 def _failure(error: BaseException) -> str:
     """How a job's exception is recorded: its type and message (a SystemExit on a job's thread as itself)."""
-    if isinstance(error, _ThreadExit) and error.__cause__ is not None:
-        error = error.__cause__
-    return f"{type(error).__name__}: {error}"
+    return str(error) if isinstance(error, _ThreadExit) else f"{type(error).__name__}: {error}"
 
 
 @contextlib.contextmanager

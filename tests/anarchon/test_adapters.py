@@ -1245,6 +1245,15 @@ async def _in_flight_and_queued(
     return store, in_flight, queued
 
 
+async def _batch_sent(store: Store) -> asyncio.Future[list[Reply | StoreError]]:
+    """SET c and SET d sent together: the batch's caller starts its pipeline, which goes out (taking the queued
+    command along, in front) while the command in flight waits."""
+    batch = asyncio.ensure_future(store.execute_many([("SET", "c", "1"), ("SET", "d", "1")]))
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    return batch
+
+
 async def test_a_closed_store_sends_nothing_more() -> None:
     """Commands queued behind one in flight when the store closes fail, instead of going out afterwards (on a
     pool anarchon had closed, they would open a new connection after stop()); so does any command sent later."""
@@ -1291,9 +1300,7 @@ async def test_close_does_not_wait_on_a_silent_store_for_a_batch_whose_callers_a
     not answer, and stop() cancels the batch's caller and the queued command's: close() returns at once."""
     connection = _Held()
     store, in_flight, queued = await _in_flight_and_queued(connection)
-    batch = asyncio.ensure_future(store.execute_many([("SET", "c", "1"), ("SET", "d", "1")]))
-    for _ in range(3):
-        await asyncio.sleep(0)
+    batch = await _batch_sent(store)
     assert [command[1] for command in connection.received] == ["a", "b"]
     for caller in (in_flight, queued, batch):
         caller.cancel()
@@ -1305,9 +1312,7 @@ async def test_a_batch_whose_caller_is_gone_still_answers_the_queued_command() -
     """Only the batch's caller is cancelled: the pipeline goes on for the command it took along."""
     connection = _Held()
     store, in_flight, queued = await _in_flight_and_queued(connection)
-    batch = asyncio.ensure_future(store.execute_many([("SET", "c", "1"), ("SET", "d", "1")]))
-    for _ in range(3):
-        await asyncio.sleep(0)
+    batch = await _batch_sent(store)
     batch.cancel()
     connection.answer.set()
     assert [await in_flight, await queued] == ["OK", "OK"]
@@ -1321,9 +1326,7 @@ async def test_a_batch_takes_the_commands_queued_before_it_along_in_front() -> N
     the job's next slot (stream-id would refuse the earlier slot; lease would skip it as an overlap)."""
     connection = _Held()
     store, in_flight, queued = await _in_flight_and_queued(connection)
-    batch = asyncio.ensure_future(store.execute_many([("SET", "c", "1"), ("SET", "d", "1")]))
-    await asyncio.sleep(0)  # the batch's caller starts its pipeline,
-    await asyncio.sleep(0)  # which goes out, while a is still in flight
+    batch = await _batch_sent(store)
     assert [command[1] for command in connection.received] == ["a", "b"]  # b first
     connection.answer.set()
     assert [await in_flight, await queued, await batch] == ["OK", "OK", ["OK", "OK"]]
