@@ -25,6 +25,7 @@ import re
 import signal
 import socket
 import threading
+from collections import Counter
 from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from types import TracebackType
@@ -259,6 +260,7 @@ class Scheduler(Generic[M]):
         self._shared: dict[object, object] = {}
         self._queue: list[_Due] = []
         self._seq = 0
+        self._retries_queued = 0  # entries of kind "retry" in the queue: claims sent again after a failure
         self._running: dict[str, _Running] = {}  # by token
         self._tasks: set[asyncio.Task[Any]] = set()
         # Given no context, a done-callback runs in a copy of the current one: one more object for each of the
@@ -580,6 +582,7 @@ class Scheduler(Generic[M]):
                     running.request.job, running.request.slot, running.context.attempt,
                 )  # fmt: skip
         self._queue.clear()
+        self._retries_queued = 0
         if self._job_threads is not None:  # a sync job cancelled above may still run: its thread ends with it
             self._job_threads.shutdown(wait=False)
             self._job_threads = None
@@ -731,6 +734,8 @@ class Scheduler(Generic[M]):
     ) -> None:
         self._seq += 1
         heapq.heappush(self._queue, (at_ms, self._seq, job, slot, kind, failures, token))
+        if kind == "retry":
+            self._retries_queued += 1
 
     def _schedule_next(self, job: Job, after_ms: int) -> None:
         slot = job.schedule.next_after(after_ms)
@@ -763,7 +768,8 @@ class Scheduler(Generic[M]):
             while self._queue and self._queue[0][0] <= now:
                 due.append(heapq.heappop(self._queue))
             if due:
-                await self._claim(due, now)
+                for wave in self._in_slot_order(due):
+                    await self._claim(wave, now)
                 continue
             delay = MAX_SLEEP_S if not self._queue else (self._queue[0][0] - now) / 1000
             self._sleeper = asyncio.ensure_future(self.clock.sleep(min(delay, MAX_SLEEP_S)))
@@ -773,13 +779,43 @@ class Scheduler(Generic[M]):
                 self._sleeper.cancel()  # when stop() cancels the dispatcher, its sleep ends too
                 self._sleeper = None
 
+    def _in_slot_order(self, due: list[_Due]) -> list[list[_Due]]:
+        """The due claims in waves to send one after another: one wave, unless the strategy's claim of a later slot
+        makes the earlier ones unclaimable (stream-id) and a job has retries waiting. Then the retries of earlier
+        slots of the due jobs, still waiting out their backoff, are taken along, and each wave holds the next slot of
+        every job that has one left. After an outage the claim of a later slot, tried again fewer times and so
+        sooner, would otherwise reach the store first, and the earlier slot could never be won. (Under the other
+        strategies such a slot runs late, after the later one; sent along, it would make the later ones
+        skipped-overlap under leases.)"""
+        retries_due = sum(1 for entry in due if entry[4] == "retry")
+        self._retries_queued -= retries_due
+        if not self.backend.strategy.claims_in_slot_order or not (retries_due or self._retries_queued):
+            return [due]  # order does not matter, or no outage: no scan of the queue
+        latest: dict[str, int] = {}
+        for _, _, name, slot, _, _, _ in due:
+            latest[name] = max(slot, latest.get(name, slot))
+        earlier: set[_Due] = {e for e in self._queue if e[4] == "retry" and e[3] < latest.get(e[2], e[3])}
+        if earlier:
+            self._queue = [entry for entry in self._queue if entry not in earlier]
+            heapq.heapify(self._queue)
+            self._retries_queued -= len(earlier)
+        waves: list[list[_Due]] = []
+        sent: Counter[str] = Counter()  # how many waves each job's claims are in so far
+        for entry in sorted([*earlier, *due], key=lambda claim: claim[3]):
+            wave = sent[entry[2]]
+            sent[entry[2]] += 1
+            if wave == len(waves):
+                waves.append([])
+            waves[wave].append(entry)
+        return waves
+
     def _plan_after_step_back(self, now: int, step_ms: int) -> None:
         """The wall clock went back (a clock that ran ahead, set right): what was planned by the clock of before
         would wait that much longer, and a lone instance would run no slot meanwhile. A job whose planned slot
         is no longer its next goes on from the first slot that may still be claimed, as after a stall: when the
         clock went back is not known, so a slot since may have been missed (one claimed already, early while the
         clock was ahead, is answered done). Retries and backups wait what they had left."""
-        planned, self._queue = self._queue, []
+        planned, self._queue, self._retries_queued = self._queue, [], 0
         for at_ms, _, name, slot, kind, failures, token in planned:
             if kind == "scheduled":
                 job = self._jobs[name]

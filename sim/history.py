@@ -91,6 +91,7 @@ class RecordingStrategy:
         self.now = now  # () -> true time
         self.name = inner.name
         self.leases = inner.leases
+        self.claims_in_slot_order = inner.claims_in_slot_order
         self.scripts = inner.scripts
         self._attempts: dict[str, int] = {}  # token -> the attempt its claim won
         self.runs: dict[str, str] = {}  # token -> the run its claim named (a manual run's id is not its slot)

@@ -81,6 +81,9 @@ class Strategy(Protocol):
 
     name: str
     leases: bool
+    # Whether a claim of a later slot makes the job's earlier slots unclaimable (stream-id: IDs only grow): the
+    # scheduler then sends a job's claims in slot order, also its retries after an outage.
+    claims_in_slot_order: bool
     scripts: tuple[Script, ...]  # loaded into the server's script cache at start
 
     def check_server(self, server: ServerInfo) -> None:

@@ -22,6 +22,7 @@ TRIM_STREAM = Script.load("stream_trim")
 class ClaimOnlyStrategy:
     name: str
     leases = False
+    claims_in_slot_order = False
     scripts: tuple[Script, ...] = (TRIM_STREAM,)
     remembers_ms: int | None = None  # how long after its slot the store still knows a run was claimed (None: ever)
     runs_aged_by_ttl = True  # False where the claim script ages the runs stream itself

@@ -42,6 +42,7 @@ def _parse_claim(reply: Reply | StoreError) -> Claim | StoreError:
 class LeaseStrategy:
     name = "lease"
     leases = True
+    claims_in_slot_order = False
     scripts: tuple[Script, ...] = (CLAIM, HEARTBEAT, FINISH, RELEASE, SKIP, SINCE)
 
     def __init__(self, keys: KeySpace) -> None:

@@ -29,6 +29,7 @@ SKIP = Script.load("stream_id_skip")
 
 class StreamIdStrategy(ClaimOnlyStrategy):
     name = "stream-id"
+    claims_in_slot_order = True
     scripts: tuple[Script, ...] = (*ClaimOnlyStrategy.scripts, SKIP)
 
     async def claim_scheduled(

@@ -412,6 +412,39 @@ def test_a_backup_cut_off_for_nine_hours_schedules_again_once_the_store_answers(
     assert solo_runs_after == 11  # the slot due 1 s before the heal (not yet later than max_late_ms), ten after
 
 
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_after_an_outage_a_jobs_claims_reach_the_store_in_slot_order(strategy: str) -> None:
+    """A job every 10 s; the store is out of reach from 5 s to 35 s. Each failed claim is retried after a longer
+    wait: the slot at 10 s next at 41.5 s, the one at 20 s at 35.5 s. Sent in that order, stream-id's slot at
+    20 s would take the stream past 10 s, whose claim could then never win: there, the first claim after the
+    outage takes the job's earlier retries along, and the claims go in slot order. Every strategy runs every slot
+    once; the others, the slot at 10 s last."""
+
+    async def main() -> list[int]:
+        server = fakeredis.FakeServer(version=(8, 6) if strategy == "idmp" else (7, 0))
+        ran: list[int] = []
+
+        async def work(run: RunContext) -> None:
+            ran.append(run.slot // 1000 - VIRTUAL_EPOCH_S)
+
+        link = Link(adapt(fakeredis.FakeAsyncRedis(server=server)), "a")
+        scheduler = Scheduler(RedisBackend(redis=link, strategy=strategy), instance_id="a", clock=SimClock())
+        scheduler.add_job("every-10s", "*/10 * * * * *", work)
+        await scheduler.start()
+        await asyncio.sleep(5)
+        link.cut()
+        await asyncio.sleep(30)
+        link.heal()
+        await asyncio.sleep(9)
+        await scheduler.stop(timeout=0.1)
+        return ran
+
+    ran = run_virtual(main(), epoch_s=VIRTUAL_EPOCH_S, seed=1)
+    assert sorted(ran) == [10, 20, 30, 40]
+    if strategy == "stream-id":
+        assert ran == [10, 20, 30, 40]
+
+
 def test_slots_skipped_after_a_stall_are_all_in_the_log(caplog: pytest.LogCaptureFixture) -> None:
     """A job every minute; the process stalls from 61 s to 261 s. The first slot missed is recorded
     skipped-late; the others (180 s, and 240 s had it come before 201 s) are named in one line of the log."""
