@@ -87,18 +87,18 @@ def claim(store: LeaseStore, run: str, token: str, now: int, policy: JobPolicy) 
         return _start(store, run, token, now, policy, 1)
     if not r.running:
         return store, Claim(Outcome.DONE, r.attempt, r.fence)
-    if r.token == token:  # a retried claim: the caller already holds the run; an expired lease is renewed
+    if r.token == token:  # a retried claim: the caller already holds the run; its lease is renewed (a heartbeat)
         if r.lease_end < 0:  # unless the caller handed the run back since: a copy of its claim came late
             return store, Claim(Outcome.DONE, r.attempt, r.fence)
-        if r.lease_end > now:
-            return store, Claim(Outcome.WON, r.attempt, r.fence, r.lease_end - now)
-        if other_end is not None:  # renewed, it would run beside another live run: the caller waits for it
-            return store, Claim(Outcome.RUNNING, r.attempt, r.fence, other_end - now)
-        # Other runs took fences while the lease was out: the renewal, whose first answer nobody heard, takes the
-        # next, so that the fences acknowledged keep growing.
-        fence = store.fence + 1 if store.fence > r.fence else r.fence
-        renewed = replace(r, lease_end=now + policy.lease_ms, fence=fence)
-        return store.put(run, renewed, fence), Claim(Outcome.WON, r.attempt, fence, policy.lease_ms)
+        new_fence = None
+        if r.lease_end <= now:
+            if other_end is not None:  # renewed, it would run beside another live run: the caller waits for it
+                return store, Claim(Outcome.RUNNING, r.attempt, r.fence, other_end - now)
+            # Other runs took fences while the lease was out: the renewal, whose first answer nobody heard, takes
+            # the next, so that the fences acknowledged keep growing.
+            new_fence = store.fence + 1 if store.fence > r.fence else None
+        renewed = replace(r, lease_end=now + policy.lease_ms, fence=new_fence or r.fence)
+        return store.put(run, renewed, new_fence), Claim(Outcome.WON, r.attempt, renewed.fence, policy.lease_ms)
     if r.lease_end > now:
         return store, Claim(Outcome.RUNNING, r.attempt, r.fence, r.lease_end - now)
     if r.attempt >= policy.max_attempts:

@@ -6,8 +6,8 @@
 -- ARGV[7]  history_size              ARGV[8] keep_ms               ARGV[9] history_ttl_ms ("0": none)
 -- returns "<answer> <attempt> <fence> <lease_ms_left>" (one string: a client reads it faster than an array)
 --   "won"      the caller runs it: a new attempt was stored (or the caller's own token already holds it,
---              when a claim whose reply was lost is retried: its lease renewed if it ran out, with the next
---              fence if other runs took fences meanwhile); lease_ms_left is its lease. Such a retry whose lease
+--              when a claim whose reply was lost is retried: its lease renewed, with the next fence if it ran
+--              out and other runs took fences meanwhile); lease_ms_left is its lease. Such a retry whose lease
 --              ran out while another run of the job went live is "running".
 --   "running"  another attempt holds a live lease, or (overlap forbidden) the run's lease expired but another
 --              run of the job holds a live one; lease_ms_left says when to try again (the caller is a backup)
@@ -72,28 +72,29 @@ else
     return lease_end
   end
   if r.token == token then
-    -- This attempt's own claim again (the answer to the first was lost). Nobody took the run over: a lease that
-    -- ran out meanwhile is renewed, as a late heartbeat would renew it, so that the caller can run the job;
-    -- unless another run of the job started meanwhile and is live (overlap forbidden): then the caller waits.
+    -- This attempt's own claim again (the answer to the first was lost). Nobody took the run over: its lease is
+    -- renewed, as a heartbeat would renew it, so that the caller can run the job: one that ran out meanwhile, and
+    -- one nearly out, which the caller would give up before its first heartbeat could reach the store; unless the
+    -- lease ran out and another run of the job started meanwhile and is live (overlap forbidden): the caller waits.
     if r.lease_end < 0 then -- it handed the run back since: this is an old copy of its claim, come late
       return reply('done', r.attempt, r.fence, 0)
     end
+    local new_fence = nil
     if r.lease_end <= now then
       local live_end = live_other_end()
       if live_end then
         return reply('running', r.attempt, r.fence, live_end - now)
       end
-      r.lease_end = now + lease_ms
-      local new_fence = nil
       if job_fence > r.fence then
         -- Other runs took fences while this lease was out, and nobody has heard this one's (its answer was
         -- lost): the renewed lease takes the next, so the fences its holders hear keep growing.
         new_fence = job_fence + 1
         r.fence = new_fence
       end
-      save_run(run, r, new_fence)
     end
-    return reply('won', r.attempt, r.fence, r.lease_end - now)
+    r.lease_end = now + lease_ms
+    save_run(run, r, new_fence)
+    return reply('won', r.attempt, r.fence, lease_ms)
   end
   if r.lease_end > now then
     return reply('running', r.attempt, r.fence, r.lease_end - now)

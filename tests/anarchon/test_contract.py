@@ -308,6 +308,23 @@ async def test_a_retried_claim_renews_its_own_lease_that_ran_out_meanwhile(targe
     assert await backend.strategy.finish(backend.store, req, retry, policy, record(req, retry))
 
 
+async def test_a_retried_claim_renews_its_own_lease_that_is_nearly_out(target: StoreTarget) -> None:
+    """The first claim's answer was lost, and the retry comes with 50 ms of the lease left: less than the share
+    of the lease a winner gives up before its end (5 %), so the caller would stop the run before its first
+    heartbeat. The retry renews the lease in full, as a heartbeat would."""
+    backend = await target.started_backend("lease")
+    policy = JobPolicy(lease_ms=1000)
+    req = request(SLOT, "mine")
+    first = await claim_one(backend, req, policy)
+    await asyncio.sleep(0.95)
+    retry = await claim_one(backend, req._replace(retry=True), policy)
+    assert (retry.outcome, retry.attempt, retry.fence, retry.lease_ms_left) == (Outcome.WON, 1, first.fence, 1000)
+    await asyncio.sleep(0.1)  # past the first lease's end
+    backup = await claim_one(backend, request(SLOT, "backup"), policy)
+    assert backup.outcome is Outcome.RUNNING
+    assert 800 < backup.lease_ms_left <= 900
+
+
 async def test_a_retried_claim_whose_lease_ran_out_takes_a_fence_above_those_taken_meanwhile(
     target: StoreTarget,
 ) -> None:
