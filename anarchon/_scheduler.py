@@ -526,6 +526,10 @@ class Scheduler(Generic[M]):
         until stop() begins (then once more at most, within stop()'s bounds)."""
         give_up = self.clock.monotonic() + self.lease_ms / 1000
         extra = {"job": request.job, "slot": request.slot}
+        if not self.backend.started:  # stop() gave up on the claim and closed the connection: nothing can be sent
+            log.info("job %s slot %d: a claim whose answer never came could not be handed back (the connection is "
+                     "closed); if it won, its lease runs out", request.job, request.slot, extra=extra)  # fmt: skip
+            return
         while True:
             try:
                 if await self.backend.strategy.release(self.backend.store, request):

@@ -42,6 +42,7 @@ from anarchon import (
 )
 from anarchon import _scheduler as scheduler_module
 from anarchon._adapters import adapt
+from anarchon._errors import StoreError
 from anarchon._heartbeats import HeartbeatThread
 from anarchon._keys import KeySpace
 from anarchon._scheduler import SchedulerThread
@@ -2506,6 +2507,57 @@ async def test_stop_ends_on_time_when_a_claim_and_a_job_both_hang(
     assert len(started) == 1
     assert "2 claims or runs had not ended 1 s after stop()'s timeout" in caplog.text
     assert took_s < 0.5 + 2 * scheduler_module.STOP_GRACE_S + 0.4
+
+
+class ClaimsDeafToCancellation(Link):
+    """A client that goes on waiting for a lease claim's reply however often it is cancelled, until let go: then
+    the reply is lost."""
+
+    def __init__(self, inner: Connection) -> None:
+        super().__init__(inner)
+        self.claiming = asyncio.Event()
+        self.let_go = asyncio.Event()
+
+    async def execute(self, command: Any) -> Any:
+        [reply] = await self.execute_many([command])
+        if isinstance(reply, StoreError):
+            raise reply
+        return reply
+
+    async def execute_many(self, commands: Any) -> Any:
+        replies = await super().execute_many(commands)
+        if any(command[1] in (CLAIM.sha, CLAIM.source) for command in commands):
+            self.claiming.set()
+            while not self.let_go.is_set():
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self.let_go.wait()
+            raise StoreUnavailableError("the reply was lost")
+        return replies
+
+
+async def test_a_claim_that_fails_after_stop_gave_up_on_it_sends_nothing_to_the_closed_store(
+    fake_target: StoreTarget, caplog: pytest.LogCaptureFixture
+) -> None:
+    """stop() gives up on a claim whose client ignores cancellation, and closes the connection. When the claim
+    fails later, its hand-back is not tried: nothing can be sent any more, and its lease, if it won, runs out as
+    after a crash. (It was started, and failed against the closed store with a traceback in the log.)"""
+    caplog.set_level(logging.INFO, logger="anarchon")
+    link = ClaimsDeafToCancellation(adapt(fake_target.new_client()))
+    scheduler = Scheduler(fake_target.backend("lease", connection=link), lease_ms=60_000)
+    scheduler.add_job("tick", "* * * * * *", _virtual_noop)
+    await scheduler.start()
+    await asyncio.wait_for(link.claiming.wait(), 5)
+    await asyncio.wait_for(scheduler.stop(timeout=0.1), 5)
+    assert not scheduler.backend.started
+    caplog.clear()
+    link.let_go.set()
+    await asyncio.sleep(0.2)
+    [slot] = [r.slot for r in caplog.records if r.levelno == logging.WARNING]  # type: ignore[attr-defined]
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("WARNING", f"job tick: claim of slot {slot} failed (the reply was lost) as the scheduler stopped"),
+        ("INFO", f"job tick slot {slot}: a claim whose answer never came could not be handed back (the connection is "
+                 "closed); if it won, its lease runs out"),
+    ]  # fmt: skip
 
 
 async def test_a_job_hogging_the_event_loop_keeps_its_lease(real_server: ServerUnderTest) -> None:
