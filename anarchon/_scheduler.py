@@ -63,6 +63,11 @@ from ._strategies import Claim, JobPolicy, Outcome, RunRequest, run_id
 from ._strategies._base import CLAIM_MARGIN_MS
 
 log = logging.getLogger("anarchon")
+# In a run's task: its scheduler, the run, and that task. Tasks its job or hooks start copy the context, and see
+# it too (see stop()).
+_RUN_OF: contextvars.ContextVar[tuple[object, _Running, asyncio.Task[Any]] | None] = contextvars.ContextVar(
+    "anarchon_run_of", default=None
+)
 
 F = TypeVar("F", bound=JobFunction)
 S = TypeVar("S")
@@ -116,6 +121,12 @@ class _Running:
     reason: str | None = None  # why the job was interrupted
     thread: concurrent.futures.Future[object] | None = None  # a sync job's call on its thread
     cancels: int = 0  # the cancellations interrupt() sent the task, not yet withdrawn
+    in_hook: bool = False  # whether on_run_start or on_run_end is running
+
+    @property
+    def in_user_code(self) -> bool:
+        """Whether the job or one of its hooks is running (and may be awaiting something, such as stop())."""
+        return self.task is not None or self.in_hook
 
     @property
     def thread_runs_on(self) -> bool:
@@ -480,12 +491,13 @@ class Scheduler(Generic[M]):
         lease runs out as after a crash.
 
         Stopping goes on if the caller is cancelled meanwhile; calling stop() again waits for it to end. Called
-        while start() runs, it waits for the start to end, then stops."""
+        while start() runs, it waits for the start to end, then stops. Called by one of the scheduler's own jobs or
+        hooks (or a task one started), it returns once all but that job's own run have ended (which cannot end
+        before the call returns; the stop then waits for it)."""
         timeout = _check_timeout(timeout)
         if loop := self._own_loop_elsewhere("stop"):
             await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self.stop(timeout), loop))
             return
-        self._refuse_stop_from_a_run()
         if self._starting is not None:
             await self._starting.wait()
         if self._stopping is None:
@@ -493,16 +505,14 @@ class Scheduler(Generic[M]):
                 return
             self._stopping = asyncio.ensure_future(self._stop(timeout))
             self._stopping.add_done_callback(self._stop_ended)
+        caller = _RUN_OF.get()
+        if caller is not None and caller[0] is self:
+            # A job or hook of this scheduler, or a task one started, which may await this call (directly, or
+            # through gather, shield or wait_for): waiting for its run too would be waiting for itself, until the
+            # timeout, then cut short and its run handed back to run again.
+            await self._stopped_but_for(caller[1], caller[2])
+            return
         await asyncio.shield(self._stopping)
-
-    def _refuse_stop_from_a_run(self) -> None:
-        """A job or hook that awaited stop() would wait for its own task to end: until the timeout, then be
-        cancelled, and its run handed back for another instance to run again."""
-        if asyncio.current_task() in self._tasks:
-            raise SchedulerStateError(
-                "stop() awaited by a job or hook of this scheduler would wait for that job to end: start it as a "
-                "task of its own (asyncio.create_task(scheduler.stop())) and return"
-            )
 
     def _stop_ended(self, stopping: asyncio.Future[None]) -> None:
         """Forget a stop once it ends, whether its caller waited for it or gave up (a stop() cancelled by the
@@ -547,22 +557,35 @@ class Scheduler(Generic[M]):
                             request.job, request.slot, error, extra=extra)  # fmt: skip
                 return
 
+    def _stop_work(self) -> set[asyncio.Task[Any]]:
+        """What stop() waits for, as it is at each moment: a claim that settles meanwhile starts a hand-back."""
+        tasks = {task for task in self._tasks if task.get_name() != "anarchon-heartbeats"}
+        return tasks | {self._dispatcher} if self._dispatcher is not None else tasks
+
+    async def _stopped_but_for(self, running: _Running, task: asyncio.Task[Any]) -> None:
+        """Wait for the stop, but not for ``task`` while it runs the job or a hook of ``running``, which called
+        stop() (from that task, or from one it started): it may be awaiting the call, and cannot end before it
+        returns. Returns once all else the stop waits for has ended, or else when the stop has."""
+        stopping = self._stopping
+        while stopping is not None and not stopping.done():
+            waited: set[asyncio.Future[Any]] = {other for other in self._stop_work() if not other.done()}
+            if running.in_user_code:
+                waited.discard(task)
+                if not waited:
+                    return
+            waited.add(stopping)
+            await asyncio.wait(waited, return_when=asyncio.FIRST_COMPLETED)
+
     async def _stop(self, timeout: float) -> None:
         self._started = False
         self._stop_deadline = self.clock.monotonic() + timeout
         loop = asyncio.get_running_loop()
         for nap in self._naps:
             nap.cancel()
-        dispatcher, self._dispatcher = self._dispatcher, None
-        if dispatcher is not None:
-            dispatcher.cancel()  # it ends once its claims in flight settle (see _claim)
+        if self._dispatcher is not None:
+            self._dispatcher.cancel()  # it ends once its claims in flight settle (see _claim)
         self._hand_back_queued_retries()
-
-        def work() -> set[asyncio.Task[Any]]:
-            """What stop() waits for, as it is at each moment: a claim that settles meanwhile starts a hand-back."""
-            tasks = {task for task in self._tasks if task.get_name() != "anarchon-heartbeats"}
-            return tasks | {dispatcher} if dispatcher is not None else tasks
-
+        work = self._stop_work
         # Claims in flight, runs and catch-ups (which stop between slots) go on, heartbeats included, for up to
         # `timeout` of this scheduler's clock, as its jobs' time: a process stopped (SIGSTOP) meanwhile acts on it
         # when it resumes, and so does one whose clock the simulator pauses. Then all of them end within the same
@@ -587,6 +610,7 @@ class Scheduler(Generic[M]):
                 )  # fmt: skip
         self._queue.clear()
         self._retries_queued = 0
+        self._dispatcher = None
         if self._job_threads is not None:  # a sync job cancelled above may still run: its thread ends with it
             self._job_threads.shutdown(wait=False)
             self._job_threads = None
@@ -1060,6 +1084,20 @@ class Scheduler(Generic[M]):
             manual=request.manual,
         )  # fmt: skip
         running = _Running(context, request)
+        task = asyncio.current_task()
+        assert task is not None  # a run runs in a task: the scheduler's, or a catch-up's, or run_now's
+        # The job, its hooks and the tasks they start know the run they are part of (see stop()). Reset after: a
+        # catch-up's or run_now's task goes on.
+        entered = _RUN_OF.set((self, running, task))
+        try:
+            return await self._attempt(job, request, claim, claim_sent, running)
+        finally:
+            _RUN_OF.reset(entered)
+
+    async def _attempt(
+        self, job: Job, request: RunRequest, claim: Claim, claim_sent: float, running: _Running
+    ) -> RunRecord:
+        context = running.context
         self._running[request.token] = running
         extra = {"job": job.name, "slot": request.slot, "attempt": claim.attempt}
         log.info("job %s slot %d attempt %d: started", job.name, request.slot, claim.attempt, extra=extra)
@@ -1072,7 +1110,7 @@ class Scheduler(Generic[M]):
         task = asyncio.current_task()
         try:
             if self.on_run_start is not None:
-                await self._hook(self.on_run_start, context)
+                await self._hook(self.on_run_start, context, running=running)
             if running.reason is None:
                 running.task = task
                 await self._call(job, context, running)
@@ -1116,7 +1154,7 @@ class Scheduler(Generic[M]):
         record = await self._end(request, claim, record, extra, hand_back_allowed=not thread_runs_on)
         log.info("job %s slot %d attempt %d: %s", job.name, request.slot, claim.attempt, status, extra=extra)
         if self.on_run_end is not None:
-            await self._hook(self.on_run_end, context, record)
+            await self._hook(self.on_run_end, context, record, running=running)
         return record
 
     async def _not_started(self, request: RunRequest, claim: Claim) -> RunRecord:
@@ -1282,13 +1320,16 @@ class Scheduler(Generic[M]):
         )
         running.interrupt(f"{LEASE_LOST}: {reason}")
 
-    async def _hook(self, hook: Callable[..., object], *args: Any) -> None:
+    async def _hook(self, hook: Callable[..., object], *args: Any, running: _Running) -> None:
+        running.in_hook = True
         try:
             result = hook(*args)
             if inspect.isawaitable(result):
                 await result
         except Exception:
             log.exception("hook %r failed", hook)
+        finally:
+            running.in_hook = False
 
     def _local_record(
         self,
