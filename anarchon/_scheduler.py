@@ -796,8 +796,11 @@ class Scheduler(Generic[M]):
             while self._queue and self._queue[0][0] <= now:
                 due.append(heapq.heappop(self._queue))
             if due:
-                for wave in self._in_slot_order(due):
+                waves = self._in_slot_order(due)
+                for index, wave in enumerate(waves):
                     await self._claim(wave, now)
+                    if index + 1 < len(waves):
+                        self._hold_back_after_failures(wave, waves[index + 1 :])
                 continue
             delay = MAX_SLEEP_S if not self._queue else (self._queue[0][0] - now) / 1000
             self._sleeper = asyncio.ensure_future(self.clock.sleep(min(delay, MAX_SLEEP_S)))
@@ -836,6 +839,23 @@ class Scheduler(Generic[M]):
                 waves.append([])
             waves[wave].append(entry)
         return waves
+
+    def _hold_back_after_failures(self, sent: list[_Due], waves: list[list[_Due]]) -> None:
+        """Take the claims of the jobs whose claim in the wave just ``sent`` failed out of the ``waves`` still to
+        send, and queue them to go with that claim's retry: sent now, they could reach the store before the earlier
+        slot (and, on a store that does not answer, each wave would wait out the client's timeout)."""
+        claimed = {(entry[2], entry[3]) for entry in sent}
+        retry_at = {e[2]: e[0] for e in self._queue if e[4] == "retry" and (e[2], e[3]) in claimed}
+        if not retry_at:
+            return
+        for wave in waves:
+            kept = [entry for entry in wave if entry[2] not in retry_at]
+            for _, _, name, slot, kind, failures, token in wave:
+                if name in retry_at:
+                    if kind == "scheduled":  # its next slot is planned now, as when it is claimed
+                        self._schedule_after(name, slot, self.clock.wall_ms())
+                    self._push(retry_at[name], name, slot, "retry", failures, token)
+            wave[:] = kept
 
     def _plan_after_step_back(self, now: int, step_ms: int) -> None:
         """The wall clock went back (a clock that ran ahead, set right): what was planned by the clock of before
@@ -885,18 +905,7 @@ class Scheduler(Generic[M]):
                 await asyncio.sleep(0)
                 for _, _, name, slot, kind, _, _ in due[first : first + CLAIM_BATCH]:
                     if kind == "scheduled":
-                        # After a stall or a clock jump, on from the first slot that may still be claimed: one
-                        # skip recorded for the missed ones, not one each, and one line in the log for the rest.
-                        scheduled = self._jobs[name]
-                        resume_after = max(slot, now - scheduled.options.late_after_ms)
-                        skipped = scheduled.schedule.next_after(slot)
-                        if skipped is not None and skipped <= resume_after:
-                            log.warning(
-                                "job %s: every slot due from %d until %d skipped as well (later than max_late_ms: the "
-                                "scheduler was stalled, or its clock jumped forward)", name, skipped, resume_after,
-                                extra={"job": name},
-                            )  # fmt: skip
-                        self._schedule_next(scheduled, resume_after)
+                        self._schedule_after(name, slot, now)
             if parts:
                 await asyncio.wait(parts)  # unlike gather's, this wait cancelled leaves the pipelines to settle
             for part in parts:
@@ -906,6 +915,20 @@ class Scheduler(Generic[M]):
             # meanwhile is handed back or recorded (see _settle), not left claimed and never run. stop() goes on
             # once none can settle behind its back.
             await asyncio.gather(*parts, return_exceptions=True)
+
+    def _schedule_after(self, name: str, slot: int, now: int) -> None:
+        """Plan the job's next slot after the one now claimed. After a stall or a clock jump, on from the first slot
+        that may still be claimed: one skip recorded for the missed ones, not one each, and one line in the log
+        for the rest."""
+        job = self._jobs[name]
+        resume_after = max(slot, now - job.options.late_after_ms)
+        skipped = job.schedule.next_after(slot)
+        if skipped is not None and skipped <= resume_after:
+            log.warning(
+                "job %s: every slot due from %d until %d skipped as well (later than max_late_ms: the scheduler was "
+                "stalled, or its clock jumped forward)", name, skipped, resume_after, extra={"job": name},
+            )  # fmt: skip
+        self._schedule_next(job, resume_after)
 
     async def _claim_part(self, part: list[_Due], lanes: asyncio.Semaphore) -> None:
         strategy, store = self.backend.strategy, self.backend.store

@@ -446,6 +446,52 @@ def test_after_an_outage_a_jobs_claims_reach_the_store_in_slot_order(strategy: s
         assert ran == [10, 20, 30, 40]
 
 
+class FailsTheNextBatch(Link):
+    """A link whose next command or batch fails before it reaches the store (a connection reset as the store comes
+    back)."""
+
+    fail_next = False
+
+    async def execute(self, command: Any) -> Any:
+        [reply] = await self.execute_many([command])
+        if isinstance(reply, StoreError):
+            raise reply
+        return reply
+
+    async def execute_many(self, commands: Any) -> Any:
+        if self.fail_next:
+            self.fail_next = False
+            raise StoreUnavailableError("the connection was reset")
+        return await super().execute_many(commands)
+
+
+def test_a_jobs_later_slots_wait_for_its_earlier_slot_whose_claim_failed_again() -> None:
+    """As above, under stream-id; the claim of the slot at 10 s, sent first after the outage, fails once more. The
+    claims of the later slots, due with it, wait for its retry instead of taking the stream past it."""
+
+    async def main() -> list[int]:
+        server = fakeredis.FakeServer()
+        ran: list[int] = []
+
+        async def work(run: RunContext) -> None:
+            ran.append(run.slot // 1000 - VIRTUAL_EPOCH_S)
+
+        link = FailsTheNextBatch(adapt(fakeredis.FakeAsyncRedis(server=server)), "a")
+        scheduler = Scheduler(RedisBackend(redis=link, strategy="stream-id"), instance_id="a", clock=SimClock())
+        scheduler.add_job("every-10s", "*/10 * * * * *", work)
+        await scheduler.start()
+        await asyncio.sleep(5)
+        link.cut()
+        await asyncio.sleep(30)
+        link.heal()
+        link.fail_next = True
+        await asyncio.sleep(29)
+        await scheduler.stop(timeout=0.1)
+        return ran
+
+    assert run_virtual(main(), epoch_s=VIRTUAL_EPOCH_S, seed=1) == [10, 20, 30, 40, 50, 60]
+
+
 def test_slots_skipped_after_a_stall_are_all_in_the_log(caplog: pytest.LogCaptureFixture) -> None:
     """A job every minute; the process stalls from 61 s to 261 s. The first slot missed is recorded
     skipped-late; the others (180 s, and 240 s had it come before 201 s) are named in one line of the log."""
