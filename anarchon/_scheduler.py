@@ -1443,6 +1443,13 @@ class SchedulerThread:
         """Stop the scheduler (see :meth:`Scheduler.stop`) and end its thread. Calling it again, from any thread,
         returns once it has stopped."""
         self._check_caller()
+        caller = _RUN_OF.get()
+        if caller is not None and caller[0] is self.scheduler:  # a sync job's thread (it has its run's context)
+            raise SchedulerStateError(
+                "called by one of the scheduler's sync jobs, it would end the thread that job's run needs: stop "
+                "from a thread of its own (threading.Thread(target=scheduler_thread.stop).start()), or await "
+                "scheduler.stop() in an async job"
+            )
         timeout = _check_timeout(timeout)  # refused here, the scheduler and its thread run on
         with self._lock:
             first, self._stopping = not self._stopping, True

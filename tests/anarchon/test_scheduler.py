@@ -2990,6 +2990,38 @@ def test_run_blocks_until_sigterm_then_stops_cleanly() -> None:
     assert "stopped cleanly" in out
 
 
+def test_a_sync_job_that_stops_its_scheduler_thread_is_told_to_do_it_from_a_thread_of_its_own(
+    fake_target: StoreTarget,
+) -> None:
+    """The thread's stop() ends the scheduler's loop and thread, which the calling job's run needs to end: called
+    by a sync job it waited for that job until its timeout. It is refused; from a thread of the job's own it
+    stops the scheduler once the job has ended."""
+    holder: list[SchedulerThread] = []
+    stopper: list[threading.Thread] = []
+
+    def stop_here() -> None:
+        holder[0].stop()
+
+    def stop_from_a_thread() -> None:
+        stopper.append(threading.Thread(target=holder[0].stop))
+        stopper[0].start()
+
+    scheduler = Scheduler(fake_target.backend("lease"))
+    scheduler.add_job("here", "0 0 1 1 *", stop_here)
+    scheduler.add_job("thread", "0 0 1 1 *", stop_from_a_thread)
+    holder.append(scheduler.run_in_thread())
+    refused = holder[0].run_now("here")
+    began = time.monotonic()
+    assert holder[0].run_now("thread").status == "ok"
+    stopper[0].join(5)
+    assert not stopper[0].is_alive()
+    assert time.monotonic() - began < 3
+    assert not scheduler.backend.started
+    assert refused.status == "error"
+    assert refused.message is not None
+    assert "threading.Thread(target=scheduler_thread.stop)" in refused.message
+
+
 def test_the_scheduler_thread_refuses_a_call_from_its_own_loop_instead_of_hanging(fake_target: StoreTarget) -> None:
     """A hook or job on the scheduler's loop that calls the thread's methods would wait for that loop, which it
     holds, for ever (and, a job, keep its lease the while): refused with the scheduler's error."""
