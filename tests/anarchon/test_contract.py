@@ -294,35 +294,23 @@ async def test_a_claim_the_client_sent_twice_is_won(target: StoreTarget, strateg
     assert first.fence == again.fence
 
 
-async def test_a_retried_claim_renews_its_own_lease_that_ran_out_meanwhile(target: StoreTarget) -> None:
-    """The first claim's answer was lost and the store stayed out of reach past the lease; nobody took over."""
+@pytest.mark.parametrize(("lease_ms", "retried_after_s"), [(300, 0.35), (1000, 0.95)], ids=["ran-out", "nearly-out"])
+async def test_a_retried_claim_renews_its_own_lease(target: StoreTarget, lease_ms: int, retried_after_s: float) -> None:
+    """The first claim's answer was lost. Its retry comes after the lease ran out (the store stayed out of reach
+    for longer; nobody took over), or with 50 ms of it left: less than the share of the lease a winner gives up
+    before its end (5 %), so the caller would stop the run before its first heartbeat. Either way the retry
+    renews the lease in full, as a heartbeat would."""
     backend = await target.started_backend("lease")
-    policy = JobPolicy(lease_ms=300)
+    policy = JobPolicy(lease_ms=lease_ms)
     req = request(SLOT, "mine")
     first = await claim_one(backend, req, policy)
-    await asyncio.sleep(0.35)
+    await asyncio.sleep(retried_after_s)
     retry = await claim_one(backend, req._replace(retry=True), policy)
-    assert (retry.outcome, retry.attempt, retry.fence, retry.lease_ms_left) == (Outcome.WON, 1, first.fence, 300)
+    assert (retry.outcome, retry.attempt, retry.fence, retry.lease_ms_left) == (Outcome.WON, 1, first.fence, lease_ms)
     backup = await claim_one(backend, request(SLOT, "backup"), policy)
-    assert backup.outcome is Outcome.RUNNING  # the lease is live again: no takeover
+    assert backup.outcome is Outcome.RUNNING  # the lease is live again, and whole: no takeover
+    assert lease_ms - 100 < backup.lease_ms_left <= lease_ms
     assert await backend.strategy.finish(backend.store, req, retry, policy, record(req, retry))
-
-
-async def test_a_retried_claim_renews_its_own_lease_that_is_nearly_out(target: StoreTarget) -> None:
-    """The first claim's answer was lost, and the retry comes with 50 ms of the lease left: less than the share
-    of the lease a winner gives up before its end (5 %), so the caller would stop the run before its first
-    heartbeat. The retry renews the lease in full, as a heartbeat would."""
-    backend = await target.started_backend("lease")
-    policy = JobPolicy(lease_ms=1000)
-    req = request(SLOT, "mine")
-    first = await claim_one(backend, req, policy)
-    await asyncio.sleep(0.95)
-    retry = await claim_one(backend, req._replace(retry=True), policy)
-    assert (retry.outcome, retry.attempt, retry.fence, retry.lease_ms_left) == (Outcome.WON, 1, first.fence, 1000)
-    await asyncio.sleep(0.1)  # past the first lease's end
-    backup = await claim_one(backend, request(SLOT, "backup"), policy)
-    assert backup.outcome is Outcome.RUNNING
-    assert 800 < backup.lease_ms_left <= 900
 
 
 async def test_a_retried_claim_whose_lease_ran_out_takes_a_fence_above_those_taken_meanwhile(

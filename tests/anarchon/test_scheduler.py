@@ -413,50 +413,21 @@ def test_a_backup_cut_off_for_nine_hours_schedules_again_once_the_store_answers(
     assert solo_runs_after == 11  # the slot due 1 s before the heal (not yet later than max_late_ms), ten after
 
 
-@pytest.mark.parametrize("strategy", STRATEGIES)
-def test_after_an_outage_a_jobs_claims_reach_the_store_in_slot_order(strategy: str) -> None:
-    """A job every 10 s; the store is out of reach from 5 s to 35 s. Each failed claim is retried after a longer
-    wait: the slot at 10 s next at 41.5 s, the one at 20 s at 35.5 s. Sent in that order, stream-id's slot at
-    20 s would take the stream past 10 s, whose claim could then never win: there, the first claim after the
-    outage takes the job's earlier retries along, and the claims go in slot order. Every strategy runs every slot
-    once; the others, the slot at 10 s last."""
-
-    async def main() -> list[int]:
-        server = fakeredis.FakeServer(version=(8, 6) if strategy == "idmp" else (7, 0))
-        ran: list[int] = []
-
-        async def work(run: RunContext) -> None:
-            ran.append(run.slot // 1000 - VIRTUAL_EPOCH_S)
-
-        link = Link(adapt(fakeredis.FakeAsyncRedis(server=server)), "a")
-        scheduler = Scheduler(RedisBackend(redis=link, strategy=strategy), instance_id="a", clock=SimClock())
-        scheduler.add_job("every-10s", "*/10 * * * * *", work)
-        await scheduler.start()
-        await asyncio.sleep(5)
-        link.cut()
-        await asyncio.sleep(30)
-        link.heal()
-        await asyncio.sleep(9)
-        await scheduler.stop(timeout=0.1)
-        return ran
-
-    ran = run_virtual(main(), epoch_s=VIRTUAL_EPOCH_S, seed=1)
-    assert sorted(ran) == [10, 20, 30, 40]
-    if strategy == "stream-id":
-        assert ran == [10, 20, 30, 40]
-
-
-class FailsTheNextBatch(Link):
-    """A link whose next command or batch fails before it reaches the store (a connection reset as the store comes
-    back)."""
-
-    fail_next = False
+class BatchLink(Link):
+    """A link that sends a single command as a batch of one: a subclass meddles in execute_many alone."""
 
     async def execute(self, command: Any) -> Any:
         [reply] = await self.execute_many([command])
         if isinstance(reply, StoreError):
             raise reply
         return reply
+
+
+class FailsTheNextBatch(BatchLink):
+    """A link whose next command or batch fails before it reaches the store (a connection reset as the store comes
+    back)."""
+
+    fail_next = False
 
     async def execute_many(self, commands: Any) -> Any:
         if self.fail_next:
@@ -465,31 +436,51 @@ class FailsTheNextBatch(Link):
         return await super().execute_many(commands)
 
 
-def test_a_jobs_later_slots_wait_for_its_earlier_slot_whose_claim_failed_again() -> None:
-    """As above, under stream-id; the claim of the slot at 10 s, sent first after the outage, fails once more. The
-    claims of the later slots, due with it, wait for its retry instead of taking the stream past it."""
+def _slots_run_through_an_outage(strategy: str, after_heal_s: float, fail_first_claim_after: bool = False) -> list[int]:
+    """The slots (s) run, in order, of a job every 10 s on one instance whose store is out of reach from 5 s to
+    35 s, until ``after_heal_s`` later; the first claim sent after that fails too, before it reaches the store,
+    if asked."""
 
     async def main() -> list[int]:
-        server = fakeredis.FakeServer()
+        server = fakeredis.FakeServer(version=(8, 6) if strategy == "idmp" else (7, 0))
         ran: list[int] = []
 
         async def work(run: RunContext) -> None:
             ran.append(run.slot // 1000 - VIRTUAL_EPOCH_S)
 
         link = FailsTheNextBatch(adapt(fakeredis.FakeAsyncRedis(server=server)), "a")
-        scheduler = Scheduler(RedisBackend(redis=link, strategy="stream-id"), instance_id="a", clock=SimClock())
+        scheduler = Scheduler(RedisBackend(redis=link, strategy=strategy), instance_id="a", clock=SimClock())
         scheduler.add_job("every-10s", "*/10 * * * * *", work)
         await scheduler.start()
         await asyncio.sleep(5)
         link.cut()
         await asyncio.sleep(30)
         link.heal()
-        link.fail_next = True
-        await asyncio.sleep(29)
+        link.fail_next = fail_first_claim_after
+        await asyncio.sleep(after_heal_s)
         await scheduler.stop(timeout=0.1)
         return ran
 
-    assert run_virtual(main(), epoch_s=VIRTUAL_EPOCH_S, seed=1) == [10, 20, 30, 40, 50, 60]
+    return run_virtual(main(), epoch_s=VIRTUAL_EPOCH_S, seed=1)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_after_an_outage_a_jobs_claims_reach_the_store_in_slot_order(strategy: str) -> None:
+    """Each failed claim is retried after a longer wait: the slot at 10 s next at 41.5 s, the one at 20 s at
+    35.5 s. Sent in that order, stream-id's slot at 20 s would take the stream past 10 s, whose claim could then
+    never win: there, the first claim after the outage takes the job's earlier retries along, and the claims go
+    in slot order. Every strategy runs every slot once; the others, the slot at 10 s last."""
+    ran = _slots_run_through_an_outage(strategy, after_heal_s=9)
+    assert sorted(ran) == [10, 20, 30, 40]
+    if strategy == "stream-id":
+        assert ran == [10, 20, 30, 40]
+
+
+def test_a_jobs_later_slots_wait_for_its_earlier_slot_whose_claim_failed_again() -> None:
+    """As above, under stream-id; the claim of the slot at 10 s, sent first after the outage, fails once more. The
+    claims of the later slots, due with it, wait for its retry instead of taking the stream past it."""
+    ran = _slots_run_through_an_outage("stream-id", after_heal_s=29, fail_first_claim_after=True)
+    assert ran == [10, 20, 30, 40, 50, 60]
 
 
 def test_slots_skipped_after_a_stall_are_all_in_the_log(caplog: pytest.LogCaptureFixture) -> None:
@@ -2555,7 +2546,7 @@ async def test_stop_ends_on_time_when_a_claim_and_a_job_both_hang(
     assert took_s < 0.5 + 2 * scheduler_module.STOP_GRACE_S + 0.4
 
 
-class ClaimsDeafToCancellation(Link):
+class ClaimsDeafToCancellation(BatchLink):
     """A client that goes on waiting for a lease claim's reply however often it is cancelled, until let go: then
     the reply is lost."""
 
@@ -2563,12 +2554,6 @@ class ClaimsDeafToCancellation(Link):
         super().__init__(inner)
         self.claiming = asyncio.Event()
         self.let_go = asyncio.Event()
-
-    async def execute(self, command: Any) -> Any:
-        [reply] = await self.execute_many([command])
-        if isinstance(reply, StoreError):
-            raise reply
-        return reply
 
     async def execute_many(self, commands: Any) -> Any:
         replies = await super().execute_many(commands)
