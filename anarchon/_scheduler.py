@@ -63,6 +63,8 @@ from ._strategies import Claim, JobPolicy, Outcome, RunRequest, run_id
 from ._strategies._base import CLAIM_MARGIN_MS
 
 log = logging.getLogger("anarchon")
+# Whether this thread runs a sync job's function now (its run is the one _RUN_OF names on that thread).
+_on_job_thread = threading.local()
 # In a run's task: its scheduler, the run, and that task. Tasks its job or hooks start copy the context, and see
 # it too (see stop()).
 _RUN_OF: contextvars.ContextVar[tuple[object, _Running, asyncio.Task[Any]] | None] = contextvars.ContextVar(
@@ -282,6 +284,7 @@ class Scheduler(Generic[M]):
         self._sleeper: asyncio.Task[None] | None = None
         self._naps: set[asyncio.Future[None]] = set()  # catch-ups' sleeps, which stop() ends
         self._stopping: asyncio.Future[None] | None = None
+        self._runs_stopping: list[tuple[asyncio.Task[Any], _Running]] = []  # runs whose job or hook awaits stop()
         self._stop_deadline = float("inf")  # when stop() stops waiting for runs (this scheduler's monotonic clock)
         # Set while start() runs (a second start() is refused meanwhile), and set once it ends: stop() waits.
         self._starting: asyncio.Event | None = None
@@ -445,6 +448,11 @@ class Scheduler(Generic[M]):
         """Connect, check the store and the strategy, catch up missed runs (lease), and start scheduling. Called
         while a stop goes on (one whose caller gave up waiting), it waits for the stop to end, then starts."""
         if self._stopping is not None:
+            if (caller := _RUN_OF.get()) is not None and caller[0] is self and caller[1].in_user_code:
+                raise SchedulerStateError(
+                    "start() called by a job or hook of the scheduler while it stops would wait for that job's run "
+                    "to end: start the scheduler again from outside its jobs"
+                )
             await asyncio.wait([self._stopping])  # how it ended was the stop's caller's to hear
         if self._started or (self._starting is not None and not self._starting.is_set()):
             raise SchedulerStateError("the scheduler is already started")
@@ -567,14 +575,21 @@ class Scheduler(Generic[M]):
         stop() (from that task, or from one it started): it may be awaiting the call, and cannot end before it
         returns. Returns once all else the stop waits for has ended, or else when the stop has."""
         stopping = self._stopping
-        while stopping is not None and not stopping.done():
-            waited: set[asyncio.Future[Any]] = {other for other in self._stop_work() if not other.done()}
-            if running.in_user_code:
-                waited.discard(task)
-                if not waited:
+        caller = (task, running)
+        self._runs_stopping.append(caller)
+        try:
+            while stopping is not None and not stopping.done():
+                # Nor for the other runs whose job or hook awaits stop() meanwhile: each would wait for the other.
+                awaiting = {other for other, run in self._runs_stopping if run.in_user_code}
+                waited: set[asyncio.Future[Any]] = {
+                    other for other in self._stop_work() if not other.done() and other not in awaiting
+                }
+                if running.in_user_code and not waited:
                     return
-            waited.add(stopping)
-            await asyncio.wait(waited, return_when=asyncio.FIRST_COMPLETED)
+                waited.add(stopping)
+                await asyncio.wait(waited, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            self._runs_stopping.remove(caller)
 
     async def _stop(self, timeout: float) -> None:
         self._started = False
@@ -1134,6 +1149,8 @@ class Scheduler(Generic[M]):
         try:
             if self.on_run_start is not None:
                 await self._hook(self.on_run_start, context, running=running)
+                if running.reason is None and not self._started:  # stop() began meanwhile: as for a run won then
+                    running.reason = STOPPED
             if running.reason is None:
                 running.task = task
                 await self._call(job, context, running)
@@ -1444,7 +1461,7 @@ class SchedulerThread:
         returns once it has stopped."""
         self._check_caller()
         caller = _RUN_OF.get()
-        if caller is not None and caller[0] is self.scheduler:  # a sync job's thread (it has its run's context)
+        if getattr(_on_job_thread, "active", False) and caller is not None and caller[0] is self.scheduler:
             raise SchedulerStateError(
                 "called by one of the scheduler's sync jobs, it would end the thread that job's run needs: stop "
                 "from a thread of its own (threading.Thread(target=scheduler_thread.stop).start()), or await "
@@ -1547,10 +1564,13 @@ def _on_its_thread(function: Callable[[RunContext], object], context: RunContext
     """Call a sync job's function on its worker thread. SystemExit there ends that thread only, as in any Python
     thread: handed to the event loop as it is, asyncio would raise it out of the loop and end the application (and
     each instance that took the run over after it, in turn). The job failed: its run is recorded as an error."""
+    _on_job_thread.active = True
     try:
         return function(context)
     except (SystemExit, KeyboardInterrupt) as error:
         raise _ThreadExit(_failure(error)) from error
+    finally:
+        _on_job_thread.active = False
 
 
 def _failure(error: BaseException) -> str:

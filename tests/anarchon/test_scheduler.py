@@ -3147,6 +3147,67 @@ async def test_a_job_that_stops_its_scheduler_ends_as_usual(how: str) -> None:
         await scheduler.run_now("other")
 
 
+async def test_runs_that_all_await_stop_end_as_usual() -> None:
+    """Two jobs' runs, then both on_run_end hooks, await stop(): none waits for another that awaits it too."""
+    ended: list[tuple[str, str]] = []
+
+    async def stop_too(run: RunContext) -> None:
+        await asyncio.sleep(0.1)
+        await scheduler.stop(timeout=10)
+
+    async def on_run_end(run: RunContext, record: RunRecord) -> None:
+        ended.append((run.job, record.status))
+        await scheduler.stop(timeout=10)
+
+    scheduler = Scheduler(RedisBackend(redis=fakeredis.FakeAsyncRedis()), on_run_end=on_run_end)
+    for name in ("a", "b"):
+        scheduler.add_job(name, "0 0 1 1 *", stop_too)
+    await scheduler.start()
+    began = time.monotonic()
+    records = await asyncio.gather(scheduler.run_now("a"), scheduler.run_now("b"))
+    await asyncio.wait_for(scheduler.stop(), 5)
+    assert time.monotonic() - began < 2  # not stop()'s timeout of 10 s
+    assert [(r.job, r.status) for r in records] == [("a", "ok"), ("b", "ok")]
+    assert sorted(ended) == [("a", "ok"), ("b", "ok")]
+
+
+async def test_a_job_that_restarts_its_scheduler_is_told_to_do_it_from_outside() -> None:
+    """start() after stop() in a job would wait for the stop, which waits for that job: refused at once."""
+    refused: list[str] = []
+
+    async def restart(run: RunContext) -> None:
+        await scheduler.stop()
+        try:
+            await scheduler.start()
+        except SchedulerStateError as error:
+            refused.append(str(error))
+
+    scheduler = Scheduler(RedisBackend(redis=fakeredis.FakeAsyncRedis()))
+    scheduler.add_job("restart", "0 0 1 1 *", restart)
+    await scheduler.start()
+    assert (await asyncio.wait_for(scheduler.run_now("restart"), 5)).status == "ok"
+    await asyncio.wait_for(scheduler.stop(), 5)
+    assert refused == [
+        "start() called by a job or hook of the scheduler while it stops would wait for that job's run to end: "
+        "start the scheduler again from outside its jobs"
+    ]
+
+
+async def test_a_run_whose_start_hook_stops_the_scheduler_does_not_start() -> None:
+    """As for a run won after stop() began: the job is not called, and the run is recorded interrupted."""
+    called: list[int] = []
+
+    async def on_run_start(run: RunContext) -> None:
+        await scheduler.stop()
+
+    scheduler = Scheduler(RedisBackend(redis=fakeredis.FakeAsyncRedis()), on_run_start=on_run_start)
+    scheduler.add_job("job", "0 0 1 1 *", lambda: called.append(1))
+    await scheduler.start()
+    record = await asyncio.wait_for(scheduler.run_now("job"), 5)
+    await asyncio.wait_for(scheduler.stop(), 5)
+    assert (record.status, record.message, called) == ("interrupted", "the scheduler stopped", [])
+
+
 EXIT_WITHOUT_STOP = """
 import time
 import fakeredis
