@@ -815,7 +815,7 @@ class Scheduler(Generic[M]):
                 for index, wave in enumerate(waves):
                     await self._claim(wave, now)
                     if index + 1 < len(waves):
-                        self._hold_back_after_failures(wave, waves[index + 1 :])
+                        self._hold_back_after_failures(wave, waves[index + 1 :], now)
                 continue
             delay = MAX_SLEEP_S if not self._queue else (self._queue[0][0] - now) / 1000
             self._sleeper = asyncio.ensure_future(self.clock.sleep(min(delay, MAX_SLEEP_S)))
@@ -855,7 +855,7 @@ class Scheduler(Generic[M]):
             waves[wave].append(entry)
         return waves
 
-    def _hold_back_after_failures(self, sent: list[_Due], waves: list[list[_Due]]) -> None:
+    def _hold_back_after_failures(self, sent: list[_Due], waves: list[list[_Due]], now: int) -> None:
         """Take the claims of the jobs whose claim in the wave just ``sent`` failed out of the ``waves`` still to
         send, and queue them to go with that claim's retry: sent now, they could reach the store before the earlier
         slot (and, on a store that does not answer, each wave would wait out the client's timeout)."""
@@ -868,7 +868,7 @@ class Scheduler(Generic[M]):
             for _, _, name, slot, kind, failures, token in wave:
                 if name in retry_at:
                     if kind == "scheduled":  # its next slot is planned now, as when it is claimed
-                        self._schedule_after(name, slot, self.clock.wall_ms())
+                        self._schedule_after(name, slot, now)
                     self._push(retry_at[name], name, slot, "retry", failures, token)
             wave[:] = kept
 
