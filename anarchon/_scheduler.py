@@ -273,6 +273,9 @@ class Scheduler(Generic[M]):
         self._shared: dict[object, object] = {}
         self._queue: list[_Due] = []
         self._seq = 0
+        # When scheduling began (monotonic): at start, or for a job added later, then (see _plan_after_step_back).
+        self._started_at: float | None = None
+        self._added_at: dict[str, float] = {}
         self._retries_queued = 0  # entries of kind "retry" in the queue: claims sent again after a failure
         self._running: dict[str, _Running] = {}  # by token
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -424,6 +427,8 @@ class Scheduler(Generic[M]):
         """Schedule the job's next slot, and catch up (lease) the slots of its last ``catch_up_ms`` that no instance
         ran: at start, or when the job is added to a started scheduler."""
         self._schedule_next(job, now)
+        if self._started_at is not None:  # added to a started scheduler
+            self._added_at[job.name] = self.clock.monotonic()
         if job.options.catch_up_ms and self.backend.leases:
             self._spawn(self._catch_up(job, now), "anarchon-catch-up")
 
@@ -480,8 +485,10 @@ class Scheduler(Generic[M]):
             with self._registering:
                 self._started = True
                 jobs = list(self._jobs.values())
+            self._started_at, self._added_at = None, {}
             for job in jobs:
                 self._start_job(job, now)
+            self._started_at = self.clock.monotonic()
             self._dispatcher = asyncio.create_task(self._dispatch(), name="anarchon-dispatcher")
             self._dispatcher.add_done_callback(self._dispatcher_ended)
         finally:
@@ -884,7 +891,11 @@ class Scheduler(Generic[M]):
                 job = self._jobs[name]
                 first = job.schedule.next_after(now)
                 if first is not None and first < slot:
-                    self._schedule_next(job, now - job.options.late_after_ms)
+                    # No further back than when the job's scheduling began, by the corrected clock: the slots
+                    # before came due while no instance of this process could claim them (catch_up_ms's part).
+                    started = self._added_at.get(name, self._started_at or 0.0)
+                    began = now - int((self.clock.monotonic() - started) * 1000)
+                    self._schedule_next(job, max(now - job.options.late_after_ms, began))
                     continue
             else:
                 at_ms -= step_ms

@@ -544,6 +544,36 @@ def test_a_lone_instance_whose_clock_is_set_back_runs_every_slot_after(case: str
     assert [t for t in ran if t > set_right] == list(range(set_right // 60 * 60 + 60, set_right + 240, 60))
 
 
+def test_a_clock_set_back_reaches_back_no_further_than_the_job_was_started() -> None:
+    """Jobs every second on an instance whose clock is 5 s ahead when it starts, set right 2.5 s later; one job is
+    added 1 s after the start. From the corrected time, the slots since each job was started that nobody claimed
+    run, the ones claimed early are not run again, and none from before runs: the minute before the corrected time
+    (max_late_ms) reaches further back than the instance has been up (58 slots from before it started ran)."""
+
+    async def main() -> dict[str, list[int]]:
+        scheduler = _virtual_instance(fakeredis.FakeServer(), "a")
+        clock: SimClock = scheduler.clock  # type: ignore[assignment]
+        ran: dict[str, list[int]] = {"started": [], "added": []}
+
+        async def tick(run: RunContext) -> None:
+            ran[run.job].append(run.slot // 1000 - VIRTUAL_EPOCH_S)
+
+        scheduler.add_job("started", "* * * * * *", tick)
+        clock.offset_ms = 5_000
+        await scheduler.start()
+        await asyncio.sleep(1)
+        scheduler.add_job("added", "* * * * * *", tick)
+        await asyncio.sleep(1.5)
+        clock.offset_ms = 0
+        await asyncio.sleep(8)
+        await scheduler.stop()
+        return ran
+
+    ran = run_virtual(main(), epoch_s=VIRTUAL_EPOCH_S, seed=1)
+    assert sorted(ran["started"]) == list(range(1, 11))  # 6 and 7 early, then 1 to 5 late, and from 8 on time
+    assert sorted(ran["added"]) == list(range(2, 11))  # added at 1 s: 7 early, 2 to 6 late, from 8 on time
+
+
 def test_a_backup_whose_clock_is_set_back_takes_over_when_the_lease_runs_out() -> None:
     """b stands by for a's run of slot 60 (lease 5 s); b's clock is set back ten minutes at 61 s, and a stops at
     62 s (paused, its heartbeats with it). b takes the run over when its lease runs out, not ten minutes later."""
