@@ -50,7 +50,8 @@ def _valid_in_some_month(fields: list[str]) -> bool:
     """Whether an expression cronsim refuses is valid but for its months: days no month it names has (30 Feb)."""
     month = len(fields) - 2
     try:
-        CronSim(" ".join([*fields[:month], "*", fields[-1]]), datetime(1970, 1, 1))
+        CronSim(" ".join([*fields[:month], "*", fields[-1]]), datetime(1970, 1, 1))  # valid but for its months
+        CronSim(" ".join([*fields[: month - 1], "*", *fields[month:]]), datetime(1970, 1, 1))  # and its months valid
     except CronSimError:
         return False
     return fields[month] != "*"

@@ -9,7 +9,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TypeAlias
+from typing import Literal, TypeAlias
 
 from ._config import check_int
 from ._context import RunContext
@@ -128,15 +128,17 @@ def _is_async(function: Callable[..., object]) -> bool:
     return inspect.iscoroutinefunction(function) or inspect.iscoroutinefunction(call)
 
 
-def check_memory(job: Job, strategy: str, memory_ms: int, setting: str) -> None:
-    """A claim-only strategy that forgets runs must remember them longer than any claim can come late."""
+def check_memory(job: Job, strategy: str, memory: int, setting: str, unit: Literal["ms", "s"] = "ms") -> None:
+    """A claim-only strategy that forgets runs must remember them longer than any claim can come late. ``memory``
+    is in the setting's own unit, and so is the error."""
     latest = job.options.jitter_ms + job.options.max_late_ms
-    if memory_ms <= latest:
+    per_unit = 1000 if unit == "s" else 1
+    if memory * per_unit <= latest:
         raise ConfigError(
             setting,
-            f"{memory_ms} ms is not longer than job {job.name!r}'s jitter_ms + max_late_ms ({latest} ms), "
+            f"{memory} {unit} is not longer than job {job.name!r}'s jitter_ms + max_late_ms ({latest} ms), "
             f"so strategy {strategy!r} could forget a run before its last claim",
-            f"more than {latest} ms, or a smaller jitter_ms / max_late_ms",
+            f"more than {latest / per_unit:g} {unit}, or a smaller jitter_ms / max_late_ms",
         )
 
 

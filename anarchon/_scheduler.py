@@ -395,7 +395,7 @@ class Scheduler(Generic[M]):
         if config.name == "script":
             check_memory(job, config.name, config.window_ms, "strategy.window_ms")
         elif config.name == "idmp":
-            check_memory(job, config.name, config.duration_sec * 1000, "strategy.duration_sec")
+            check_memory(job, config.name, config.duration_sec, "strategy.duration_sec", "s")
             check_idmp_size(job, config.max_size, self.clock.wall_ms())
         elif config.name == "stream-id":
             check_claim_order(job, self.clock.wall_ms())
@@ -1606,7 +1606,8 @@ def _check_timeout(value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigTypeError("timeout", f"must be a number of seconds, got {type(value).__name__}", "0 or more")
     if not (value >= 0 and is_finite(value)):
-        raise ConfigError("timeout", f"{shown(value)} is not a finite number of seconds", "0 or more")
+        why = "is below 0" if value < 0 else "is not a finite number of seconds"
+        raise ConfigError("timeout", f"{shown(value)} {why}", "0 or more")
     return float(value)
 
 

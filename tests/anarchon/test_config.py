@@ -211,19 +211,20 @@ def test_stream_id_refuses_a_jitter_that_could_claim_a_later_slot_first() -> Non
 
 
 @pytest.mark.parametrize(
-    ("strategy", "setting"),
+    ("strategy", "setting", "unit"),
     [
-        ({"name": "script", "window_ms": 60_000}, "strategy.window_ms"),
-        ({"name": "idmp", "duration_sec": 60}, "strategy.duration_sec"),
+        ({"name": "script", "window_ms": 60_000}, "strategy.window_ms", "60000 ms"),
+        ({"name": "idmp", "duration_sec": 60}, "strategy.duration_sec", "60 s"),  # in the setting's own unit
     ],
 )
-def test_forgetful_strategies_must_outlast_the_latest_claim(strategy: Any, setting: str) -> None:
+def test_forgetful_strategies_must_outlast_the_latest_claim(strategy: Any, setting: str, unit: str) -> None:
     scheduler = Scheduler(RedisBackend(strategy=strategy))
     scheduler.add_job("ok", "* * * * *", noop, jitter_ms=10_000, max_late_ms=40_000)
     with pytest.raises(ConfigError) as caught:
         scheduler.add_job("late", "* * * * *", noop, jitter_ms=10_000, max_late_ms=50_000)
     assert caught.value.option == setting
-    assert "60000 ms" in str(caught.value)
+    assert f"{setting}: {unit} is not longer than job 'late''s jitter_ms + max_late_ms (60000 ms)" in str(caught.value)
+    assert caught.value.allowed == f"more than {unit}, or a smaller jitter_ms / max_late_ms"
 
 
 class FixedClock:
@@ -457,6 +458,8 @@ def test_a_job_name_that_is_not_a_string_is_a_type_error(call: str) -> None:
         ("0 0 30 2 *", "never matches: no month of its month field has those days"),
         ("0 0 31 4,6 *", "never matches: no month of its month field has those days"),
         ("0 0 32 2 *", "is not valid (Bad day-of-month)"),
+        ("0 0 * 13 *", "is not valid (Bad month)"),  # not "never matches": the month itself is out of range
+        ("0 0 31 4,13 *", "is not valid (Bad month)"),
     ],
 )
 def test_a_cron_of_days_its_months_do_not_have_is_said_to_never_match(cron: str, why: str) -> None:
