@@ -94,7 +94,7 @@ def translate(error: BaseException) -> StoreError | None:
     names = _class_names(error)
     if "AuthenticationError" in names:  # a ConnectionError to redis-py, but a wrong password is no outage
         text = str(error)
-        return StoreReplyError(text if _CODE_WORD.match(text) else f"{_auth_code(text)} {text}")
+        return StoreReplyError(text if text.startswith(("WRONGPASS ", "NOAUTH ")) else f"{_auth_code(text)} {text}")
     if any(name in _UNAVAILABLE for name in names) or isinstance(error, OSError | asyncio.TimeoutError):
         return StoreUnavailableError(f"store unavailable: {str(error) or 'no reply in time'}")
     if "ResponseError" in names:  # redis-py, valkey-py, fakeredis
@@ -112,8 +112,13 @@ def translate(error: BaseException) -> StoreError | None:
 
 
 def _auth_code(text: str) -> str:
-    """The code of the reply redis-py turned into an AuthenticationError without it."""
-    return "NOAUTH" if "required" in text.lower() else "WRONGPASS"
+    """The code of the reply redis-py turned into an AuthenticationError without it: a password the server has
+    none to check against (Redis 5: "Client sent AUTH, but no password is set"; 6+: "AUTH <password> called
+    without any password configured …") is an ERR, as the server sent it."""
+    lowered = text.lower()
+    if "required" in lowered:
+        return "NOAUTH"
+    return "ERR" if "no password" in lowered or "without any password" in lowered else "WRONGPASS"
 
 
 def _reply_error(text: str) -> StoreError:

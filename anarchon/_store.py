@@ -72,6 +72,11 @@ async def detect_server(execute: Callable[[Command], Awaitable[Reply]]) -> Serve
     try:
         return parse_info(as_text(await execute(["INFO", "server"])))
     except StoreReplyError as refused:
+        if refused.reply.startswith(("WRONGPASS", "NOAUTH")) or "password" in refused.reply.lower():
+            # Refused as the connection opened, before any command: HELLO would be refused the same way.
+            raise StoreReplyError(
+                f"{refused.reply} (the store refused the connection's username or password)"
+            ) from None
         info_refused = refused
     try:
         return parse_hello(await execute(["HELLO"]))

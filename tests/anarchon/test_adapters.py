@@ -1179,15 +1179,26 @@ def _fail_a_snapshot(admin: redis.Redis) -> None:
 
 async def test_a_wrong_password_is_the_servers_answer_not_an_outage(real_target: str) -> None:
     """redis-py raises a failed AUTH as a ConnectionError; a caller that retries start() on an unavailable store
-    would retry a wrong password for ever. It is a StoreReplyError; a password of None is no password."""
+    would retry a wrong password for ever. It is a StoreReplyError, said once as the credentials' refusal (not as
+    INFO's and HELLO's, with advice on allowing this user either); a password of None is no password, and one the
+    server has none to check against is the server's ERR."""
+    refused = "(the store refused the connection's username or password)"
     with start_server(real_target) as running:
+        backend = RedisBackend(redis={"host": running.host, "port": running.port, "password": "unset"})
+        with pytest.raises(StoreReplyError) as caught:
+            await backend.start()
+        assert caught.value.reply.startswith("ERR ")
+        assert caught.value.reply.endswith(refused)
         admin = running.client()
         admin.config_set("requirepass", "s3cr3t")
         admin.close()
         for password, code in (("wrong", "WRONGPASS"), (None, "NOAUTH")):
             backend = RedisBackend(redis={"host": running.host, "port": running.port, "password": password})
-            with pytest.raises(StoreReplyError, match=code):
+            with pytest.raises(StoreReplyError) as caught:
                 await backend.start()
+            assert caught.value.reply.startswith(f"{code} ")
+            assert caught.value.reply.count(code) == 1
+            assert caught.value.reply.endswith(refused)
         backend = RedisBackend(redis={"host": running.host, "port": running.port, "password": "s3cr3t"})
         await backend.start()
         assert backend.started
