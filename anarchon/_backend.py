@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import re
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, Generic, Protocol, TypedDict, TypeVar, overload
@@ -29,6 +30,7 @@ from ._errors import (
     ConfigError,
     ConfigTypeError,
     SchedulerStateError,
+    StoreError,
     StoreFormatError,
     StoreReplyError,
     StoreUnavailableError,
@@ -39,6 +41,7 @@ from ._store import Connection, Reply, Script, ServerInfo, Store, as_text
 from ._strategies import Strategy, make_strategy
 
 FORMAT = Script.load("format")
+log = logging.getLogger("anarchon")
 KEY_CHECK_JOBS = 16  # jobs whose keys start() tries for access, until one's answer: each a node that may be down
 DEFAULT_URL = "redis://localhost:6379/0"
 DEFAULT_TIMEOUT_S = 10.0  # for connections anarchon opens; a URL's query or the options dict can change it
@@ -191,6 +194,7 @@ class RedisBackend(Generic[M]):
                     keys = self.keys.lease(job) if self.leases else self.keys.claim(job)
                     if await _check_key_access(store, keys.all(), self.keys.prefix):
                         break
+                await _warn_of_other_strategies(store, self.keys, jobs, self.leases)
                 await self.strategy.prepare(store, jobs)
                 await store.load(self.strategy.scripts)
             except BaseException:
@@ -436,6 +440,36 @@ async def _check_key_access(store: Store, keys: Sequence[str], prefix: str) -> b
         if isinstance(reply, StoreReplyError):
             raise reply
     return not any(isinstance(reply, StoreUnavailableError) for reply in replies)
+
+
+async def _warn_of_other_strategies(store: Store, keys: KeySpace, jobs: Sequence[str], leases: bool) -> None:
+    """Instances that share a prefix must share a strategy: lease keeps a job's runs in keys of its own, the
+    claim-only strategies in others, and instances of each would claim and run every slot, once each. Said (not
+    refused: the keys outlive the instances that wrote them) when a job's keys of the other kind are there."""
+    # The claim-only strategies' keys have no hash tag: one EXISTS each (a cluster would refuse them together).
+    others = [(job, key) for job in jobs for key in _written_by_the_others(keys, job, leases)]
+    if not others:
+        return
+    try:
+        replies = await store.execute_many([("EXISTS", key) for _, key in others])
+    except StoreError:
+        return  # the key check above has said what it could: nothing more to learn here
+    found = list(dict.fromkeys(job for (job, _), reply in zip(others, replies, strict=True) if reply == 1))
+    if found:
+        other = "a claim-only strategy (stream-id, idmp or script)" if leases else "the lease strategy"
+        log.warning(
+            "%d jobs (%s) have keys of %s under the prefix %r: instances that still run it would run each of their "
+            "slots once more beside these. Give each strategy a prefix of its own (switching strategies takes a new "
+            "prefix)", len(found), ", ".join(found[:5]) + (", …" if len(found) > 5 else ""), other, keys.prefix,
+        )  # fmt: skip
+
+
+def _written_by_the_others(keys: KeySpace, job: str, leases: bool) -> tuple[str, ...]:
+    """The keys the other kind of strategy writes for a job's first claim, scheduled or manual."""
+    if leases:
+        claim = keys.claim_unkept(job)
+        return claim.runs, claim.results
+    return (keys.lease(job).state,)
 
 
 async def _check_format(store: Store, key: str) -> None:

@@ -81,6 +81,11 @@ class KeySpace:
         return _lease_keys(self.prefix, job)
 
     def claim(self, job: str) -> ClaimKeys:
+        return _kept_claim_keys(self.prefix, job)
+
+    def claim_unkept(self, job: str) -> ClaimKeys:
+        """claim()'s keys, not kept for the next call: a lease scheduler's look at the claim-only keys of its jobs
+        (see RedisBackend.start) must not keep a second set of keys for each job."""
         return _claim_keys(self.prefix, job)
 
 
@@ -89,8 +94,10 @@ def _lease_keys(prefix: str, job: str) -> LeaseKeys:
     return LeaseKeys(f"{tag}:state", f"{tag}:active", f"{tag}:slots", f"{tag}:runs", f"{tag}:results")
 
 
-# Built once per job: every claim of a burst asks for them.
-@functools.lru_cache(maxsize=65_536)
 def _claim_keys(prefix: str, job: str) -> ClaimKeys:
     base = f"{prefix}{job}"
     return ClaimKeys(f"{base}:runs", f"{base}:manual", f"{base}:results")
+
+
+# Built once per job: every claim of a burst asks for them.
+_kept_claim_keys = functools.lru_cache(maxsize=65_536)(_claim_keys)

@@ -3245,6 +3245,30 @@ async def test_a_run_whose_start_hook_stops_the_scheduler_does_not_start() -> No
     assert (record.status, record.message, called) == ("interrupted", "the scheduler stopped", [])
 
 
+@pytest.mark.parametrize(("first", "then"), [("lease", "script"), ("stream-id", "lease"), ("lease", "lease")])
+async def test_a_strategy_started_where_another_left_its_jobs_keys_says_so(
+    first: str, then: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Lease and the claim-only strategies keep a job's runs in different keys: instances of each on one prefix
+    would each claim and run every slot. A scheduler that finds the other kind's keys of its jobs says so."""
+    server = fakeredis.FakeServer()
+    for strategy in (first, then):
+        scheduler = Scheduler(RedisBackend(redis=fakeredis.FakeAsyncRedis(server=server), strategy=strategy))
+        for job in ("a", "b"):
+            scheduler.add_job(job, "0 0 1 1 *", _virtual_noop)
+        async with scheduler:
+            if strategy == first:
+                await scheduler.run_now("a")
+    said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    other = "a claim-only strategy (stream-id, idmp or script)" if then == "lease" else "the lease strategy"
+    warning = (
+        f"1 jobs (a) have keys of {other} under the prefix 'cron:': instances that still run it would run each of "
+        "their slots once more beside these. Give each strategy a prefix of its own (switching strategies takes a "
+        "new prefix)"
+    )
+    assert said == ([] if first == then else [warning])
+
+
 EXIT_WITHOUT_STOP = """
 import time
 import fakeredis
