@@ -33,6 +33,7 @@ EPOCH_S = 1_800_000_000  # 2027-01-15T08:00:00Z: simulations start at a fixed, r
 STORE_VERSION = (7, 0)
 IDMP_VERSION = (8, 6)  # the idmp strategy needs it; its IDMP is emulated (sim.idmp)
 REPLICA_FAULTS = ("failover", "replication-hold")
+MIN_SLEEP_S = 1e-6
 START_RETRY_S = 1.0  # a process that cannot reach the store as it starts exits; its supervisor starts it again
 log = logging.getLogger("sim")
 
@@ -108,7 +109,10 @@ class SimClock:
         while True:
             await self.gate()
             changes = self._changes
-            await asyncio.sleep(left / (1 + self.drift))
+            # At least a microsecond of true time: a sleep whose length rounds away would leave the loop's time,
+            # and the instance's clock with it, where they were, and a caller that sleeps until a moment of its
+            # clock would ask again for ever (one whose clock runs 6 times as fast did).
+            await asyncio.sleep(max(left / (1 + self.drift), MIN_SLEEP_S))
             if self._changes == changes:
                 return
             await self.gate()

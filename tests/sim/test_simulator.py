@@ -278,6 +278,22 @@ def test_clock_faults_are_history_entries_and_move_the_clock_without_a_jump() ->
     assert starts[0] == (pytest.approx(10 + 10 / 1.5), "b")
 
 
+@pytest.mark.parametrize("drift", [2.0, 5.0])
+def test_a_clock_running_several_times_as_fast_does_not_stall_virtual_time(drift: float) -> None:
+    """A sleep until a moment of such a clock ended a rounding error short of it; the heartbeat keeper asked for
+    the rest, a sleep too short to move the loop's time, and again, for ever (the simulation never ended)."""
+    scenario = parse({
+        "name": "fast", "duration_s": 40, "scheduler": {"lease_ms": 3000, "heartbeat_ms": 1000},
+        "instances": [{"name": "a"}, {"name": "b"}],
+        "jobs": [{"name": "tick", "cron": "*/10 * * * * *", "work_s": 2}],
+        "faults": [{"at_s": 20, "kind": "drift", "instance": "a", "drift": drift}],
+    })  # fmt: skip
+    outcome = simulate(scenario, "lease", 1)
+    ran = {e.slot // 1000 - EPOCH_S for e in outcome.history.executions}
+    assert {10, 20, 30} <= ran  # and the fast clock's early ones (a slot at 60 s of its own comes before 30 s true)
+    assert outcome.judgement.checks["P1"].status == "valid"
+
+
 def test_a_fault_with_no_instance_to_strike_is_recorded_and_a_failing_fault_is_not_silent() -> None:
     base = {
         "name": "f", "duration_s": 20, "instances": [{"name": "a"}],
