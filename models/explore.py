@@ -543,12 +543,23 @@ def _names(text: str, allowed: Sequence[str], what: str) -> list[str]:
     return names
 
 
+def _at_least_one(text: str) -> int:
+    """A count of instances, slots or steps: an exploration of none would find nothing and say "no violation"."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"a whole number, 1 or more, not {text}")
+    return value
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m models.explore", description=__doc__.split("\n")[0])
     parser.add_argument("--strategy", choices=sorted(MODELS), required=True)
-    parser.add_argument("--instances", type=int, default=2)
-    parser.add_argument("--slots", type=int, default=2)
-    parser.add_argument("--depth", type=int, default=10, help="longest trace explored, in steps (default 10)")
+    parser.add_argument("--instances", type=_at_least_one, default=2)
+    parser.add_argument("--slots", type=_at_least_one, default=2)
+    parser.add_argument("--depth", type=_at_least_one, default=10, help="longest trace explored, in steps (default 10)")
     parser.add_argument(
         "--faults", type=lambda text: _names(text, FAULTS, "fault"), default=list(DEFAULT_FAULTS),
         help=f"comma list of {', '.join(FAULTS)} (default {','.join(DEFAULT_FAULTS)}; '' for none)",

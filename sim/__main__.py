@@ -95,6 +95,10 @@ def _run_live(scenario: Scenario, strategy: str, server: str) -> Outcome | None:
 def report(args: argparse.Namespace) -> int:
     began = time.monotonic()
     targets = [t for t in args.servers.split(",") if t] if args.servers else list(available_targets())
+    if args.mode == "live" and (unknown := [t for t in targets if t not in available_targets()]):
+        print(f"--servers: {', '.join(unknown)} not provisioned here (provisioned: {', '.join(available_targets())})",
+              file=sys.stderr)  # fmt: skip
+        return 2
     markdown, page = comparison.main(args.out, args.seeds, mode=args.mode, targets=targets)
     print(f"written {markdown} and {page} in {time.monotonic() - began:.1f} s")
     return 0
@@ -112,14 +116,20 @@ def search(args: argparse.Namespace) -> int:
 
 
 def _positive_seconds(text: str) -> float:
-    value = float(text)
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
     if not (value > 0 and math.isfinite(value)):
         raise argparse.ArgumentTypeError(f"a finite number of seconds above 0, not {text}")
     return value
 
 
 def _positive_count(text: str) -> int:
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
     if value < 1:
         raise argparse.ArgumentTypeError(f"1 or more, not {text}")
     return value

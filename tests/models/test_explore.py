@@ -318,3 +318,14 @@ def test_a_lost_answer_excuses_an_instance_from_p2_only_until_it_hears_again() -
     result = Explorer(DoneRetryLeaseModel(), 1, 1, ["unanswered"], list(PROPERTIES)).run(8)
     assert violated(result) == {"P2"}
     assert "claims slot 0 again: done" in result.trace[-1]
+
+
+@pytest.mark.parametrize("argument", [["--depth", "0"], ["--instances", "0"], ["--slots", "-1"], ["--depth", "x"]])
+def test_the_command_line_refuses_an_exploration_of_nothing(
+    argument: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Explored, none of them finds anything: "no violation" would pass for a result."""
+    with pytest.raises(SystemExit) as exited:
+        main(["--strategy", "lease", *argument])
+    assert exited.value.code == 2
+    assert f"argument {argument[0]}: a whole number, 1 or more, not {argument[1]}" in capsys.readouterr().err

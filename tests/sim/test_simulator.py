@@ -979,3 +979,20 @@ def test_a_stop_strikes_the_process_started_while_the_one_before_it_was_still_st
         (42.0, "instance a stopped"),
         (45.0, "instance a stopped"),  # the stop at 40 s, once its run ended
     ], said
+
+
+@pytest.mark.parametrize(
+    ("arguments", "said"),
+    [
+        (
+            ["search", "--strategy", "lease", "--budget", "abc"],
+            "argument --budget: a finite number of seconds above 0, not abc",
+        ),
+        (["report", "--mode", "live", "--servers", "bogus"], "--servers: bogus not provisioned here"),
+    ],
+)
+def test_the_command_line_names_a_bad_argument_without_a_traceback(arguments: list[str], said: str) -> None:
+    done = subprocess.run([sys.executable, "-m", "sim", *arguments], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert said in done.stderr
+    assert "Traceback" not in done.stderr
