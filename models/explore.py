@@ -543,23 +543,12 @@ def _names(text: str, allowed: Sequence[str], what: str) -> list[str]:
     return names
 
 
-def _at_least_one(text: str) -> int:
-    """A count of instances, slots or steps: an exploration of none would find nothing and say "no violation"."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"a whole number, 1 or more, not {text}")
-    return value
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m models.explore", description=__doc__.split("\n")[0])
     parser.add_argument("--strategy", choices=sorted(MODELS), required=True)
-    parser.add_argument("--instances", type=_at_least_one, default=2)
-    parser.add_argument("--slots", type=_at_least_one, default=2)
-    parser.add_argument("--depth", type=_at_least_one, default=10, help="longest trace explored, in steps (default 10)")
+    parser.add_argument("--instances", type=int, default=2)
+    parser.add_argument("--slots", type=int, default=2)
+    parser.add_argument("--depth", type=int, default=10, help="longest trace explored, in steps (default 10)")
     parser.add_argument(
         "--faults", type=lambda text: _names(text, FAULTS, "fault"), default=list(DEFAULT_FAULTS),
         help=f"comma list of {', '.join(FAULTS)} (default {','.join(DEFAULT_FAULTS)}; '' for none)",
@@ -570,6 +559,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )  # fmt: skip
     parser.add_argument("--expect-violation", action="store_true", help="exit 0 only if a violation is found")
     args = parser.parse_args(argv)
+    for count in ("instances", "slots", "depth"):  # an exploration of none finds nothing: "no violation" misleads
+        if getattr(args, count) < 1:
+            parser.error(f"argument --{count}: 1 or more, not {getattr(args, count)}")
     try:
         explorer = Explorer(MODELS[args.strategy], args.instances, args.slots, args.faults, args.check)
     except ValueError as error:
