@@ -130,18 +130,22 @@ def judge(
             healthy[t] = any(not any(w.hits(name, t, t + settle_s) for w in fault_windows) for name in names)
         return healthy[t]
 
-    expected = [
-        (job, slot)
-        for job, slot in _expected_slots(scenario, epoch, 0.0, scenario.duration_s - settle_s)
-        if someone_healthy(true_s(slot, epoch))
-    ]
+    judged_until = scenario.duration_s - settle_s  # later slots may not have run by the end: not judged
+    due = _expected_slots(scenario, epoch, 0.0, judged_until)
+    expected = [(job, slot) for job, slot in due if someone_healthy(true_s(slot, epoch))]
+    nothing_to_judge = (
+        "no slot was due while an instance was healthy"
+        if due
+        else f"no slot was due in the first {max(judged_until, 0):.0f} s of the scenario (each slot is given "
+        f"{settle_s:.0f} s to run: three leases, the jitter, the work and {slack_s:.0f} s)"
+    )
 
     margins = (
         lease_margins(history, int(scenario.scheduler.get("lease_ms", DEFAULT_LEASE_MS))) if strategy == "lease" else {}
     )
     verdicts = {
         "P1": _no_duplicate(strategy, by_slot, epoch),
-        "P2": _no_missed(by_slot, expected, epoch, _overlapped(history)),
+        "P2": _no_missed(by_slot, expected, epoch, _overlapped(history), nothing_to_judge),
         "P3": _no_overlap(scenario, runs + [e for e in history.executions if e.manual], epoch),
         "P4": _lease_safety(strategy, by_slot, epoch, margins),
         "P5": _no_lost_ack(strategy, history, fault_windows),
@@ -216,9 +220,10 @@ def _no_missed(
     expected: list[tuple[str, int]],
     epoch: float,
     overlapped: set[tuple[str, str]],
+    nothing_to_judge: str,
 ) -> Verdict:
     if not expected:
-        return Verdict("P2", "unknown", "no slot was due while an instance was healthy")
+        return Verdict("P2", "unknown", nothing_to_judge)
 
     def witness(job: str, slot: int) -> str:
         tried = by_slot.get((job, slot), [])

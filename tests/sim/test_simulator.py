@@ -996,3 +996,19 @@ def test_the_command_line_names_a_bad_argument_without_a_traceback(arguments: li
     assert done.returncode == 2
     assert said in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_a_scenario_shorter_than_the_time_each_slot_is_given_says_so_for_p2() -> None:
+    """Each slot is given three leases, the jitter, the work and 5 s to run before P2 counts it missed: a scenario
+    of 60 s with the default 30 s lease has no slot to judge. P2 said no slot was due while an instance was healthy,
+    of an instance healthy throughout."""
+    scenario = parse({
+        "name": "short", "duration_s": 60, "instances": [{"name": "a"}],
+        "jobs": [{"name": "tick", "cron": "*/10 * * * * *", "work_s": 1}],
+    })  # fmt: skip
+    verdict = simulate(scenario, "lease", 1).judgement.checks["P2"]
+    assert (verdict.status, verdict.witness) == (
+        "unknown",
+        "no slot was due in the first 0 s of the scenario (each slot is given 96 s to run: three leases, the "
+        "jitter, the work and 5 s)",
+    )
