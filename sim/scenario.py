@@ -29,6 +29,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import fakeredis
+
+from anarchon import AnarchonError, RedisBackend, RunContext, Scheduler
+
 SCENARIOS_DIR = Path(__file__).resolve().parent.parent / "scenarios"
 STRATEGIES = ("lease", "stream-id", "idmp", "script")
 CHECKERS = ("P1", "P2", "P3", "P4", "P5", "P6", "lateness")
@@ -142,6 +146,7 @@ INSTANCE_KEYS = ("name", "offset_ms", "drift")
 FAULT_NUMBERS: dict[str, tuple[float, bool]] = {
     "duration_s": (0.0, False), "restart_after_s": (0.0, False), "timeout_s": (0.0, True), "delay_ms": (0.0, False),
     "lag_ms": (0.0, True), "offset_ms": (-float("inf"), False), "drift": (-1.0, False),
+    "clock_ms": (-float("inf"), False),
 }  # fmt: skip
 
 
@@ -250,7 +255,7 @@ def parse(data: dict[str, Any], path: Path | None = None) -> Scenario:
             if verdict not in VERDICTS:
                 raise fail(f"expect.{strategy}.{checker} = {verdict!r} is not one of {VERDICTS}")
         expect[strategy] = dict(verdicts)
-    return Scenario(
+    scenario = Scenario(
         name=need(data, "name", str, "the file"),
         description=str(data.get("description", "")),
         duration_s=duration_s,
@@ -262,3 +267,29 @@ def parse(data: dict[str, Any], path: Path | None = None) -> Scenario:
         expect=expect,
         path=path,
     )
+    if (refused := _refused_settings(scenario)) is not None:
+        raise fail(refused)
+    return scenario
+
+
+def _refused_settings(scenario: Scenario) -> str | None:
+    """What the library refuses of the scenario's strategy, scheduler and job settings under any strategy, with the
+    table it came from: said as the file is read, not as a traceback once a simulation of it runs (and a strategy's
+    settings also when another strategy is run)."""
+    for strategy in STRATEGIES:
+        where = f"strategies.{strategy}"
+        try:
+            option: Any = scenario.strategy_option(strategy)  # a name or settings, checked by the backend
+            backend = RedisBackend(redis=fakeredis.FakeAsyncRedis(), strategy=option)
+            where = "scheduler"
+            scheduler = Scheduler(backend, **scenario.scheduler_options(strategy))
+            for job in scenario.jobs:
+                where = f"jobs ({job.name})"
+                scheduler.add_job(job.name, job.cron, _no_work, **scenario.job_options(job, strategy))
+        except AnarchonError as error:
+            return f"{where}, under {strategy}: {error}"
+    return None
+
+
+def _no_work(run: RunContext) -> None:
+    return None

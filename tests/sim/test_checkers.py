@@ -532,12 +532,12 @@ def test_a_live_run_compresses_the_defaults_of_the_time_options_a_scenario_leave
     scenario = parse({
         "name": "defaults", "duration_s": 100, "instances": [{"name": "a"}],
         "jobs": [{"name": "tick", "cron": "*/10 * * * * *", "work_s": 1.0, "jitter_ms": 500}],
-        "strategies": {"script": {"window_ms": 50_000}},
+        "strategies": {"script": {"window_ms": 65_000}},  # longer than the job's jitter_ms + max_late_ms
     })  # fmt: skip
     live = scaled(scenario)
     [job] = live.jobs
     assert (job.options["max_late_ms"], job.options["jitter_ms"], job.options["catch_up_ms"]) == (12_000, 100, 0)
     assert live.scheduler["lease_ms"] == 6_000
     assert live.strategy_option("idmp") == {"name": "idmp", "duration_sec": 60}
-    assert live.strategies["script"]["window_ms"] == 10_000  # set: compressed as before
+    assert live.strategies["script"]["window_ms"] == 13_000  # set: compressed as before
     assert scenario.jobs[0].options == {"jitter_ms": 500}  # the scenario itself is left as it was

@@ -810,6 +810,13 @@ def test_bad_scenarios_are_refused_with_the_reason() -> None:
         ({"jobs": [{"name": "j", "cron": "* * * * *", "work_s": float("inf")}]}, "work_s = inf must be a finite"),
         ({"faults": [{"at_s": 1, "kind": "pause", "instance": "a", "duration_s": float("nan")}]}, "finite"),
         ({"instances": [{"name": "winner"}]}, '"winner" is not an instance name'),
+        # The library's own checks, said as the file is read, with the table (they were tracebacks of a run):
+        ({"scheduler": {"lease_mss": 3000}}, r"scheduler, under lease: lease_mss: is not an option of Scheduler"),
+        ({"scheduler": {"lease_ms": "3000"}}, "scheduler, under lease: lease_ms: must be an integer, got str"),
+        ({"jobs": [{"name": "j", "cron": "* * * * *", "work_s": 1, "overlap": "yes"}]}, r"jobs \(j\), under lease"),
+        ({"jobs": [{"name": "j", "cron": "0 0 * 13 *", "work_s": 1}]}, r"jobs \(j\), under lease: .*Bad month"),
+        ({"strategies": {"script": {"window_msx": 5}}}, "strategies.script, under script: strategy.window_msx"),
+        ({"faults": [{"at_s": 1, "kind": "failover", "lag_ms": 5, "clock_ms": "x"}]}, "clock_ms has the wrong type"),
     ],
 )
 def test_a_scenario_with_a_mistake_is_refused_instead_of_run_as_another(change: dict[str, Any], reason: str) -> None:
