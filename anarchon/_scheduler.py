@@ -276,7 +276,6 @@ class Scheduler(Generic[M]):
         # When scheduling began (monotonic): at start, or for a job added later, then (see _plan_after_step_back).
         self._started_at: float | None = None
         self._added_at: dict[str, float] = {}
-        self._retries_queued = 0  # entries of kind "retry" in the queue: claims sent again after a failure
         self._running: dict[str, _Running] = {}  # by token
         self._tasks: set[asyncio.Task[Any]] = set()
         # Given no context, a done-callback runs in a copy of the current one: one more object for each of the
@@ -631,7 +630,6 @@ class Scheduler(Generic[M]):
                     running.request.job, running.request.slot, running.context.attempt,
                 )  # fmt: skip
         self._queue.clear()
-        self._retries_queued = 0
         self._dispatcher = None
         if self._job_threads is not None:  # a sync job cancelled above may still run: its thread ends with it
             self._job_threads.shutdown(wait=False)
@@ -784,8 +782,6 @@ class Scheduler(Generic[M]):
     ) -> None:
         self._seq += 1
         heapq.heappush(self._queue, (at_ms, self._seq, job, slot, kind, failures, token))
-        if kind == "retry":
-            self._retries_queued += 1
 
     def _schedule_next(self, job: Job, after_ms: int) -> None:
         slot = job.schedule.next_after(after_ms)
@@ -840,18 +836,17 @@ class Scheduler(Generic[M]):
         sooner, would otherwise reach the store first, and the earlier slot could never be won. (Under the other
         strategies such a slot runs late, after the later one; sent along, it would make the later ones
         skipped-overlap under leases.)"""
-        retries_due = sum(1 for entry in due if entry[4] == "retry")
-        self._retries_queued -= retries_due
-        if not self.backend.strategy.claims_in_slot_order or not (retries_due or self._retries_queued):
-            return [due]  # order does not matter, or no outage: no scan of the queue
+        if not self.backend.strategy.claims_in_slot_order:
+            return [due]  # order does not matter
         latest: dict[str, int] = {}
         for _, _, name, slot, _, _, _ in due:
             latest[name] = max(slot, latest.get(name, slot))
         earlier: set[_Due] = {e for e in self._queue if e[4] == "retry" and e[3] < latest.get(e[2], e[3])}
+        if not earlier and all(entry[4] != "retry" for entry in due):
+            return [due]  # no outage: nothing to order
         if earlier:
             self._queue = [entry for entry in self._queue if entry not in earlier]
             heapq.heapify(self._queue)
-            self._retries_queued -= len(earlier)
         waves: list[list[_Due]] = []
         sent: Counter[str] = Counter()  # how many waves each job's claims are in so far
         for entry in sorted([*earlier, *due], key=lambda claim: claim[3]):
@@ -885,7 +880,7 @@ class Scheduler(Generic[M]):
         is no longer its next goes on from the first slot that may still be claimed, as after a stall: when the
         clock went back is not known, so a slot since may have been missed (one claimed already, early while the
         clock was ahead, is answered done). Retries and backups wait what they had left."""
-        planned, self._queue, self._retries_queued = self._queue, [], 0
+        planned, self._queue = self._queue, []
         for at_ms, _, name, slot, kind, failures, token in planned:
             if kind == "scheduled":
                 job = self._jobs[name]
