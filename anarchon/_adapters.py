@@ -9,16 +9,17 @@ exceptions are translated here into :class:`StoreReplyError` / :class:`StoreUnav
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
 import math
 import re
 import sys
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Sequence
 from typing import Any, TypeVar, cast
 
 from ._errors import ConfigTypeError, StoreError, StoreReplyError, StoreUnavailableError
-from ._store import Arg, Command, Connection, Reply, ServerInfo, detect_server
+from ._store import Arg, Command, Connection, Reply, ServerInfo, command_key, command_name, detect_server
 
 T = TypeVar("T")
 log = logging.getLogger("anarchon")
@@ -174,22 +175,9 @@ def _wire_name(command: Command) -> list[Any]:
     return [name.encode() if isinstance(name, str) else name, *rest]
 
 
-def _command_name(command: Command) -> str:
-    return str(command[0]).upper() if not isinstance(command[0], bytes) else command[0].decode().upper()
-
-
 def _any_node_answers(command: Command) -> bool:
     """Whether a command has no key, and is answered alike by any node (SCRIPT goes to every primary)."""
-    return _command_key(command) is None and _command_name(command) != "SCRIPT"
-
-
-def _command_key(command: Command) -> Arg | None:
-    name = _command_name(command)
-    if name in ("EVAL", "EVALSHA"):
-        return command[3] if int(command[2]) > 0 else None
-    if name == "XINFO":  # XINFO STREAM key: a subcommand first
-        return command[2] if len(command) > 2 else None
-    return command[1] if len(command) > 1 and name not in ("INFO", "PING", "SCRIPT", "TIME") else None
+    return command_key(command) is None and command_name(command) != "SCRIPT"
 
 
 class RedisPyAsync:
@@ -356,9 +344,9 @@ class RedisPyCluster:
     The client's map of which node owns which slots is read, not its command path (and its recovery), so the map
     is renewed here: before the first command when the client has none yet (an asyncio client reads it lazily);
     when a node answers MOVED (then those commands are sent again); and after a node could not be reached, as
-    its replica may have taken its slots over. Then at most once per ``MAP_RENEWAL_S``, and if the reading fails
-    the batch goes out by the map in hand: a reading may wait for the lost node's connect timeout, and the
-    nodes still up should go on answering their part.
+    its replica may have taken its slots over, by the batch that found it so, at most once per ``MAP_RENEWAL_S``.
+    A reading may wait for the lost node's connect or socket timeout: the nodes still up go on answering their
+    part meanwhile, by the map in hand, and keep it should the reading fail.
     """
 
     MAP_RENEWAL_S = 1.0
@@ -366,19 +354,28 @@ class RedisPyCluster:
     def __init__(self, client: Any, *, blocking: bool) -> None:
         self.client = client
         self.blocking = blocking
-        self._map_stale = not self._has_map()
         self._map_read_at = -math.inf  # event loop time the last reading ended
+        self._reading: asyncio.Future[None] | None = None
 
     def _has_map(self) -> bool:
         return bool(self.client.nodes_manager.nodes_cache)
 
     def _nodes(self, command: Command) -> list[Any]:
-        key = _command_key(command)
+        key = command_key(command)
         if key is not None:
             return [self.client.get_node_from_key(key)]
-        if _command_name(command) == "SCRIPT":
+        if command_name(command) == "SCRIPT":
             return list(self.client.get_primaries())
         return [self.client.get_random_node()]
+
+    def lane(self, key: Arg | None) -> Hashable:
+        """The name of the node the map in hand gives ``key`` to (:class:`Sharded`); None without a key or a map."""
+        if key is None or not self._has_map():
+            return None
+        try:
+            return self.client.get_node_from_key(key).name  # type: ignore[no-any-return]
+        except Exception:  # no node for the key's slot in the map (yet): sent as one, and answered so
+            return None
 
     def _node_client(self, node: Any) -> Any:
         # A sync ClusterNode wraps a plain client: redis_connection, or valkey-py's valkey_connection.
@@ -392,13 +389,13 @@ class RedisPyCluster:
         """One pipeline per node, all nodes at once. Within a node the batch's order holds, so a job's commands
         (its keys share a slot) run in the order given: a later run's claim never overtakes an earlier one's.
         A command whose node cannot be reached comes back StoreUnavailableError in its place."""
-        if self._map_stale and self._renewal_due():
-            try:
-                await self._renew_map()
-            except StoreUnavailableError:
-                if not self._has_map():
-                    raise
-        replies = await self._send(commands)
+        if not self._has_map():
+            await self._renew_map()  # raises when no node answers
+        try:
+            replies = await self._send(commands)
+        except StoreUnavailableError:
+            await self._renew_after_failure()
+            raise
         moved = [i for i, reply in enumerate(replies) if _redirection(reply) == "MOVED"]
         if moved:  # not run: their slots have another owner now
             await self._follow_moved(commands, replies, moved)
@@ -411,9 +408,19 @@ class RedisPyCluster:
         for index, reply in enumerate(replies):
             # Redirected again (after a MOVED, or an ASK): the slots are still changing hands; sent again later.
             if _redirection(reply):
-                self._map_stale = True
                 replies[index] = StoreUnavailableError(f"store unavailable: redirected again: {reply}")
+        if any(isinstance(reply, StoreUnavailableError) for reply in replies):
+            await self._renew_after_failure()
         return replies
+
+    async def _renew_after_failure(self) -> None:
+        """A node could not be reached (a replica may be taking its slots over), or slots are still changing hands:
+        the map is read again, at most once per ``MAP_RENEWAL_S``. The batch that failed waits for the reading (its
+        commands are sent again later in any case); batches whose nodes answer never wait for one, which may take
+        the lost node's connect or socket timeout. A reading that fails leaves the map in hand."""
+        if self._renewal_due():
+            with contextlib.suppress(StoreUnavailableError):
+                await self._renew_map()
 
     def _renewal_due(self) -> bool:
         return not self._has_map() or asyncio.get_running_loop().time() - self._map_read_at >= self.MAP_RENEWAL_S
@@ -441,7 +448,6 @@ class RedisPyCluster:
             answers: list[Reply | StoreError]
             node = self._node_at(address)
             if node is None:
-                self._map_stale = True
                 answers = [StoreUnavailableError(f"store unavailable: no node {address} in the map")] * len(indexes)
             else:
                 asking = [part for index in indexes for part in (("ASKING",), commands[index])]
@@ -461,6 +467,15 @@ class RedisPyCluster:
             return None
 
     async def _renew_map(self) -> None:
+        """Read the map of slots again. One reading at a time: the batches sent to several nodes at once (see
+        Store) that find the map stale together share it; two readings at once would each replace the client's
+        nodes, and the nodes one of them made would never be closed."""
+        if self._reading is None:
+            self._reading = asyncio.ensure_future(self._read_map())
+            self._reading.add_done_callback(_retrieved)
+        await asyncio.shield(self._reading)
+
+    async def _read_map(self) -> None:
         manager = self.client.nodes_manager
         try:
             if self.blocking:
@@ -471,10 +486,9 @@ class RedisPyCluster:
                 await self.client.initialize()  # the first time, the client sets itself up too
         except Exception as error:  # no node answered, or the nodes' maps do not cover every slot yet
             raise StoreUnavailableError(f"store unavailable: the cluster's map of slots is unknown: {error}") from error
-        else:
-            self._map_stale = False
         finally:
             self._map_read_at = asyncio.get_running_loop().time()
+            self._reading = None
 
     async def _send(self, commands: Sequence[Command]) -> list[Reply | StoreError]:
         nodes: dict[str, tuple[Any, list[int]]] = {}
@@ -502,10 +516,8 @@ class RedisPyCluster:
 
         await asyncio.gather(*(on(node, indexes) for node, indexes in nodes.values()))
         unavailable = [reply for reply in replies if isinstance(reply, StoreUnavailableError)]
-        if unavailable:
-            self._map_stale = True  # a replica may be taking a lost node's slots over
-            if len(unavailable) == len(replies):
-                raise unavailable[0]
+        if unavailable and len(unavailable) == len(replies):
+            raise unavailable[0]
         return replies
 
     async def _elsewhere(self, command: Command, tried: Any, error: StoreUnavailableError) -> Reply | StoreError:
@@ -569,10 +581,10 @@ class Glide:
         maps, such as XINFO's and HELLO's, decode() flattens)."""
         if not isinstance(reply, dict):
             return reply
-        name = _command_name(command)
+        name = command_name(command)
         if name in ("XRANGE", "XREVRANGE"):
             return [[entry_id, [item for pair in fields for item in pair]] for entry_id, fields in reply.items()]
-        if self.cluster and _command_key(command) is None and name != "HELLO":
+        if self.cluster and command_key(command) is None and name != "HELLO":
             return list(reply.values())
         return reply
 
@@ -581,6 +593,12 @@ class Glide:
 
     async def close(self) -> None:
         await _guard(self.client.close())
+
+
+def _retrieved(reading: asyncio.Future[None]) -> None:
+    """Its callers have what it raised; should all of them have gone (cancelled), it is not left unretrieved."""
+    if not reading.cancelled():
+        reading.exception()
 
 
 async def _each_or_failed(count: int, answers: Awaitable[list[Reply | StoreError]]) -> list[Reply | StoreError]:

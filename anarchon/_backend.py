@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import logging
 import re
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Hashable, Mapping, Sequence
 from typing import Any, Generic, Protocol, TypedDict, TypeVar, overload
 from urllib.parse import unquote, urlsplit, urlunsplit
 
@@ -179,6 +179,10 @@ class RedisBackend(Generic[M]):
         if self._store is None:
             raise SchedulerStateError("the backend is not started: call start() (or use the scheduler)")
         return self._store
+
+    def lane(self, job: str) -> Hashable:
+        """The store node the job's keys are on (see :meth:`Store.lane`)."""
+        return self.store.lane(self.keys.lease(job).state if self.leases else self.keys.claim(job).runs)
 
     async def start(self, jobs: Sequence[str] = ()) -> None:
         """Connect, detect the server, check the store format and prepare the strategy for ``jobs``."""

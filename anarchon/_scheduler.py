@@ -26,7 +26,7 @@ import signal
 import socket
 import threading
 from collections import Counter
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Hashable, Iterator
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Generic, Literal, TypeAlias, TypeVar, cast, overload
@@ -272,6 +272,10 @@ class Scheduler(Generic[M]):
         self._policies: dict[str, JobPolicy] = {}
         self._shared: dict[object, object] = {}
         self._queue: list[_Due] = []
+        # The jobs with claims on their way, and their queue entries that came due meanwhile: a job's claims go one
+        # round after another, while other jobs' rounds go on (on a cluster, a node that does not answer holds up
+        # only the jobs whose keys it holds).
+        self._claiming: dict[str, list[_Due]] = {}
         self._seq = 0
         # When scheduling began (monotonic): at start, or for a job added later, then (see _plan_after_step_back).
         self._started_at: float | None = None
@@ -539,7 +543,7 @@ class Scheduler(Generic[M]):
         handed back, within stop()'s bounds, so that its lease does not keep the job's next runs from starting
         (skipped-overlap) on every instance until it runs out."""
         if self.backend.leases:
-            for entry in self._queue:
+            for entry in self._waiting():
                 if entry[6] is not None:  # the token of a claim sent before
                     self._spawn(self._release_unanswered(self._request(entry)), "anarchon-hand-back")
 
@@ -630,6 +634,7 @@ class Scheduler(Generic[M]):
                     running.request.job, running.request.slot, running.context.attempt,
                 )  # fmt: skip
         self._queue.clear()
+        self._claiming.clear()
         self._dispatcher = None
         if self._job_threads is not None:  # a sync job cancelled above may still run: its thread ends with it
             self._job_threads.shutdown(wait=False)
@@ -781,7 +786,10 @@ class Scheduler(Generic[M]):
         token: str | None = None,
     ) -> None:
         self._seq += 1
-        heapq.heappush(self._queue, (at_ms, self._seq, job, slot, kind, failures, token))
+        entry = (at_ms, self._seq, job, slot, kind, failures, token)
+        heapq.heappush(self._queue, entry)
+        if self._queue[0] is entry:  # due before what the dispatcher sleeps until (claim rounds push as they go)
+            self._wake()
 
     def _schedule_next(self, job: Job, after_ms: int) -> None:
         slot = job.schedule.next_after(after_ms)
@@ -812,13 +820,13 @@ class Scheduler(Generic[M]):
             last = now
             due: list[_Due] = []
             while self._queue and self._queue[0][0] <= now:
-                due.append(heapq.heappop(self._queue))
+                entry = heapq.heappop(self._queue)
+                held = self._claiming.get(entry[2])
+                (due if held is None else held).append(entry)
             if due:
-                waves = self._in_slot_order(due)
-                for index, wave in enumerate(waves):
-                    await self._claim(wave, now)
-                    if index + 1 < len(waves):
-                        self._hold_back_after_failures(wave, waves[index + 1 :], now)
+                for entry in due:
+                    self._claiming.setdefault(entry[2], [])
+                self._spawn(self._claim_round(due, now), "anarchon-claims")
                 continue
             delay = MAX_SLEEP_S if not self._queue else (self._queue[0][0] - now) / 1000
             self._sleeper = asyncio.ensure_future(self.clock.sleep(min(delay, MAX_SLEEP_S)))
@@ -827,6 +835,43 @@ class Scheduler(Generic[M]):
             finally:
                 self._sleeper.cancel()  # when stop() cancels the dispatcher, its sleep ends too
                 self._sleeper = None
+
+    def _waiting(self) -> list[_Due]:
+        """Every queue entry, with those held back while their job's claims are on their way."""
+        return [*self._queue, *(entry for held in self._claiming.values() for entry in held)]
+
+    async def _claim_round(self, due: list[_Due], now: int) -> None:
+        """Claim the due runs (in waves, see _in_slot_order); a job's entries that come due meanwhile wait for its
+        claims to settle, and go in a round of their own."""
+        waves = self._in_slot_order(due)
+        left = Counter(entry[2] for wave in waves for entry in wave)  # claims on their way, by job
+        try:
+            for index, wave in enumerate(waves):
+                await self._claim(wave, now, left)
+                if index + 1 < len(waves):
+                    self._hold_back_after_failures(wave, waves[index + 1 :], now, left)
+        except Exception:
+            # A round's jobs may have lost their next slots: as when the dispatcher itself fails, no job is
+            # scheduled any more, loudly, rather than some jobs falling silent.
+            log.critical("scheduler %s stopped scheduling: a round of claims failed", self.instance_id,
+                         exc_info=True)  # fmt: skip
+            if self._dispatcher is not None:
+                self._dispatcher.cancel()
+        finally:
+            for name in {entry[2] for entry in due}:
+                if left[name] > 0:  # stop() began, or the round failed: released all the same
+                    self._claimed(name, left, left[name])
+
+    def _claimed(self, name: str, left: Counter[str], count: int = 1) -> None:
+        """``count`` of the job's claims in this round settled (or left it): once none is left, the entries of the
+        job that came due meanwhile go back to the queue."""
+        left[name] -= count
+        if left[name] <= 0:
+            held = self._claiming.pop(name, None)
+            if held:
+                for entry in held:
+                    heapq.heappush(self._queue, entry)
+                self._wake()
 
     def _in_slot_order(self, due: list[_Due]) -> list[list[_Due]]:
         """The due claims in waves to send one after another: one wave, unless the strategy's claim of a later slot
@@ -857,12 +902,14 @@ class Scheduler(Generic[M]):
             waves[wave].append(entry)
         return waves
 
-    def _hold_back_after_failures(self, sent: list[_Due], waves: list[list[_Due]], now: int) -> None:
+    def _hold_back_after_failures(
+        self, sent: list[_Due], waves: list[list[_Due]], now: int, left: Counter[str]
+    ) -> None:
         """Take the claims of the jobs whose claim in the wave just ``sent`` failed out of the ``waves`` still to
         send, and queue them to go with that claim's retry: sent now, they could reach the store before the earlier
         slot (and, on a store that does not answer, each wave would wait out the client's timeout)."""
         claimed = {(entry[2], entry[3]) for entry in sent}
-        retry_at = {e[2]: e[0] for e in self._queue if e[4] == "retry" and (e[2], e[3]) in claimed}
+        retry_at = {e[2]: e[0] for e in self._waiting() if e[4] == "retry" and (e[2], e[3]) in claimed}
         if not retry_at:
             return
         for wave in waves:
@@ -872,6 +919,7 @@ class Scheduler(Generic[M]):
                     if kind == "scheduled":  # its next slot is planned now, as when it is claimed
                         self._schedule_after(name, slot, now)
                     self._push(retry_at[name], name, slot, "retry", failures, token)
+                    self._claimed(name, left)
             wave[:] = kept
 
     def _plan_after_step_back(self, now: int, step_ms: int) -> None:
@@ -880,7 +928,9 @@ class Scheduler(Generic[M]):
         is no longer its next goes on from the first slot that may still be claimed, as after a stall: when the
         clock went back is not known, so a slot since may have been missed (one claimed already, early while the
         clock was ahead, is answered done). Retries and backups wait what they had left."""
-        planned, self._queue = self._queue, []
+        planned, self._queue = self._waiting(), []
+        for held in self._claiming.values():
+            held.clear()
         for at_ms, _, name, slot, kind, failures, token in planned:
             if kind == "scheduled":
                 job = self._jobs[name]
@@ -898,7 +948,7 @@ class Scheduler(Generic[M]):
         log.warning("scheduler %s: the wall clock went back %d ms; the next slots are planned again from now",
                     self.instance_id, step_ms)  # fmt: skip
 
-    async def _claim(self, due: list[_Due], now: int) -> None:
+    async def _claim(self, due: list[_Due], now: int, left: Counter[str]) -> None:
         """Claim the due runs in pipelines, and work out the next slots of the scheduled ones meanwhile."""
         batch: list[_Due] = []
         late: list[_Due] = []
@@ -908,17 +958,21 @@ class Scheduler(Generic[M]):
             (late if is_late else batch).append(entry)
         if late:
             self._spawn(self._skip_late(late, now))
-        if len(batch) > CLAIM_BATCH:
-            # Every instance has the same runs due, in the same order. Each starts its pipelines at a point of
-            # its own (at random), so that each first wins a stretch of runs of its own instead of all of them
-            # contending for the same runs, pipeline after pipeline: every run is won sooner.
-            start = self.random.randint(0, len(batch) - 1)
-            batch = batch[start:] + batch[:start]
-        lanes = asyncio.Semaphore(CLAIM_LANES)
-        parts = [
-            asyncio.ensure_future(self._claim_part(batch[first : first + CLAIM_BATCH], lanes))
-            for first in range(0, len(batch), CLAIM_BATCH)
-        ]
+            for entry in late:
+                self._claimed(entry[2], left)
+        parts: list[asyncio.Future[None]] = []
+        for claims in self._by_node(batch):
+            if len(claims) > CLAIM_BATCH:
+                # Every instance has the same runs due, in the same order. Each starts its pipelines at a point of
+                # its own (at random), so that each first wins a stretch of runs of its own instead of all of them
+                # contending for the same runs, pipeline after pipeline: every run is won sooner.
+                start = self.random.randint(0, len(claims) - 1)
+                claims = claims[start:] + claims[:start]
+            lanes = asyncio.Semaphore(CLAIM_LANES)
+            parts += [
+                asyncio.ensure_future(self._claim_part(claims[first : first + CLAIM_BATCH], lanes, left))
+                for first in range(0, len(claims), CLAIM_BATCH)
+            ]
         try:
             for first in range(0, len(due), CLAIM_BATCH):
                 # The first pipelines leave before any next slot is worked out; the rest of that work is done
@@ -951,7 +1005,17 @@ class Scheduler(Generic[M]):
             )  # fmt: skip
         self._schedule_next(job, resume_after)
 
-    async def _claim_part(self, part: list[_Due], lanes: asyncio.Semaphore) -> None:
+    def _by_node(self, batch: list[_Due]) -> list[list[_Due]]:
+        """The claims by the store node their job's keys are on, in pipelines of their own: on a cluster, a node
+        that does not answer then holds up only its own jobs' claims."""
+        if not self.backend.store.sharded:
+            return [batch]
+        nodes: dict[Hashable, list[_Due]] = {}
+        for entry in batch:
+            nodes.setdefault(self.backend.lane(entry[2]), []).append(entry)
+        return list(nodes.values())
+
+    async def _claim_part(self, part: list[_Due], lanes: asyncio.Semaphore, left: Counter[str]) -> None:
         strategy, store = self.backend.strategy, self.backend.store
         async with lanes:
             if not self._started:  # stop() began while it waited for a lane: a claim won now would not run
@@ -967,6 +1031,7 @@ class Scheduler(Generic[M]):
                 claims = [StoreUnavailableError(f"the claim failed: {type(error).__name__}: {error}")] * len(part)
         for entry, request, claim in zip(part, requests, claims, strict=True):
             self._settle(entry, request, claim, sent_ms, sent)
+            self._claimed(entry[2], left)
 
     def _request(self, entry: _Due) -> RunRequest:
         _, _, job, slot, _, _, token = entry

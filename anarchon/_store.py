@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import re
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Hashable, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any, Literal, NamedTuple, Protocol, TypeAlias
@@ -121,6 +121,30 @@ class Connection(Protocol):
         ...
 
 
+class Sharded(Protocol):
+    """A connection to a store of several nodes (a cluster) says which node a key goes to, so that :class:`Store`
+    queues commands per node: a node that stops answering then holds up only the commands sent to it."""
+
+    def lane(self, key: Arg | None) -> Hashable:
+        """The node ``key`` goes to (``None``: a command without a key); any value that compares equal for one
+        node. Read from the client's map in hand: a map out of date only groups commands less well."""
+        ...
+
+
+def command_name(command: Command) -> str:
+    return str(command[0]).upper() if not isinstance(command[0], bytes) else command[0].decode().upper()
+
+
+def command_key(command: Command) -> Arg | None:
+    """The key a command is routed by, or None for a command without one."""
+    name = command_name(command)
+    if name in ("EVAL", "EVALSHA"):
+        return command[3] if int(command[2]) > 0 else None
+    if name == "XINFO":  # XINFO STREAM key: a subcommand first
+        return command[2] if len(command) > 2 else None
+    return command[1] if len(command) > 1 and name not in ("INFO", "PING", "SCRIPT", "TIME") else None
+
+
 @dataclass(frozen=True, slots=True)
 class Script:
     """A Lua script shipped in ``anarchon/_lua``; every file starts with its KEYS / ARGV / return header."""
@@ -182,22 +206,52 @@ def is_noscript(reply: object) -> bool:
     return isinstance(reply, StoreReplyError) and reply.reply.startswith("NOSCRIPT")
 
 
+class _Lane:
+    """The commands to one node: how many deliveries are in flight to it, and the commands waiting for them."""
+
+    __slots__ = ("in_flight", "pending")
+
+    def __init__(self) -> None:
+        self.in_flight = 0
+        self.pending: list[tuple[Command, asyncio.Future[Reply]]] = []
+
+
 class Store:
     """A connection plus script handling and automatic pipelining.
 
     When nothing is in flight a command goes out at once. While commands are in flight, new ones queue and
     leave together, in one round trip, as soon as the store has answered: a burst of claims, the finishes of
     jobs that ended together, the heartbeats of many long jobs each cost one pipeline on one connection instead
-    of one connection per concurrent command. ``owned`` connections are closed by :meth:`close`, others never.
+    of one connection per concurrent command. On a cluster (a :class:`Sharded` connection) this holds per node:
+    a node that stops answering holds up the commands queued for it, not those for the others.
+    ``owned`` connections are closed by :meth:`close`, others never.
     """
 
     def __init__(self, connection: Connection, *, owned: bool) -> None:
         self.connection = connection
         self.owned = owned
-        self._in_flight = 0
-        self._pending: list[tuple[Command, asyncio.Future[Reply]]] = []
+        self._lane_of: Callable[[Arg | None], Hashable] | None = getattr(connection, "lane", None)
+        self._only = _Lane()  # every command's, unless the connection is sharded
+        self._lanes: dict[Hashable, _Lane] = {}
         self._deliveries: set[asyncio.Future[list[Reply | StoreError]]] = set()
         self._closed = False
+
+    @property
+    def sharded(self) -> bool:
+        return self._lane_of is not None
+
+    def lane(self, key: Arg) -> Hashable:
+        """Which node ``key`` goes to, as far as the connection says (None: one node for all)."""
+        return None if self._lane_of is None else self._lane_of(key)
+
+    def _lane(self, command: Command) -> _Lane:
+        if self._lane_of is None:
+            return self._only
+        name = self._lane_of(command_key(command))
+        lane = self._lanes.get(name)
+        if lane is None:
+            lane = self._lanes[name] = _Lane()
+        return lane
 
     # execute and run hand back their inner coroutine instead of awaiting it in one of their own: a burst keeps
     # thousands of commands waiting at once, and each coroutine less is less for the garbage collector to walk.
@@ -210,16 +264,42 @@ class Store:
         A batch goes out at once, beside whatever is in flight (the claim lanes of a burst run side by side).
         Commands queued before it leave with it, in front: a claim retried behind a slow reply must not reach the
         store after a claim of the job's next slot sent later. That pipeline is a task of its own, which settles
-        their callers whatever becomes of this one's (cancelled, it leaves the pipeline to finish)."""
+        their callers whatever becomes of this one's (cancelled, it leaves the pipeline to finish). On a cluster
+        the batch leaves as one pipeline per node, each in its node's lane."""
         if len(commands) == 1:
             return [await _kept(self._send(commands[0]))]
         if not commands:
             return []
         self._check_open()
-        self._in_flight += 1
-        if self._pending:
+        if self._lane_of is None:
+            return await self._batch(self._only, commands)
+        by_lane: dict[_Lane, list[int]] = {}
+        for index, command in enumerate(commands):
+            by_lane.setdefault(self._lane(command), []).append(index)
+        if len(by_lane) == 1:
+            return await self._batch(next(iter(by_lane)), commands)
+        parts = await asyncio.gather(
+            *(self._kept_batch(lane, [commands[i] for i in indexes]) for lane, indexes in by_lane.items())
+        )
+        replies: list[Reply | StoreError] = [None] * len(commands)
+        for indexes, part in zip(by_lane.values(), parts, strict=True):
+            for index, reply in zip(indexes, part, strict=True):
+                replies[index] = reply
+        return replies
+
+    async def _kept_batch(self, lane: _Lane, commands: Sequence[Command]) -> list[Reply | StoreError]:
+        """One node's part of a batch; a node out of reach answers each of its commands so, and the other parts'
+        replies stand (they ran)."""
+        try:
+            return await self._batch(lane, commands)
+        except StoreError as error:
+            return [error] * len(commands)
+
+    async def _batch(self, lane: _Lane, commands: Sequence[Command]) -> list[Reply | StoreError]:
+        lane.in_flight += 1
+        if lane.pending:
             caller: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            pipeline = asyncio.ensure_future(self._deliver(commands, caller))
+            pipeline = asyncio.ensure_future(self._deliver(lane, commands, caller))
             self._deliveries.add(pipeline)
             pipeline.add_done_callback(self._delivered)
             try:
@@ -234,7 +314,7 @@ class Store:
         except Exception as error:
             raise _unknown_outcome(error) from error
         finally:
-            self._done()
+            self._done(lane)
 
     def run(self, script: Script, keys: Sequence[str], args: Sequence[Arg]) -> Coroutine[Any, Any, Reply]:
         return self._run(ScriptCall(script, keys, args))
@@ -284,11 +364,12 @@ class Store:
 
     async def _send(self, command: Command) -> Reply:
         self._check_open()
-        if self._in_flight or self._pending:
+        lane = self._lane(command)
+        if lane.in_flight or lane.pending:
             future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
-            self._pending.append((command, future))
+            lane.pending.append((command, future))
             return await future
-        self._in_flight += 1
+        lane.in_flight += 1
         try:
             return await self.connection.execute(command)
         except StoreError:
@@ -296,30 +377,30 @@ class Store:
         except Exception as error:
             raise _unknown_outcome(error) from error
         finally:
-            self._done()
+            self._done(lane)
 
     def _check_open(self) -> None:
         if self._closed:
             raise StoreUnavailableError("the store connection is closed")
 
-    def _done(self) -> None:
-        self._in_flight -= 1
-        if not self._in_flight and self._pending:
-            self._in_flight += 1
-            delivery = asyncio.ensure_future(self._deliver())
+    def _done(self, lane: _Lane) -> None:
+        lane.in_flight -= 1
+        if not lane.in_flight and lane.pending:
+            lane.in_flight += 1
+            delivery = asyncio.ensure_future(self._deliver(lane))
             self._deliveries.add(delivery)
             delivery.add_done_callback(self._delivered)
 
     async def _deliver(
-        self, batch: Sequence[Command] = (), batch_caller: asyncio.Future[None] | None = None
+        self, lane: _Lane, batch: Sequence[Command] = (), batch_caller: asyncio.Future[None] | None = None
     ) -> list[Reply | StoreError]:
-        """Send the queued commands, as they are when it starts (a batch sent before it may have taken them
+        """Send the lane's queued commands, as they are when it starts (a batch sent before it may have taken them
         along), then ``batch``; settle the queued commands' callers and return the batch's replies. A queued command
         whose caller is gone (cancelled) is not sent; a delivery ends once all its callers are gone (as stop()
         cancels them; ``batch_caller`` is cancelled when the batch's is), instead of waiting on for a store that may
         not answer."""
-        waiting = [(command, future) for command, future in self._pending if not future.done()]
-        self._pending = []
+        waiting = [(command, future) for command, future in lane.pending if not future.done()]
+        lane.pending = []
         callers = [future for _, future in waiting] + ([batch_caller] if batch_caller is not None else [])
         if callers:
             _cancel_when_all_cancelled(asyncio.current_task(), callers)
@@ -341,7 +422,7 @@ class Store:
                 raise _unknown_outcome(error) from error
             raise
         finally:
-            self._done()
+            self._done(lane)
         _settle(waiting, replies[: len(waiting)])
         return replies[len(waiting) :]
 

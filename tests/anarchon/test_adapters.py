@@ -10,6 +10,7 @@ import inspect
 import itertools
 import logging
 import tempfile
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
@@ -1244,6 +1245,46 @@ class _Held:
         return None
 
 
+class _OneNodeHeld(_Held):
+    """A cluster connection (``Sharded``) whose node for the keys that start with "x" does not answer until
+    ``answer`` is set; the other node answers at once."""
+
+    def lane(self, key: Any) -> str:
+        return "x" if str(key).startswith("x") else "y"
+
+    async def execute(self, command: Command) -> Reply:
+        if self.lane(command[1]) == "y":
+            self.received.append(command)
+            return "OK"
+        return await super().execute(command)
+
+    async def execute_many(self, commands: Sequence[Command]) -> list[Reply | StoreError]:
+        assert len({self.lane(command[1]) for command in commands}) == 1, "one pipeline per node"
+        return await super().execute_many(commands)
+
+
+async def test_on_a_cluster_a_node_that_does_not_answer_holds_up_only_its_own_commands() -> None:
+    """Commands queue behind one in flight to the same node, not behind one to another node: a primary that
+    stops answering must not hold up the finishes and claims of the jobs on the others. A batch goes to each node
+    in a pipeline of its own, and the replies of the nodes that answer stand."""
+    connection = _OneNodeHeld()
+    store = Store(connection, owned=False)
+    held = asyncio.ensure_future(store.execute("SET", "x1", "1"))
+    await asyncio.sleep(0)
+    queued = asyncio.ensure_future(store.execute("SET", "x2", "1"))
+    assert await asyncio.wait_for(store.execute("SET", "y1", "1"), 1) == "OK"
+    assert await asyncio.wait_for(store.execute_many([("SET", "y2", "1"), ("SET", "y3", "1")]), 1) == ["OK", "OK"]
+    both = asyncio.ensure_future(store.execute_many([("SET", "y4", "1"), ("SET", "x3", "1"), ("SET", "y5", "1")]))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert [command[1] for command in connection.received] == ["x1", "y1", "y2", "y3", "y4", "y5", "x2"]
+    assert not queued.done()
+    assert not both.done()
+    connection.answer.set()
+    assert await asyncio.gather(held, queued, both) == ["OK", "OK", ["OK", "OK", "OK"]]
+    assert [command[1] for command in connection.received][-2:] == ["x2", "x3"]  # the queued one in front
+
+
 async def _in_flight_and_queued(
     connection: Connection, *, owned: bool = False
 ) -> tuple[Store, asyncio.Future[Reply], asyncio.Future[Reply]]:
@@ -1428,6 +1469,7 @@ class _StubCluster:
         self.owners_next = owners_next if owners_next is not None else owners
         self.readings = 0
         self.reading_fails = False
+        self.reading_waits_for: threading.Event | None = None  # a reading that takes a while (a node's timeout)
         self.nodes_manager = self
 
     @property
@@ -1436,6 +1478,8 @@ class _StubCluster:
 
     def initialize(self) -> None:
         self.readings += 1
+        if self.reading_waits_for is not None:
+            self.reading_waits_for.wait(10)
         if self.reading_fails:
             raise redis.exceptions.RedisClusterException("Redis Cluster cannot be connected.")
         self.owners = self.owners_next
@@ -1497,7 +1541,30 @@ async def test_while_a_node_is_down_the_map_is_read_at_most_once_per_interval() 
     lost.down = False
     for _ in range(3):
         assert await connection.execute_many(batch) == ["OK", "OK"]
-    assert cluster.readings == 3  # read once more, then no longer stale
+    assert cluster.readings == 2  # not read while every node answers
+
+
+async def test_commands_to_the_nodes_that_answer_do_not_wait_for_a_reading_of_the_map() -> None:
+    """A node is down, and reading the map again takes a while (it may wait for that node's timeout): the batch
+    that found the node down waits for the reading, a batch to a node that answers does not."""
+    up, lost = _StubNode("up", _ok), _StubNode("lost", _ok, down=True)
+    cluster = _StubCluster({"a": up, "b": lost})
+    cluster.reading_waits_for = threading.Event()
+    connection = RedisPyCluster(cluster, blocking=True)
+    connection.MAP_RENEWAL_S = 0
+    failed = asyncio.ensure_future(connection.execute_many([("SET", "b", "1")]))
+    await eventually(lambda: cluster.readings == 1, 5)
+    try:
+        assert await asyncio.wait_for(connection.execute_many([("SET", "a", "1"), ("SET", "a", "2")]), 1) == [
+            "OK",
+            "OK",
+        ]
+        assert not failed.done()
+    finally:
+        cluster.reading_waits_for.set()
+    with pytest.raises(StoreUnavailableError, match="lost"):
+        await failed
+    assert cluster.readings == 1  # the two batches did not read it once each
 
 
 async def test_when_the_map_cannot_be_read_the_batch_goes_out_by_the_map_in_hand() -> None:

@@ -253,6 +253,42 @@ async def test_jobs_on_the_primaries_still_up_run_on_time_while_another_is_down(
             assert max(e.started_ms - e.slot for e in runs) < 1500, job  # on time, with room for a loaded machine
 
 
+@pytest.mark.slow
+async def test_jobs_on_the_other_primaries_run_on_time_while_one_stops_answering(real_target: str) -> None:
+    """A primary of a cluster stops answering (SIGSTOP) for 6 s, short of the cluster's node timeout: it keeps
+    its connections, and what it is sent fails after the clients' socket timeout (redis-py's default, 5 s), or
+    comes back when it resumes. Three instances, six lease jobs on three primaries, every second: the jobs on the
+    other two primaries run each slot once, on time, meanwhile; the paused primary's jobs run again once it
+    answers, and nothing runs twice."""
+    keys = KeySpace("lease:")
+    with start_server(real_target, cluster=True, extra_args=["--cluster-node-timeout", "30000"]) as running:
+        jobs = jobs_on_every_shard(running, lambda job: keys.lease(job).state, 2)
+        ledger = Ledger()
+        async with _schedulers_on_cluster(running, ["lease"], jobs, ledger):
+            await asyncio.sleep(2)
+            running.control.pause()
+            paused = now_ms() // 1000 * 1000 + 1000
+            await asyncio.sleep(6)
+            resumed = now_ms() // 1000 * 1000 - 1000  # due while it was paused, with a second of room
+            running.control.resume()
+            await asyncio.sleep(6)
+            last = now_ms() // 1000 * 1000 - 2000  # due 2 to 3 s ago: time to start, on a loaded machine too
+    stalled = {job for job in jobs if running.shard_of(keys.lease(job).state) == running.shards[0]}
+    assert 0 < len(stalled) < len(jobs)
+    meanwhile = set(range(paused, resumed + 1, 1000))
+    again = set(range(resumed + 4000, last + 1, 1000))  # its claims in flight came back; later slots on time
+    assert len(meanwhile) >= 4
+    assert len(again) >= 2
+    for job in jobs:
+        counts = ledger.slots(job)
+        assert max(counts.values()) == 1, (job, sorted(counts.items()))
+        assert {slot for slot in again if counts[slot] != 1} == set(), (job, sorted(counts.items()))
+        if job not in stalled:
+            runs = [e for e in ledger.of(job) if e.slot in meanwhile]
+            assert sorted(e.slot for e in runs) == sorted(meanwhile), job
+            assert max(e.started_ms - e.slot for e in runs) < 1500, job  # on time, with room for a loaded machine
+
+
 async def test_a_backup_reruns_the_slot_of_a_winner_cut_off_mid_run(target: StoreTarget) -> None:
     ledger = Ledger()
     lost: list[tuple[str, bool, int]] = []
@@ -2445,7 +2481,7 @@ async def test_a_dispatcher_that_fails_says_so(caplog: pytest.LogCaptureFixture)
     scheduler = Scheduler(RedisBackend(redis=fakeredis.FakeAsyncRedis()))
     scheduler.add_job("tick", "* * * * * *", lambda: None)
 
-    async def broken(due: Any, now: int) -> None:
+    async def broken(due: Any, now: int, left: Any) -> None:
         raise RuntimeError("a bug")
 
     scheduler._claim = broken  # type: ignore[method-assign]
