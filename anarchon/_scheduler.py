@@ -477,9 +477,11 @@ class Scheduler(Generic[M]):
         self.backend.scheduler = self
         try:
             try:
+                # The jobs' slots from now on are this start's: one due while the store is reached and checked
+                # (a store slow to answer, a first connection) runs late, rather than by no instance started then.
+                now = self.clock.wall_ms()
                 await self.backend.start(list(self._jobs))
                 self._start_keeper()
-                now = self.clock.wall_ms()
             except BaseException:
                 await self._stop_keeper()
                 await self.backend.stop()

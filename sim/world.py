@@ -55,9 +55,10 @@ class FaultWindow:
 
     def hits(self, instance: str, start: float, end: float) -> bool:
         """Whether this fault makes ``instance`` unhealthy (down, paused or cut off) at some moment from ``start``
-        to ``end``."""
+        to ``end``. Up to its end included: an instance started again exactly at a slot's time leaves that slot to
+        the others (a scheduler's slots are those after the moment it is started)."""
         unhealthy = self.kind in ("crash", "stop", "pause", "partition")
-        return self.instance == instance and unhealthy and self.start <= end and start < self.end
+        return self.instance == instance and unhealthy and self.start <= end and start <= self.end
 
 
 class SimClock:

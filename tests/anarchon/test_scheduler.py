@@ -50,6 +50,7 @@ from anarchon._store import Connection
 from anarchon._strategies import Claim, JobPolicy, Outcome, RunRequest, run_id
 from anarchon._strategies._claim_only import TRIM_STREAM
 from anarchon._strategies.lease import CLAIM
+from sim.fakestore import EmbeddedConnection
 from sim.links import Link
 from sim.live import supported
 from sim.servers import RunningServer, start_server
@@ -578,6 +579,36 @@ def test_a_lone_instance_whose_clock_is_set_back_runs_every_slot_after(case: str
     ran = run_virtual(main(), epoch_s=VIRTUAL_EPOCH_S, seed=1)
     set_right = 90 if case == "ahead-then-set-right" else 160
     assert [t for t in ran if t > set_right] == list(range(set_right // 60 * 60 + 60, set_right + 240, 60))
+
+
+def test_a_slot_due_while_the_scheduler_starts_runs() -> None:
+    """start() reaches and checks the store first, which takes a while where it is slow to answer (here 0.2 s
+    each way per command). A lone instance whose start() was called before a slot and returned after it runs that
+    slot, late, instead of leaving it to no one; the slots before start() was called are not its."""
+
+    async def main() -> tuple[list[int], float]:
+        async def slow() -> None:
+            await asyncio.sleep(0.2)
+
+        link = Link(EmbeddedConnection(fakeredis.FakeServer()), gate=slow)
+        scheduler = Scheduler(RedisBackend(redis=link), instance_id="a", clock=SimClock())
+        ran: list[int] = []
+
+        async def tick(run: RunContext) -> None:
+            ran.append(run.slot // 1000 - VIRTUAL_EPOCH_S)
+
+        scheduler.add_job("tick", "*/10 * * * * *", tick)
+        await asyncio.sleep(9.5)
+        called = asyncio.get_running_loop().time()
+        await scheduler.start()
+        took = asyncio.get_running_loop().time() - called
+        await asyncio.sleep(12)
+        await scheduler.stop()
+        return ran, took
+
+    ran, took = run_virtual(main(), epoch_s=VIRTUAL_EPOCH_S, seed=1)
+    assert took > 0.5  # the slot at 10 s came due while start() waited for the store
+    assert ran == [10, 20]
 
 
 def test_a_clock_set_back_reaches_back_no_further_than_the_job_was_started() -> None:

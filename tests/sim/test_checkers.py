@@ -103,6 +103,16 @@ def test_a_slot_is_not_expected_of_an_instance_that_was_down_within_its_settling
     assert judgement.slots_checked == 6
 
 
+def test_an_instance_started_again_exactly_at_a_slot_is_not_owed_that_slot() -> None:
+    # b is down throughout; a crashed at 35 s and was started again at 40 s exactly. A scheduler's slots are those
+    # after the moment it is started: the slot at 40 s was nobody's. Started again a moment earlier, a owes it.
+    history = History(epoch_s=EPOCH_S, executions=_every_slot(skip=40))
+    restarted_at_the_slot = [FaultWindow(0, 100, "crash", "b"), FaultWindow(35, 40, "crash", "a")]
+    assert judge(_scenario(), "lease", history, restarted_at_the_slot).verdicts["P2"].status == "valid"
+    restarted_before = [FaultWindow(0, 100, "crash", "b"), FaultWindow(35, 39.9, "crash", "a")]
+    assert judge(_scenario(), "lease", history, restarted_before).verdicts["P2"].status == "invalid"
+
+
 def test_a_slot_still_going_when_the_run_ended_is_not_judged_missed() -> None:
     # The slot at 80 s began late, at 92 s, and was going when the run ended at 100 s: it may yet finish.
     going = replace(_execution("a", 80, 92, 100, completed=False), cut_by_end=True)
