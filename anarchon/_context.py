@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
+from zoneinfo import ZoneInfo
 
 
 class LeaseLostEvent(asyncio.Event):
@@ -22,11 +23,15 @@ class LeaseLostEvent(asyncio.Event):
         return False
 
 
+_UTC = ZoneInfo("UTC")
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunContext:
     """One attempt of one run, as seen by the job function.
 
-    ``slot`` is the scheduled time in epoch ms (the same on every instance); ``fence`` grows with every attempt
+    ``slot`` is the scheduled time in epoch ms (the same on every instance); :attr:`scheduled_at` is that time in
+    the job's ``timezone``, the zone its cron fields are read in; ``fence`` grows with every attempt
     the store accepts for this job, so a downstream system can refuse writes from an older attempt. (Under the
     claim-only strategies it grows among the job's scheduled runs, from their entries' ids; a manual run takes
     its fence from the job's manual stream, which is not ordered against the scheduled runs.) ``lease_lost`` is
@@ -41,11 +46,13 @@ class RunContext:
     token: str
     fence: int
     manual: bool
+    timezone: ZoneInfo = _UTC
     lease_lost: LeaseLostEvent = field(default_factory=LeaseLostEvent, repr=False)
 
     @property
     def scheduled_at(self) -> datetime:
-        return datetime.fromtimestamp(self.slot / 1000, tz=UTC)
+        """The slot, in the job's time zone: a job at "0 9 * * *" in Europe/Berlin sees 09:00 there."""
+        return datetime.fromtimestamp(self.slot / 1000, tz=self.timezone)
 
     @property
     def lease_is_lost(self) -> bool:

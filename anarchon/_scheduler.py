@@ -1192,7 +1192,7 @@ class Scheduler(Generic[M]):
         """Run one won attempt; ``claim_sent`` is when the claim left (monotonic), where its lease counts from."""
         context = RunContext(
             job=job.name, slot=request.slot, attempt=claim.attempt, token=request.token, fence=claim.fence,
-            manual=request.manual,
+            manual=request.manual, timezone=job.schedule.timezone,
         )  # fmt: skip
         running = _Running(context, request)
         task = asyncio.current_task()

@@ -20,6 +20,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import datetime
 from typing import Any
 
 import fakeredis
@@ -579,6 +580,27 @@ def test_a_lone_instance_whose_clock_is_set_back_runs_every_slot_after(case: str
     ran = run_virtual(main(), epoch_s=VIRTUAL_EPOCH_S, seed=1)
     set_right = 90 if case == "ahead-then-set-right" else 160
     assert [t for t in ran if t > set_right] == list(range(set_right // 60 * 60 + 60, set_right + 240, 60))
+
+
+def test_a_run_is_told_its_scheduled_time_in_the_job_s_time_zone() -> None:
+    """A job at 09:30 in Europe/Berlin (08:30 UTC in January) sees 09:30 there: the time its cron fields name."""
+
+    async def main() -> list[datetime]:
+        scheduler = _virtual_instance(fakeredis.FakeServer(), "a")
+        seen: list[datetime] = []
+
+        async def report(run: RunContext) -> None:
+            seen.append(run.scheduled_at)
+            assert run.scheduled_at.timestamp() * 1000 == run.slot
+
+        scheduler.add_job("report", "30 9 * * *", report, timezone="Europe/Berlin")
+        scheduler.add_job("utc", "30 8 * * *", report)
+        await _run_for([scheduler], 3600)
+        return seen
+
+    seen = run_virtual(main(), epoch_s=VIRTUAL_EPOCH_S, seed=1)  # 2027-01-15 08:00 UTC
+    assert {(str(at.tzinfo), at.hour, at.minute) for at in seen} == {("Europe/Berlin", 9, 30), ("UTC", 8, 30)}
+    assert seen[0] == seen[1]  # one instant
 
 
 def test_a_slot_due_while_the_scheduler_starts_runs() -> None:
