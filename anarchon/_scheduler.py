@@ -272,10 +272,12 @@ class Scheduler(Generic[M]):
         self._policies: dict[str, JobPolicy] = {}
         self._shared: dict[object, object] = {}
         self._queue: list[_Due] = []
-        # The jobs with claims on their way, and their queue entries that came due meanwhile: a job's claims go one
-        # round after another, while other jobs' rounds go on (on a cluster, a node that does not answer holds up
-        # only the jobs whose keys it holds).
-        self._claiming: dict[str, list[_Due]] = {}
+        # The store nodes with a round of claims on its way, and the queue entries for them that came due meanwhile,
+        # which go together in the node's next round: each node's rounds go one after another, and on a cluster, a
+        # node that does not answer holds up only the jobs whose keys it holds. A new dict for each start: a round
+        # that outlives stop() releases its node in the dict of its own start.
+        self._claiming: dict[Hashable, list[_Due]] = {}
+        self._stepped_back_ms = 0  # how far the wall clock went back while rounds were on their way
         self._seq = 0
         # When scheduling began (monotonic): at start, or for a job added later, then (see _plan_after_step_back).
         self._started_at: float | None = None
@@ -610,7 +612,10 @@ class Scheduler(Generic[M]):
         for nap in self._naps:
             nap.cancel()
         if self._dispatcher is not None:
-            self._dispatcher.cancel()  # it ends once its claims in flight settle (see _claim)
+            self._dispatcher.cancel()
+        for task in self._tasks:
+            if task.get_name() == "anarchon-claims":
+                task.cancel()  # a round sends no more waves; its claims in flight settle (see _claim)
         self._hand_back_queued_retries()
         work = self._stop_work
         # Claims in flight, runs and catch-ups (which stop between slots) go on, heartbeats included, for up to
@@ -636,7 +641,8 @@ class Scheduler(Generic[M]):
                     running.request.job, running.request.slot, running.context.attempt,
                 )  # fmt: skip
         self._queue.clear()
-        self._claiming.clear()
+        self._claiming = {}
+        self._stepped_back_ms = 0
         self._dispatcher = None
         if self._job_threads is not None:  # a sync job cancelled above may still run: its thread ends with it
             self._job_threads.shutdown(wait=False)
@@ -818,17 +824,23 @@ class Scheduler(Generic[M]):
             raise_if_cancelled()
             now = self.clock.wall_ms()
             if now < last:
-                self._plan_after_step_back(now, last - now)
+                self._stepped_back_ms += last - now
             last = now
-            due: list[_Due] = []
+            if self._stepped_back_ms and not self._claiming:
+                # Once no round is on its way: a round settles its claims by the clock it began with, and what
+                # it queues (retries, backups) is planned again with the rest.
+                self._plan_after_step_back(now, self._stepped_back_ms)
+                self._stepped_back_ms = 0
+            due: dict[Hashable, list[_Due]] = {}
             while self._queue and self._queue[0][0] <= now:
                 entry = heapq.heappop(self._queue)
-                held = self._claiming.get(entry[2])
-                (due if held is None else held).append(entry)
+                node = self._node_of(entry[2])
+                held = self._claiming.get(node)
+                (due.setdefault(node, []) if held is None else held).append(entry)
             if due:
-                for entry in due:
-                    self._claiming.setdefault(entry[2], [])
-                self._spawn(self._claim_round(due, now), "anarchon-claims")
+                for node, entries in due.items():
+                    self._claiming[node] = []
+                    self._spawn(self._claim_round(node, entries, now), "anarchon-claims")
                 continue
             delay = MAX_SLEEP_S if not self._queue else (self._queue[0][0] - now) / 1000
             self._sleeper = asyncio.ensure_future(self.clock.sleep(min(delay, MAX_SLEEP_S)))
@@ -842,16 +854,20 @@ class Scheduler(Generic[M]):
         """Every queue entry, with those held back while their job's claims are on their way."""
         return [*self._queue, *(entry for held in self._claiming.values() for entry in held)]
 
-    async def _claim_round(self, due: list[_Due], now: int) -> None:
-        """Claim the due runs (in waves, see _in_slot_order); a job's entries that come due meanwhile wait for its
-        claims to settle, and go in a round of their own."""
-        waves = self._in_slot_order(due)
-        left = Counter(entry[2] for wave in waves for entry in wave)  # claims on their way, by job
+    def _node_of(self, job: str) -> Hashable:
+        """The store node a job's claims go to (None where the store is one node)."""
+        return self.backend.lane(job) if self.backend.store.sharded else None
+
+    async def _claim_round(self, node: Hashable, due: list[_Due], now: int) -> None:
+        """Claim the due runs of one node (in waves, see _in_slot_order); its entries that come due meanwhile wait
+        for the round to end, and go together in its next."""
+        claiming = self._claiming
         try:
+            waves = self._in_slot_order(due)
             for index, wave in enumerate(waves):
-                await self._claim(wave, now, left)
+                await self._claim(wave, now)
                 if index + 1 < len(waves):
-                    self._hold_back_after_failures(wave, waves[index + 1 :], now, left)
+                    self._hold_back_after_failures(wave, waves[index + 1 :], now)
         except Exception:
             # A round's jobs may have lost their next slots: as when the dispatcher itself fails, no job is
             # scheduled any more, loudly, rather than some jobs falling silent.
@@ -860,18 +876,9 @@ class Scheduler(Generic[M]):
             if self._dispatcher is not None:
                 self._dispatcher.cancel()
         finally:
-            for name in {entry[2] for entry in due}:
-                if left[name] > 0:  # stop() began, or the round failed: released all the same
-                    self._claimed(name, left, left[name])
-
-    def _claimed(self, name: str, left: Counter[str], count: int = 1) -> None:
-        """``count`` of the job's claims in this round settled (or left it): once none is left, the entries of the
-        job that came due meanwhile go back to the queue."""
-        left[name] -= count
-        if left[name] <= 0:
-            held = self._claiming.pop(name, None)
-            if held:
-                for entry in held:
+            held = claiming.pop(node, None)
+            if claiming is self._claiming:
+                for entry in held or ():
                     heapq.heappush(self._queue, entry)
                 self._wake()
 
@@ -904,9 +911,7 @@ class Scheduler(Generic[M]):
             waves[wave].append(entry)
         return waves
 
-    def _hold_back_after_failures(
-        self, sent: list[_Due], waves: list[list[_Due]], now: int, left: Counter[str]
-    ) -> None:
+    def _hold_back_after_failures(self, sent: list[_Due], waves: list[list[_Due]], now: int) -> None:
         """Take the claims of the jobs whose claim in the wave just ``sent`` failed out of the ``waves`` still to
         send, and queue them to go with that claim's retry: sent now, they could reach the store before the earlier
         slot (and, on a store that does not answer, each wave would wait out the client's timeout)."""
@@ -921,7 +926,6 @@ class Scheduler(Generic[M]):
                     if kind == "scheduled":  # its next slot is planned now, as when it is claimed
                         self._schedule_after(name, slot, now)
                     self._push(retry_at[name], name, slot, "retry", failures, token)
-                    self._claimed(name, left)
             wave[:] = kept
 
     def _plan_after_step_back(self, now: int, step_ms: int) -> None:
@@ -950,7 +954,7 @@ class Scheduler(Generic[M]):
         log.warning("scheduler %s: the wall clock went back %d ms; the next slots are planned again from now",
                     self.instance_id, step_ms)  # fmt: skip
 
-    async def _claim(self, due: list[_Due], now: int, left: Counter[str]) -> None:
+    async def _claim(self, due: list[_Due], now: int) -> None:
         """Claim the due runs in pipelines, and work out the next slots of the scheduled ones meanwhile."""
         batch: list[_Due] = []
         late: list[_Due] = []
@@ -960,21 +964,17 @@ class Scheduler(Generic[M]):
             (late if is_late else batch).append(entry)
         if late:
             self._spawn(self._skip_late(late, now))
-            for entry in late:
-                self._claimed(entry[2], left)
-        parts: list[asyncio.Future[None]] = []
-        for claims in self._by_node(batch):
-            if len(claims) > CLAIM_BATCH:
-                # Every instance has the same runs due, in the same order. Each starts its pipelines at a point of
-                # its own (at random), so that each first wins a stretch of runs of its own instead of all of them
-                # contending for the same runs, pipeline after pipeline: every run is won sooner.
-                start = self.random.randint(0, len(claims) - 1)
-                claims = claims[start:] + claims[:start]
-            lanes = asyncio.Semaphore(CLAIM_LANES)
-            parts += [
-                asyncio.ensure_future(self._claim_part(claims[first : first + CLAIM_BATCH], lanes, left))
-                for first in range(0, len(claims), CLAIM_BATCH)
-            ]
+        if len(batch) > CLAIM_BATCH:
+            # Every instance has the same runs due, in the same order. Each starts its pipelines at a point of
+            # its own (at random), so that each first wins a stretch of runs of its own instead of all of them
+            # contending for the same runs, pipeline after pipeline: every run is won sooner.
+            start = self.random.randint(0, len(batch) - 1)
+            batch = batch[start:] + batch[:start]
+        lanes = asyncio.Semaphore(CLAIM_LANES)
+        parts = [
+            asyncio.ensure_future(self._claim_part(batch[first : first + CLAIM_BATCH], lanes))
+            for first in range(0, len(batch), CLAIM_BATCH)
+        ]
         try:
             for first in range(0, len(due), CLAIM_BATCH):
                 # The first pipelines leave before any next slot is worked out; the rest of that work is done
@@ -1007,17 +1007,7 @@ class Scheduler(Generic[M]):
             )  # fmt: skip
         self._schedule_next(job, resume_after)
 
-    def _by_node(self, batch: list[_Due]) -> list[list[_Due]]:
-        """The claims by the store node their job's keys are on, in pipelines of their own: on a cluster, a node
-        that does not answer then holds up only its own jobs' claims."""
-        if not self.backend.store.sharded:
-            return [batch]
-        nodes: dict[Hashable, list[_Due]] = {}
-        for entry in batch:
-            nodes.setdefault(self.backend.lane(entry[2]), []).append(entry)
-        return list(nodes.values())
-
-    async def _claim_part(self, part: list[_Due], lanes: asyncio.Semaphore, left: Counter[str]) -> None:
+    async def _claim_part(self, part: list[_Due], lanes: asyncio.Semaphore) -> None:
         strategy, store = self.backend.strategy, self.backend.store
         async with lanes:
             if not self._started:  # stop() began while it waited for a lane: a claim won now would not run
@@ -1033,7 +1023,6 @@ class Scheduler(Generic[M]):
                 claims = [StoreUnavailableError(f"the claim failed: {type(error).__name__}: {error}")] * len(part)
         for entry, request, claim in zip(part, requests, claims, strict=True):
             self._settle(entry, request, claim, sent_ms, sent)
-            self._claimed(entry[2], left)
 
     def _request(self, entry: _Due) -> RunRequest:
         _, _, job, slot, _, _, token = entry

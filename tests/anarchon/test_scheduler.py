@@ -27,6 +27,7 @@ import fakeredis
 import pytest
 import redis.asyncio.cluster
 import redis.exceptions
+from glide import GlideClusterClient, GlideClusterClientConfiguration, NodeAddress, ProtocolVersion
 
 from anarchon import (
     ConfigError,
@@ -132,16 +133,16 @@ async def test_three_schedulers_run_every_slot_exactly_once(target: StoreTarget)
 
 @contextlib.asynccontextmanager
 async def _schedulers_on_cluster(
-    running: RunningServer, strategies: list[str], jobs: list[str], ledger: Ledger
+    running: RunningServer, strategies: list[str], jobs: list[str], ledger: Ledger, client: str = "redis-py"
 ) -> AsyncIterator[list[Scheduler[Any]]]:
     """Three started instances per strategy (prefix ``<strategy>:``), running ``jobs`` every second into the
-    ledger; each instance number has its own asyncio cluster client, not awaited: it reads the map of slots when
-    first used. Stopped at the end of the block, and the clients closed."""
-    clients = [redis.asyncio.cluster.RedisCluster(host=running.host, port=running.port, protocol=2) for _ in range(3)]
+    ledger; each instance number has its own asyncio cluster client (redis-py's, not awaited: it reads the map of
+    slots when first used; or GLIDE's). Stopped at the end of the block, and the clients closed."""
+    clients = [await _cluster_client(client, running) for _ in range(3)]
     schedulers: list[Scheduler[Any]] = []
     for strategy in strategies:
-        for i, client in enumerate(clients):
-            backend = backend_for(running.target, client, strategy, prefix=f"{strategy}:")
+        for i, made in enumerate(clients):
+            backend = backend_for(running.target, made, strategy, prefix=f"{strategy}:")
             scheduler: Scheduler[Any] = Scheduler(backend, instance_id=f"{strategy}-{i}")
             for job in jobs:
                 scheduler.add_job(job, "* * * * * *", ledger.job(f"{strategy}-{i}"))
@@ -151,8 +152,15 @@ async def _schedulers_on_cluster(
         yield schedulers
         await asyncio.gather(*(s.stop() for s in schedulers))
     finally:
-        for client in clients:
-            await client.aclose()
+        for made in clients:
+            await (made.close() if client == "glide" else made.aclose())
+
+
+async def _cluster_client(kind: str, running: RunningServer) -> Any:
+    if kind == "glide":
+        address = [NodeAddress(running.host, running.port)]
+        return await GlideClusterClient.create(GlideClusterClientConfiguration(address, protocol=ProtocolVersion.RESP2))
+    return redis.asyncio.cluster.RedisCluster(host=running.host, port=running.port, protocol=2)
 
 
 @pytest.mark.slow
@@ -256,17 +264,18 @@ async def test_jobs_on_the_primaries_still_up_run_on_time_while_another_is_down(
 
 
 @pytest.mark.slow
-async def test_jobs_on_the_other_primaries_run_on_time_while_one_stops_answering(real_target: str) -> None:
+@pytest.mark.parametrize("client", ["redis-py", "glide"])
+async def test_jobs_on_the_other_primaries_run_on_time_while_one_stops_answering(real_target: str, client: str) -> None:
     """A primary of a cluster stops answering (SIGSTOP) for 6 s, short of the cluster's node timeout: it keeps
-    its connections, and what it is sent fails after the clients' socket timeout (redis-py's default, 5 s), or
-    comes back when it resumes. Three instances, six lease jobs on three primaries, every second: the jobs on the
-    other two primaries run each slot once, on time, meanwhile; the paused primary's jobs run again once it
-    answers, and nothing runs twice."""
+    its connections, and what it is sent fails after the client's timeout (redis-py's socket timeout, 5 s by
+    default; GLIDE's batches wait), or comes back when it resumes. Three instances, six lease jobs on three
+    primaries, every second: the jobs on the other two primaries run each slot once, on time, meanwhile; the
+    paused primary's jobs run again once it answers, and nothing runs twice."""
     keys = KeySpace("lease:")
     with start_server(real_target, cluster=True, extra_args=["--cluster-node-timeout", "30000"]) as running:
         jobs = jobs_on_every_shard(running, lambda job: keys.lease(job).state, 2)
         ledger = Ledger()
-        async with _schedulers_on_cluster(running, ["lease"], jobs, ledger):
+        async with _schedulers_on_cluster(running, ["lease"], jobs, ledger, client):
             await asyncio.sleep(2)
             running.control.pause()
             paused = now_ms() // 1000 * 1000 + 1000
@@ -661,6 +670,43 @@ def test_a_clock_set_back_reaches_back_no_further_than_the_job_was_started() -> 
     ran = run_virtual(main(), epoch_s=VIRTUAL_EPOCH_S, seed=1)
     assert sorted(ran["started"]) == list(range(1, 11))  # 6 and 7 early, then 1 to 5 late, and from 8 on time
     assert sorted(ran["added"]) == list(range(2, 11))  # added at 1 s: 7 early, 2 to 6 late, from 8 on time
+
+
+def test_a_claim_on_its_way_as_the_clock_is_set_back_is_retried_after_what_it_had_left() -> None:
+    """The clock, an hour ahead, is set right while a claim is on its way; it fails 1.8 s later. Its retry waits
+    the 0.5 s it was given, by the corrected clock too (and is then found late), not the hour the clock went back
+    on top; so does every slot planned."""
+
+    class SlowThenFails(BatchLink):
+        armed = False
+
+        async def execute_many(self, commands: Any) -> Any:
+            if self.armed:
+                self.armed = False
+                await asyncio.sleep(3)
+                raise StoreUnavailableError("the reply was lost")
+            return await super().execute_many(commands)
+
+    async def main() -> list[tuple[str, float]]:
+        link = SlowThenFails(adapt(fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer())), "a")
+        clock = SimClock()
+        clock.offset_ms = 3_600_000
+        scheduler = Scheduler(RedisBackend(redis=link), instance_id="a", clock=clock)
+        scheduler.add_job("x", "*/10 * * * * *", lambda: None)
+        scheduler.add_job("y", "* * * * * *", lambda: None)  # the dispatcher wakes every second
+        await scheduler.start()
+        await asyncio.sleep(9.8)
+        link.armed = True  # the claims of the slot at 10 s take 3 s, then fail
+        await asyncio.sleep(1.2)
+        clock.offset_ms = 0
+        await asyncio.sleep(2.2)
+        now = clock.wall_ms()
+        waiting = [(e[4], round((e[0] - now) / 1000, 1)) for e in scheduler._waiting()]
+        await scheduler.stop(timeout=0.1)
+        return waiting
+
+    waiting = run_virtual(main(), epoch_s=VIRTUAL_EPOCH_S, seed=1)
+    assert max(due_in for _, due_in in waiting) < 10, waiting  # an hour when the retries waited the step too
 
 
 def test_a_backup_whose_clock_is_set_back_takes_over_when_the_lease_runs_out() -> None:
@@ -2534,7 +2580,7 @@ async def test_a_dispatcher_that_fails_says_so(caplog: pytest.LogCaptureFixture)
     scheduler = Scheduler(RedisBackend(redis=fakeredis.FakeAsyncRedis()))
     scheduler.add_job("tick", "* * * * * *", lambda: None)
 
-    async def broken(due: Any, now: int, left: Any) -> None:
+    async def broken(due: Any, now: int) -> None:
         raise RuntimeError("a bug")
 
     scheduler._claim = broken  # type: ignore[method-assign]
