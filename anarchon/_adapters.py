@@ -9,7 +9,6 @@ exceptions are translated here into :class:`StoreReplyError` / :class:`StoreUnav
 from __future__ import annotations
 
 import asyncio
-import bisect
 import contextlib
 import inspect
 import logging
@@ -18,8 +17,6 @@ import re
 import sys
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from typing import Any, TypeVar, cast
-
-from redis.crc import key_slot
 
 from ._errors import ConfigTypeError, StoreError, StoreReplyError, StoreUnavailableError
 from ._store import Arg, Command, Connection, Reply, ServerInfo, command_key, command_name, detect_server
@@ -601,71 +598,6 @@ class Glide:
         await _guard(self.client.close())
 
 
-class GlideCluster(Glide):
-    """A ``GlideClusterClient``. GLIDE routes commands itself and keeps its map of slots to itself; anarchon reads
-    one of its own (``CLUSTER SLOTS``) to say which node a key goes to (:class:`Sharded`), so that commands queue
-    per node: when the connection is first asked about the server, and again after a node could not be reached,
-    at most once per ``MAP_RENEWAL_S``, by the batch that found it so. Until a map is in, or for a slot it does
-    not cover, commands queue as one."""
-
-    MAP_RENEWAL_S = 1.0
-
-    def __init__(self, client: Any) -> None:
-        super().__init__(client, cluster=True)
-        self._starts: list[int] = []  # the first slot of each range, ascending
-        self._ranges: list[tuple[int, str]] = []  # its last slot and its primary's "host:port"
-        self._map_read_at = -math.inf  # event loop time the last reading ended
-
-    def lane(self, key: Arg | None) -> Hashable:
-        if key is None or not self._starts:
-            return None
-        slot = key_slot(key if isinstance(key, bytes) else str(key).encode())
-        index = bisect.bisect_right(self._starts, slot) - 1
-        if index < 0 or slot > self._ranges[index][0]:
-            return None
-        return self._ranges[index][1]
-
-    async def execute_many(self, commands: Sequence[Command]) -> list[Reply | StoreError]:
-        try:
-            replies = await super().execute_many(commands)
-        except StoreUnavailableError:
-            await self._read_map_after_failure()
-            raise
-        if any(isinstance(reply, StoreUnavailableError) for reply in replies):
-            await self._read_map_after_failure()
-        return replies
-
-    async def server_info(self) -> ServerInfo:
-        info = await super().server_info()
-        with contextlib.suppress(StoreError):
-            await self._read_map()
-        return info
-
-    async def _read_map_after_failure(self) -> None:
-        if asyncio.get_running_loop().time() - self._map_read_at >= self.MAP_RENEWAL_S:
-            with contextlib.suppress(StoreError):
-                await self._read_map()
-
-    async def _read_map(self) -> None:
-        try:
-            reply = await self.execute(("CLUSTER", "SLOTS"))
-        finally:
-            self._map_read_at = asyncio.get_running_loop().time()
-        ranges = _slot_ranges(reply)
-        self._starts = [first for first, _, _ in ranges]
-        self._ranges = [(last, owner) for _, last, owner in ranges]
-
-
-def _slot_ranges(reply: Reply) -> list[tuple[int, int, str]]:
-    """``CLUSTER SLOTS``: each range's first and last slot and its primary's "host:port", in slot order."""
-    ranges = []
-    for entry in reply if isinstance(reply, list) else []:
-        match entry:  # [first slot, last slot, [primary's host, port, id, …], replicas…]
-            case [int() as first, int() as last, [str() as host, int() as port, *_], *_]:
-                ranges.append((first, last, f"{host}:{port}"))
-    return sorted(ranges)
-
-
 def _retrieved(reading: asyncio.Future[None]) -> None:
     """Its callers have what it raised; should all of them have gone (cancelled), it is not left unretrieved."""
     if not reading.cancelled():
@@ -824,7 +756,7 @@ def adapt(client: object) -> Connection:
     if all(inspect.iscoroutinefunction(getattr(client, m, None)) for m in _CONNECTION_METHODS):
         return cast(Connection, client)  # already speaks the seam (the simulator's store, test doubles)
     if module.startswith("glide"):
-        return GlideCluster(client) if "Cluster" in cls else Glide(client, cluster=False)
+        return Glide(client, cluster="Cluster" in cls)
     execute_command = getattr(client, "execute_command", None)
     if execute_command is not None and hasattr(client, "pipeline"):
         if not module.startswith("fakeredis") and _socket_timeout(client) is None:

@@ -277,6 +277,9 @@ class Scheduler(Generic[M]):
         # node that does not answer holds up only the jobs whose keys it holds. A new dict for each start: a round
         # that outlives stop() releases its node in the dict of its own start.
         self._claiming: dict[Hashable, list[_Due]] = {}
+        # The node of the round each job's claims are in, while it is on its way: the map of slots may give the job
+        # to another node meanwhile (a failover), and its next claims must not go beside the ones still out.
+        self._round_of: dict[str, Hashable] = {}
         self._stepped_back_ms = 0  # how far the wall clock went back while rounds were on their way
         self._seq = 0
         # When scheduling began (monotonic): at start, or for a job added later, then (see _plan_after_step_back).
@@ -542,12 +545,12 @@ class Scheduler(Generic[M]):
         if self._stopping is stopping:
             self._stopping = None
 
-    def _hand_back_queued_retries(self) -> None:
+    def _hand_back_unsent(self, entries: list[_Due]) -> None:
         """Claims waiting to be sent again when stop() began (their answers never came) may have won: each is
         handed back, within stop()'s bounds, so that its lease does not keep the job's next runs from starting
         (skipped-overlap) on every instance until it runs out."""
         if self.backend.leases:
-            for entry in self._waiting():
+            for entry in entries:
                 if entry[6] is not None:  # the token of a claim sent before
                     self._spawn(self._release_unanswered(self._request(entry)), "anarchon-hand-back")
 
@@ -612,11 +615,8 @@ class Scheduler(Generic[M]):
         for nap in self._naps:
             nap.cancel()
         if self._dispatcher is not None:
-            self._dispatcher.cancel()
-        for task in self._tasks:
-            if task.get_name() == "anarchon-claims":
-                task.cancel()  # a round sends no more waves; its claims in flight settle (see _claim)
-        self._hand_back_queued_retries()
+            self._dispatcher.cancel()  # rounds of claims on their way settle; those not sent yet are handed back
+        self._hand_back_unsent(self._waiting())
         work = self._stop_work
         # Claims in flight, runs and catch-ups (which stop between slots) go on, heartbeats included, for up to
         # `timeout` of this scheduler's clock, as its jobs' time: a process stopped (SIGSTOP) meanwhile acts on it
@@ -641,7 +641,7 @@ class Scheduler(Generic[M]):
                     running.request.job, running.request.slot, running.context.attempt,
                 )  # fmt: skip
         self._queue.clear()
-        self._claiming = {}
+        self._claiming, self._round_of = {}, {}
         self._stepped_back_ms = 0
         self._dispatcher = None
         if self._job_threads is not None:  # a sync job cancelled above may still run: its thread ends with it
@@ -834,12 +834,14 @@ class Scheduler(Generic[M]):
             due: dict[Hashable, list[_Due]] = {}
             while self._queue and self._queue[0][0] <= now:
                 entry = heapq.heappop(self._queue)
-                node = self._node_of(entry[2])
+                node = self._round_of[entry[2]] if entry[2] in self._round_of else self._node_of(entry[2])
                 held = self._claiming.get(node)
                 (due.setdefault(node, []) if held is None else held).append(entry)
             if due:
                 for node, entries in due.items():
                     self._claiming[node] = []
+                    for entry in entries:
+                        self._round_of[entry[2]] = node
                     self._spawn(self._claim_round(node, entries, now), "anarchon-claims")
                 continue
             delay = MAX_SLEEP_S if not self._queue else (self._queue[0][0] - now) / 1000
@@ -861,8 +863,11 @@ class Scheduler(Generic[M]):
     async def _claim_round(self, node: Hashable, due: list[_Due], now: int) -> None:
         """Claim the due runs of one node (in waves, see _in_slot_order); its entries that come due meanwhile wait
         for the round to end, and go together in its next."""
-        claiming = self._claiming
+        claiming, round_of = self._claiming, self._round_of
         try:
+            if not self._started:  # stop() began before the round did: nothing is sent
+                self._hand_back_unsent(due)
+                return
             waves = self._in_slot_order(due)
             for index, wave in enumerate(waves):
                 await self._claim(wave, now)
@@ -876,6 +881,8 @@ class Scheduler(Generic[M]):
             if self._dispatcher is not None:
                 self._dispatcher.cancel()
         finally:
+            for entry in due:
+                round_of.pop(entry[2], None)
             held = claiming.pop(node, None)
             if claiming is self._claiming:
                 for entry in held or ():
@@ -984,11 +991,16 @@ class Scheduler(Generic[M]):
                     if kind == "scheduled":
                         self._schedule_after(name, slot, now)
             if parts:
-                await asyncio.wait(parts)  # unlike gather's, this wait cancelled leaves the pipelines to settle
+                await asyncio.wait(parts)
             for part in parts:
                 part.result()  # what a pipeline raised
+        except asyncio.CancelledError:
+            # stop() gave up waiting (its timeout and grace are over): so do the claims still on their way.
+            for part in parts:
+                part.cancel()
+            raise
         finally:
-            # When the dispatcher is stopped midway, the pipelines in flight still settle: a run the store granted
+            # After stop() began, the pipelines in flight still settle, until its timeout: a run the store granted
             # meanwhile is handed back or recorded (see _settle), not left claimed and never run. stop() goes on
             # once none can settle behind its back.
             await asyncio.gather(*parts, return_exceptions=True)
@@ -1010,7 +1022,8 @@ class Scheduler(Generic[M]):
     async def _claim_part(self, part: list[_Due], lanes: asyncio.Semaphore) -> None:
         strategy, store = self.backend.strategy, self.backend.store
         async with lanes:
-            if not self._started:  # stop() began while it waited for a lane: a claim won now would not run
+            if not self._started:  # stop() began before it was sent: a claim won now would not run
+                self._hand_back_unsent(part)
                 return
             requests = [self._request(entry) for entry in part]
             sent, sent_ms = self.clock.monotonic(), self.clock.wall_ms()

@@ -27,7 +27,6 @@ import fakeredis
 import pytest
 import redis.asyncio.cluster
 import redis.exceptions
-from glide import GlideClusterClient, GlideClusterClientConfiguration, NodeAddress, ProtocolVersion
 
 from anarchon import (
     ConfigError,
@@ -133,16 +132,16 @@ async def test_three_schedulers_run_every_slot_exactly_once(target: StoreTarget)
 
 @contextlib.asynccontextmanager
 async def _schedulers_on_cluster(
-    running: RunningServer, strategies: list[str], jobs: list[str], ledger: Ledger, client: str = "redis-py"
+    running: RunningServer, strategies: list[str], jobs: list[str], ledger: Ledger
 ) -> AsyncIterator[list[Scheduler[Any]]]:
     """Three started instances per strategy (prefix ``<strategy>:``), running ``jobs`` every second into the
-    ledger; each instance number has its own asyncio cluster client (redis-py's, not awaited: it reads the map of
-    slots when first used; or GLIDE's). Stopped at the end of the block, and the clients closed."""
-    clients = [await _cluster_client(client, running) for _ in range(3)]
+    ledger; each instance number has its own asyncio cluster client, not awaited: it reads the map of slots when
+    first used. Stopped at the end of the block, and the clients closed."""
+    clients = [redis.asyncio.cluster.RedisCluster(host=running.host, port=running.port, protocol=2) for _ in range(3)]
     schedulers: list[Scheduler[Any]] = []
     for strategy in strategies:
-        for i, made in enumerate(clients):
-            backend = backend_for(running.target, made, strategy, prefix=f"{strategy}:")
+        for i, client in enumerate(clients):
+            backend = backend_for(running.target, client, strategy, prefix=f"{strategy}:")
             scheduler: Scheduler[Any] = Scheduler(backend, instance_id=f"{strategy}-{i}")
             for job in jobs:
                 scheduler.add_job(job, "* * * * * *", ledger.job(f"{strategy}-{i}"))
@@ -152,15 +151,8 @@ async def _schedulers_on_cluster(
         yield schedulers
         await asyncio.gather(*(s.stop() for s in schedulers))
     finally:
-        for made in clients:
-            await (made.close() if client == "glide" else made.aclose())
-
-
-async def _cluster_client(kind: str, running: RunningServer) -> Any:
-    if kind == "glide":
-        address = [NodeAddress(running.host, running.port)]
-        return await GlideClusterClient.create(GlideClusterClientConfiguration(address, protocol=ProtocolVersion.RESP2))
-    return redis.asyncio.cluster.RedisCluster(host=running.host, port=running.port, protocol=2)
+        for client in clients:
+            await client.aclose()
 
 
 @pytest.mark.slow
@@ -264,18 +256,17 @@ async def test_jobs_on_the_primaries_still_up_run_on_time_while_another_is_down(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("client", ["redis-py", "glide"])
-async def test_jobs_on_the_other_primaries_run_on_time_while_one_stops_answering(real_target: str, client: str) -> None:
+async def test_jobs_on_the_other_primaries_run_on_time_while_one_stops_answering(real_target: str) -> None:
     """A primary of a cluster stops answering (SIGSTOP) for 6 s, short of the cluster's node timeout: it keeps
-    its connections, and what it is sent fails after the client's timeout (redis-py's socket timeout, 5 s by
-    default; GLIDE's batches wait), or comes back when it resumes. Three instances, six lease jobs on three
+    its connections, and what it is sent fails after the clients' socket timeout (redis-py's default, 5 s), or
+    comes back when it resumes. Three instances, six lease jobs on three
     primaries, every second: the jobs on the other two primaries run each slot once, on time, meanwhile; the
     paused primary's jobs run again once it answers, and nothing runs twice."""
     keys = KeySpace("lease:")
     with start_server(real_target, cluster=True, extra_args=["--cluster-node-timeout", "30000"]) as running:
         jobs = jobs_on_every_shard(running, lambda job: keys.lease(job).state, 2)
         ledger = Ledger()
-        async with _schedulers_on_cluster(running, ["lease"], jobs, ledger, client):
+        async with _schedulers_on_cluster(running, ["lease"], jobs, ledger):
             await asyncio.sleep(2)
             running.control.pause()
             paused = now_ms() // 1000 * 1000 + 1000

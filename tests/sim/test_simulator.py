@@ -900,11 +900,12 @@ def test_a_backup_cut_off_for_longer_than_keep_ms_does_not_run_a_forgotten_run_a
     """b stands by as the backup of the slots a runs, then is cut off from the store for 100 s, longer than the
     job's keep_ms (5 s late + 3 leases of 2 s + 60 s), while a's finishes trim the history to about 5 runs. Back,
     b's backups ask for runs the store has dropped: the store answers "done" for every slot up to the latest it
-    dropped. Before, each such backup won a new first attempt and ran its slot a second time."""
+    dropped. Before, each such backup won a new first attempt and ran its slot a second time. (a's clock is
+    0.2 s ahead, so that a wins each slot: a winner cut off mid-run, as b would be, has its slot run again.)"""
     scenario = parse({
         "name": "forgotten", "duration_s": 200,
         "scheduler": {"lease_ms": 2000, "heartbeat_ms": 500, "history_size": 5},
-        "instances": [{"name": "a"}, {"name": "b"}],
+        "instances": [{"name": "a", "offset_ms": 200}, {"name": "b"}],
         "jobs": [{"name": "tick", "cron": "* * * * * *", "work_s": 1.5, "max_late_ms": 5000}],
         "faults": [{"at_s": 20, "kind": "partition", "instance": "b", "duration_s": 100}],
     })  # fmt: skip
