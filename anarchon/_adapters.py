@@ -19,7 +19,17 @@ from collections.abc import Awaitable, Callable, Hashable, Sequence
 from typing import Any, TypeVar, cast
 
 from ._errors import ConfigTypeError, StoreError, StoreReplyError, StoreUnavailableError
-from ._store import Arg, Command, Connection, Reply, ServerInfo, command_key, command_name, detect_server
+from ._store import (
+    Arg,
+    Command,
+    Connection,
+    Reply,
+    ServerInfo,
+    command_key,
+    command_name,
+    detect_server,
+    each_or_failed,
+)
 
 T = TypeVar("T")
 log = logging.getLogger("anarchon")
@@ -451,7 +461,7 @@ class RedisPyCluster:
                 answers = [StoreUnavailableError(f"store unavailable: no node {address} in the map")] * len(indexes)
             else:
                 asking = [part for index in indexes for part in (("ASKING",), commands[index])]
-                answers = (await _each_or_failed(len(asking), self._pipeline(node, asking)))[1::2]
+                answers = (await each_or_failed(len(asking), self._pipeline(node, asking)))[1::2]
             for index, answer in zip(indexes, answers, strict=True):
                 replies[index] = answer
 
@@ -467,9 +477,9 @@ class RedisPyCluster:
             return None
 
     async def _renew_map(self) -> None:
-        """Read the map of slots again. One reading at a time: the batches sent to several nodes at once (see
-        Store) that find the map stale together share it; two readings at once would each replace the client's
-        nodes, and the nodes one of them made would never be closed."""
+        """Read the map of slots again. One reading at a time: batches to several nodes at once (see Store) that fail
+        together share it; two readings at once would each replace the client's nodes, and the nodes one of them
+        made would never be closed."""
         if self._reading is None or self._reading.done():  # done: cancelled before it began (a loop shut down)
             self._reading = asyncio.ensure_future(self._read_map())
             self._reading.add_done_callback(_retrieved)
@@ -506,7 +516,7 @@ class RedisPyCluster:
                 nodes.setdefault(node.name, (node, []))[1].append(index)
 
         async def on(node: Any, indexes: list[int]) -> None:
-            answers = await _each_or_failed(len(indexes), self._pipeline(node, [commands[i] for i in indexes]))
+            answers = await each_or_failed(len(indexes), self._pipeline(node, [commands[i] for i in indexes]))
             for index, reply in zip(indexes, answers, strict=True):
                 if isinstance(reply, StoreUnavailableError) and _any_node_answers(commands[index]):
                     reply = await self._elsewhere(commands[index], node, reply)
@@ -525,7 +535,7 @@ class RedisPyCluster:
         reached: a node that is down must not fail a start that the others can serve."""
         for node in self.client.get_nodes():
             if node.name != tried.name:
-                [reply] = await _each_or_failed(1, self._pipeline(node, [command]))
+                [reply] = await each_or_failed(1, self._pipeline(node, [command]))
                 if not isinstance(reply, StoreUnavailableError):
                     return reply
         return error
@@ -602,16 +612,6 @@ def _retrieved(reading: asyncio.Future[None]) -> None:
     """Its callers have what it raised; should all of them have gone (cancelled), it is not left unretrieved."""
     if not reading.cancelled():
         reading.exception()
-
-
-async def _each_or_failed(count: int, answers: Awaitable[list[Reply | StoreError]]) -> list[Reply | StoreError]:
-    """The answers to ``count`` commands sent to one node, or, when the node could not be reached (or refused the
-    whole pipeline), its StoreError as each one's answer: the batch's commands sent to other nodes keep theirs,
-    claims won there among them."""
-    try:
-        return await answers
-    except StoreError as error:
-        return [error] * count
 
 
 def _unfollowed(error: StoreError) -> StoreError:

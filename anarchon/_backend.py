@@ -181,7 +181,9 @@ class RedisBackend(Generic[M]):
         return self._store
 
     def lane(self, job: str) -> Hashable:
-        """The store node the job's keys are on (see :meth:`Store.lane`)."""
+        """The store node the job's keys are on (see :meth:`Store.lane`); None where the store is one node."""
+        if not self.store.sharded:  # asked for every claim: no keys built for nothing
+            return None
         return self.store.lane(self.keys.lease(job).state if self.leases else self.keys.claim(job).runs)
 
     async def start(self, jobs: Sequence[str] = ()) -> None:

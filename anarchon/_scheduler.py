@@ -834,7 +834,7 @@ class Scheduler(Generic[M]):
             due: dict[Hashable, list[_Due]] = {}
             while self._queue and self._queue[0][0] <= now:
                 entry = heapq.heappop(self._queue)
-                node = self._round_of[entry[2]] if entry[2] in self._round_of else self._node_of(entry[2])
+                node = self._round_of[entry[2]] if entry[2] in self._round_of else self.backend.lane(entry[2])
                 held = self._claiming.get(node)
                 (due.setdefault(node, []) if held is None else held).append(entry)
             if due:
@@ -855,10 +855,6 @@ class Scheduler(Generic[M]):
     def _waiting(self) -> list[_Due]:
         """Every queue entry, with those held back while their job's claims are on their way."""
         return [*self._queue, *(entry for held in self._claiming.values() for entry in held)]
-
-    def _node_of(self, job: str) -> Hashable:
-        """The store node a job's claims go to (None where the store is one node)."""
-        return self.backend.lane(job) if self.backend.store.sharded else None
 
     async def _claim_round(self, node: Hashable, due: list[_Due], now: int) -> None:
         """Claim the due runs of one node (in waves, see _in_slot_order); its entries that come due meanwhile wait

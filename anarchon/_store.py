@@ -279,21 +279,17 @@ class Store:
         if len(by_lane) == 1:
             return await self._batch(next(iter(by_lane)), commands)
         parts = await asyncio.gather(
-            *(self._kept_batch(lane, [commands[i] for i in indexes]) for lane, indexes in by_lane.items())
+            # A node out of reach answers each of its commands so; the other parts' replies stand (they ran).
+            *(
+                each_or_failed(len(indexes), self._batch(lane, [commands[i] for i in indexes]))
+                for lane, indexes in by_lane.items()
+            )
         )
         replies: list[Reply | StoreError] = [None] * len(commands)
         for indexes, part in zip(by_lane.values(), parts, strict=True):
             for index, reply in zip(indexes, part, strict=True):
                 replies[index] = reply
         return replies
-
-    async def _kept_batch(self, lane: _Lane, commands: Sequence[Command]) -> list[Reply | StoreError]:
-        """One node's part of a batch; a node out of reach answers each of its commands so, and the other parts'
-        replies stand (they ran)."""
-        try:
-            return await self._batch(lane, commands)
-        except StoreError as error:
-            return [error] * len(commands)
 
     async def _batch(self, lane: _Lane, commands: Sequence[Command]) -> list[Reply | StoreError]:
         lane.in_flight += 1
@@ -357,10 +353,7 @@ class Store:
 
     async def _kept_many(self, commands: Sequence[Command]) -> list[Reply | StoreError]:
         """:meth:`execute_many`, with a store that could not be reached at all answering each command so."""
-        try:
-            return await self.execute_many(commands)
-        except StoreError as error:
-            return [error] * len(commands)
+        return await each_or_failed(len(commands), self.execute_many(commands))
 
     async def _send(self, command: Command) -> Reply:
         self._check_open()
@@ -491,6 +484,16 @@ def _unknown_outcome(error: Exception) -> StoreUnavailableError:
     command's outcome unknown, as a dropped connection does: the scheduler retries what is safe to retry, and its
     loops go on instead of ending on an exception they cannot know."""
     return StoreUnavailableError(f"the store client failed: {type(error).__name__}: {error}")
+
+
+async def each_or_failed(count: int, answers: Awaitable[list[Reply | StoreError]]) -> list[Reply | StoreError]:
+    """The answers to ``count`` commands sent together, or, when their node could not be reached (or refused the
+    whole pipeline), its StoreError as each one's answer: the commands of a batch sent to other nodes keep theirs,
+    claims won there among them."""
+    try:
+        return await answers
+    except StoreError as error:
+        return [error] * count
 
 
 async def _kept(reply: Awaitable[Reply]) -> Reply | StoreError:

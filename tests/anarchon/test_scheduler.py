@@ -259,9 +259,9 @@ async def test_jobs_on_the_primaries_still_up_run_on_time_while_another_is_down(
 async def test_jobs_on_the_other_primaries_run_on_time_while_one_stops_answering(real_target: str) -> None:
     """A primary of a cluster stops answering (SIGSTOP) for 6 s, short of the cluster's node timeout: it keeps
     its connections, and what it is sent fails after the clients' socket timeout (redis-py's default, 5 s), or
-    comes back when it resumes. Three instances, six lease jobs on three
-    primaries, every second: the jobs on the other two primaries run each slot once, on time, meanwhile; the
-    paused primary's jobs run again once it answers, and nothing runs twice."""
+    comes back when it resumes. Three instances, six lease jobs on three primaries, every second: the jobs on the
+    other two primaries run each slot once, on time, meanwhile; the paused primary's jobs run again once it
+    answers, and nothing runs twice."""
     keys = KeySpace("lease:")
     with start_server(real_target, cluster=True, extra_args=["--cluster-node-timeout", "30000"]) as running:
         jobs = jobs_on_every_shard(running, lambda job: keys.lease(job).state, 2)
