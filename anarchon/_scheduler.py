@@ -1064,7 +1064,11 @@ class Scheduler(Generic[M]):
             return
         extra = {"job": name, "slot": slot, "attempt": claim.attempt}
         if claim.outcome is Outcome.RUNNING:
-            log.debug("job %s slot %d: running elsewhere; standing by", name, slot, extra=extra)
+            if claim.attempt == 0:  # this clock is ahead of the store's, and another run of the job is going
+                log.info("job %s slot %d: claimed before the store's clock reached it while an earlier run is "
+                         "going; claiming again in %d ms", name, slot, claim.lease_ms_left, extra=extra)  # fmt: skip
+            else:
+                log.debug("job %s slot %d: running elsewhere; standing by", name, slot, extra=extra)
             self._push(now + claim.lease_ms_left + 1, name, slot, "backup")
         elif claim.forgotten:  # a backup that was cut off or paused for longer than keep_ms
             log.info("job %s slot %d: not run: %s", name, slot, FORGOTTEN, extra=extra)

@@ -58,6 +58,7 @@ from . import idmp, lease, script, stream_id
 
 FIRST_SLOT = 1
 MANUAL_RUN = 1_000_000  # the manual run's slot in the store model: unlike any scheduled slot, and never forgotten
+MANUAL_RUN_ID = f"m{MANUAL_RUN}-0"  # its run id, as the scheduler names a manual run
 LEASE = 2
 WINDOW = 1
 MAX_LATE = 0
@@ -125,24 +126,28 @@ class LeaseModel(StoreModel[lease.LeaseStore]):
         return lease.LeaseStore()
 
     def claim(self, store: lease.LeaseStore, slot: int, token: str, now: int) -> tuple[lease.LeaseStore, Claim]:
-        return lease.claim(store, str(slot), token, now, self.policy)
+        return lease.claim(store, _run_id(slot), token, now, self.policy)
 
     def heartbeat(self, store: lease.LeaseStore, slot: int, token: str, now: int) -> tuple[lease.LeaseStore, int]:
-        return lease.heartbeat(store, str(slot), token, now, self.policy)
+        return lease.heartbeat(store, _run_id(slot), token, now, self.policy)
 
     def finish(self, store: lease.LeaseStore, slot: int, token: str, now: int) -> lease.LeaseStore:
-        return lease.finish(store, str(slot), token, "ok", now, self.policy)[0]
+        return lease.finish(store, _run_id(slot), token, "ok", now, self.policy)[0]
 
     def skip(self, store: lease.LeaseStore, slot: int, token: str, now: int) -> lease.LeaseStore:
-        return lease.skip(store, str(slot), token, now, self.policy)[0]
+        return lease.skip(store, _run_id(slot), token, now, self.policy)[0]
 
     def stop_run(
         self, store: lease.LeaseStore, slot: int, token: str, now: int, attempt: int, manual: bool
     ) -> lease.LeaseStore:
         """Handed back when backups may take it over; otherwise recorded interrupted (closed)."""
         if manual or attempt >= self.policy.max_attempts:
-            return lease.finish(store, str(slot), token, "interrupted", now, self.policy)[0]
-        return lease.release(store, str(slot), token, now)[0]
+            return lease.finish(store, _run_id(slot), token, "interrupted", now, self.policy)[0]
+        return lease.release(store, _run_id(slot), token, now)[0]
+
+
+def _run_id(slot: int) -> str:
+    return MANUAL_RUN_ID if slot == MANUAL_RUN else str(slot)
 
 
 class StreamIdModel(StoreModel[stream_id.StreamIdStore]):
@@ -521,6 +526,8 @@ def _answer(claim: Claim, now: int) -> str:
         case Outcome.WON:
             text = f"won attempt {claim.attempt} fence {claim.fence}"
             return f"{text}, {until}" if claim.lease_ms_left else text
+        case Outcome.RUNNING if claim.attempt == 0:
+            return f"early, another run is live: claim again at t={now + claim.lease_ms_left}"
         case Outcome.RUNNING:
             return f"running (attempt {claim.attempt}), {until}"
         case Outcome.OVERLAP:

@@ -6,7 +6,8 @@
 -- (one field, so a claim reads and writes a run in one command; lease_end is 0 for a run that never ran, and
 -- minus the moment of the hand-back for a running one whose attempt handed it back), the job-wide counter
 -- "fence", "since"
--- (lease_since.lua), and "forgotten": the latest slot of a run that trim dropped (see trim).
+-- (lease_since.lua), "forgotten": the latest slot of a run that trim dropped (see trim), and "deferred": the
+-- latest slot whose claim came early while another run was live and was told to come again (lease_claim).
 
 -- TIME followed by writes needs effects replication, the default from Redis 5.0 (the oldest supported).
 

@@ -14,7 +14,9 @@ from .._store import Script, ServerInfo, Store, as_list, as_text
 
 class Outcome(enum.StrEnum):
     WON = "won"  # this instance runs the attempt
-    RUNNING = "running"  # lease: another attempt holds a live lease; stand by as a backup
+    # lease: another attempt holds a live lease; stand by as a backup. With attempt 0: claimed before its slot by
+    # the store's clock while another run of the job is live; claim again when told (lease_ms_left)
+    RUNNING = "running"
     OVERLAP = "overlap"  # lease: another run of the job is live; this run was recorded as skipped-overlap
     DONE = "done"  # lease: finished, skipped, or out of attempts
     LOST = "lost"  # claim-only: another instance claimed the run

@@ -181,6 +181,12 @@ class LeaseMachine(StoreMachine):
         forgotten = self.raw("HGET", self.backend.strategy.keys.lease(self.job).state, "forgotten")
         assert int(as_text(forgotten) if forgotten else 0) == self.model.forgotten, "the latest slot trim dropped"
 
+    @invariant()
+    def same_deferred_slot(self) -> None:
+        """The latest slot claimed before it was due while another run was live, which late skips leave alone."""
+        deferred = self.raw("HGET", self.backend.strategy.keys.lease(self.job).state, "deferred")
+        assert int(as_text(deferred) if deferred else 0) == self.model.deferred, "the latest slot put off"
+
     def raw(self, *command: Any) -> Any:
         return self.harness.run(self.harness.target.raw(*command))
 

@@ -282,6 +282,27 @@ def test_lease_keeps_every_property_when_the_answers_to_claims_are_lost() -> Non
     assert "claims slot 0: done" in closing.trace[-1]  # the backup, at the lease's end
 
 
+class SkipPastDeferralLeaseModel(LeaseModel):
+    """lease as it would be if a late skip closed a slot whose early claim was told to come again at the slot."""
+
+    def skip(self, store: lease.LeaseStore, slot: int, token: str, now: int) -> lease.LeaseStore:
+        return replace(super().skip(replace(store, deferred=0), slot, token, now), deferred=store.deferred)
+
+
+def test_lease_an_early_claim_put_off_to_its_slot_is_not_closed_by_a_late_skip() -> None:
+    """An instance whose clock runs ahead claims slot 1 while slot 0's run holds its lease: it is told to claim
+    again at the slot, rather than the slot being recorded skipped-overlap before it is due. Meanwhile nothing
+    of slot 1 is stored, so a late skip (here a lost claim's retry) would close it, and the instance told to
+    come again would find it done: the store keeps the latest slot put off, and a skip leaves it alone."""
+    result = explore("lease", ["unanswered", "crash", "skew"], instances=3, depth=9)
+    assert result.problems == []
+    closing = Explorer(SkipPastDeferralLeaseModel(), 3, 2, ["unanswered", "crash", "skew"], list(PROPERTIES)).run(9)
+    assert violated(closing) == {"P2"}
+    assert any("claims slot 1: early, another run is live: claim again at t=2" in line for line in closing.trace)
+    assert "skips (too late) slot 1 again" in closing.trace[-2]
+    assert "claims slot 1: done" in closing.trace[-1]
+
+
 def test_lease_fences_keep_growing_when_a_lost_claim_is_renewed_late() -> None:
     """The winner's answer is lost and its lease runs out; the next slot takes fence 2; the retry renews slot 0's
     lease. With the fence it first took (1), the fences acknowledged would go down."""

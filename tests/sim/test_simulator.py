@@ -535,6 +535,27 @@ def test_a_clock_jump_and_late_claims_move_when_an_instance_starts_its_runs() ->
     assert starts(late) == [0, 3, 3, 3, 0]
 
 
+def test_lease_a_clock_that_jumps_far_ahead_claims_the_next_slot_early_without_skipping_it() -> None:
+    """a's clock jumps 15 s forward at 41 s: at 49.5 s it claims the slot at 50 s (its timer was set before the
+    jump) and, its clock reading 64.5 s, the slot at 60 s while that run holds its lease. The store's clock has
+    not reached 60 s: the claim is told to come again when the lease ends, instead of the slot being recorded
+    skipped-overlap (it never ran before), and runs then, early."""
+    scenario = parse({
+        "name": "far-ahead", "duration_s": 80, "scheduler": {"lease_ms": 3000, "heartbeat_ms": 1000},
+        "instances": [{"name": "a", "offset_ms": 500}, {"name": "b"}],
+        "jobs": [{"name": "tick", "cron": "*/10 * * * * *", "work_s": 2.0}],
+        "faults": [{"at_s": 41, "kind": "skew", "instance": "a", "offset_ms": 15000}],
+    })  # fmt: skip
+    outcome = simulate(scenario, "lease", 1)
+    runs = [(e.slot // 1000 - EPOCH_S, e.started) for e in outcome.history.executions]
+    assert runs == [(10, 9.5), (20, 19.5), (30, 29.5), (40, 39.5), (50, 49.5), (60, 52.501), (70, 56.502),
+                    (80, 64.5), (90, 74.5)]  # fmt: skip
+    put_off = [e.t for e in outcome.history.events if e.kind == "ok" and e.value.startswith("running attempt=0")]
+    assert put_off == [49.5, 54.5]  # the slots at 60 s and 70 s, each while the previous run held its lease
+    assert outcome.judgement.verdicts["P2"].status == "valid"
+    assert not [e for e in outcome.history.events if e.value.startswith("overlap")]
+
+
 def _restarted_within(fault: dict[str, object]) -> Outcome:
     """One instance, struck by ``fault`` from 15 s to 55 s, and killed at 20 s and restarted 2 s later."""
     scenario = parse({
