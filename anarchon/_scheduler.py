@@ -754,10 +754,19 @@ class Scheduler(Generic[M]):
         if claim.forgotten:  # a new run id, at a moment the store has forgotten: this clock is far behind
             return self._local_record(request, "skipped-late", FORGOTTEN)
         if claim.outcome is not Outcome.WON:
-            return self._local_record(request, "skipped-overlap", "another run of the job was still running")
+            return await self._recorded_overlap(request)
         if not self._started:  # stop() began while the claim was on its way: the job is not started
             return await self._not_started(request, claim)
         return await self._execute(job, request, claim, sent)
+
+    async def _recorded_overlap(self, request: RunRequest) -> RunRecord:
+        """A manual run the store recorded skipped-overlap: its record as history() shows it (which run was still
+        running, on the store's clock), or one made here if it cannot be read."""
+        with contextlib.suppress(StoreError):
+            for record in await self.backend.strategy.history(self.backend.store, request.job, 10):
+                if record.run == request.run:
+                    return record
+        return self._local_record(request, "skipped-overlap", "another run of the job was still running")
 
     def _hand_back_unanswered(self, request: RunRequest) -> None:
         """A manual claim whose answer never came (the store went out of reach, or the caller gave up): handed back

@@ -1459,6 +1459,9 @@ async def test_run_now_while_a_scheduled_run_is_going(target: StoreTarget, overl
         assert [e.manual for e in ledger.executions] == [False]
     assert history[0].manual
     assert history[0].status == record.status
+    if not overlap:
+        assert history[0] == record  # what the store recorded, which run was still running included
+        assert record.message == f"run {ledger.executions[0].slot} was still running"
 
 
 class HeldReplies:
