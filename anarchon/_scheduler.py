@@ -295,6 +295,7 @@ class Scheduler(Generic[M]):
         self._sleeper: asyncio.Task[None] | None = None
         self._naps: set[asyncio.Future[None]] = set()  # catch-ups' sleeps, which stop() ends
         self._stopping: asyncio.Future[None] | None = None
+        self._on_stopped: list[Callable[[], object]] = []  # called on the loop as each stop ends (SchedulerThread)
         self._runs_stopping: list[tuple[asyncio.Task[Any], _Running]] = []  # runs whose job or hook awaits stop()
         self._stop_deadline = float("inf")  # when stop() stops waiting for runs (this scheduler's monotonic clock)
         # Set while start() runs (a second start() is refused meanwhile), and set once it ends: stop() waits.
@@ -544,6 +545,8 @@ class Scheduler(Generic[M]):
         app's own shutdown bound goes on): the next start() and stop() are new ones."""
         if self._stopping is stopping:
             self._stopping = None
+        for listener in list(self._on_stopped):
+            listener()
 
     def _hand_back_unsent(self, entries: list[_Due]) -> None:
         """Claims waiting to be sent again when stop() began (their answers never came) may have won: each is
@@ -1502,9 +1505,13 @@ class SchedulerThread:
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._loop.run_forever, name="anarchon", daemon=True)
         self._thread.start()
+        # Stopped another way (by one of its jobs, or from another loop), the scheduler leaves the loop and the
+        # thread with nothing to do: they end then, as if stop() had been called here.
+        scheduler._on_stopped.append(self._scheduler_stopped)
         try:
             self._call(scheduler.start())
         except BaseException:
+            scheduler._on_stopped.remove(self._scheduler_stopped)
             self._stopping = True
             self._end_loop()
             raise
@@ -1561,6 +1568,16 @@ class SchedulerThread:
             asyncio.run_coroutine_threadsafe(self.scheduler.stop(timeout), self._loop).result()
         finally:
             self._end_loop()
+
+    def _scheduler_stopped(self) -> None:
+        """On the loop, as a stop of the scheduler ends: unless this thread's stop() made it, end the thread from
+        one of its own (the loop cannot wait for its own thread)."""
+        self.scheduler._on_stopped.remove(self._scheduler_stopped)
+        with self._lock:
+            if self._stopping:
+                return
+            self._stopping = True
+        threading.Thread(target=self._end_loop, name="anarchon-end", daemon=True).start()
 
     def _end_loop(self) -> None:
         """Cancel what still runs on the loop (calls that were waiting on it end with the scheduler's error), then

@@ -3220,6 +3220,27 @@ def test_a_sync_job_that_stops_its_scheduler_thread_is_told_to_do_it_from_a_thre
     assert "threading.Thread(target=scheduler_thread.stop)" in refused.message
 
 
+def test_a_scheduler_thread_whose_scheduler_a_job_stopped_ends_its_thread(fake_target: StoreTarget) -> None:
+    """An async job stops its own scheduler: the thread's loop has nothing left to run, and the thread ends (it
+    waited, idle, for the app's exit or the thread's stop()). Its methods say it is stopped; stop() returns."""
+    scheduler = Scheduler(fake_target.backend("lease"))
+
+    async def stop_the_scheduler(run: RunContext) -> None:
+        await scheduler.stop()
+
+    scheduler.add_job("last", "0 0 1 1 *", stop_the_scheduler)
+    before = {t for t in threading.enumerate() if t.name == "anarchon"}
+    thread = scheduler.run_in_thread()
+    [started] = {t for t in threading.enumerate() if t.name == "anarchon"} - before
+    assert thread.run_now("last").status == "ok"
+    started.join(5)
+    assert not started.is_alive()
+    assert not scheduler.backend.started
+    with pytest.raises(SchedulerStateError, match="the scheduler's thread is stopped"):
+        thread.history("last")
+    thread.stop()
+
+
 def test_the_scheduler_thread_refuses_a_call_from_its_own_loop_instead_of_hanging(fake_target: StoreTarget) -> None:
     """A hook or job on the scheduler's loop that calls the thread's methods would wait for that loop, which it
     holds, for ever (and, a job, keep its lease the while): refused with the scheduler's error."""
