@@ -106,7 +106,8 @@ STOPPED = "the scheduler stopped"  # why stop() interrupts the runs still going 
 LEASE_LOST = "lease lost"  # why the keeper interrupts a run whose lease it could not keep
 
 
-Kind: TypeAlias = Literal["scheduled", "backup", "retry"]
+# "early": a claim the store put off to its slot (this clock runs ahead of the store's, another run is live)
+Kind: TypeAlias = Literal["scheduled", "backup", "retry", "early"]
 # A claim to make: at ``at_ms`` (this instance's wall clock), for ``job``'s ``slot``. ``seq`` orders the claims
 # due at the same ms. ``failures`` counts the tries that failed so far; a claim retried after an unknown outcome
 # keeps its ``token``, so that the store recognises it if the first try won.
@@ -974,8 +975,11 @@ class Scheduler(Generic[M]):
         batch: list[_Due] = []
         late: list[_Due] = []
         for entry in due:
-            _, _, job, slot, kind, _, _ = entry
-            is_late = kind != "backup" and now > slot + self._jobs[job].options.late_after_ms
+            at_ms, _, job, slot, kind, _, _ = entry
+            # A backup may ask however late. A claim put off to its slot is late by how long after it was due again
+            # it is sent: this clock, ahead of the store's, would see it late well before the store does.
+            since = at_ms if kind == "early" else slot
+            is_late = kind != "backup" and now > since + self._jobs[job].options.late_after_ms
             (late if is_late else batch).append(entry)
         if late:
             self._spawn(self._skip_late(late, now))
@@ -1078,10 +1082,12 @@ class Scheduler(Generic[M]):
         if claim.outcome is Outcome.RUNNING:
             if claim.attempt == 0:  # this clock is ahead of the store's, and another run of the job is going
                 log.info("job %s slot %d: claimed before the store's clock reached it while an earlier run is "
-                         "going; claiming again in %d ms", name, slot, claim.lease_ms_left, extra=extra)  # fmt: skip
+                         "going; claiming again at the slot, in %d ms", name, slot, claim.lease_ms_left,
+                         extra=extra)  # fmt: skip
+                self._push(now + claim.lease_ms_left + 1, name, slot, "early")
             else:
                 log.debug("job %s slot %d: running elsewhere; standing by", name, slot, extra=extra)
-            self._push(now + claim.lease_ms_left + 1, name, slot, "backup")
+                self._push(now + claim.lease_ms_left + 1, name, slot, "backup")
         elif claim.forgotten:  # a backup that was cut off or paused for longer than keep_ms
             log.info("job %s slot %d: not run: %s", name, slot, FORGOTTEN, extra=extra)
         elif claim.outcome is Outcome.OVERLAP:  # a slot that will not run: as visible as a late one

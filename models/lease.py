@@ -1,9 +1,9 @@
 """lease: the job's run states, as lease_claim/heartbeat/finish/skip.lua keep them.
 
 The state hash holds one run per run id plus the job's fence counter, its "forgotten" slot (the latest slot of
-a run trim dropped) and its "deferred" slot (the latest claimed early and told to come again). The scripts keep
+a run trim dropped) and its "deferred" slots (claimed early and told to come again). The scripts keep
 the ACTIVE set equal to the runs whose status is ``running`` and the SLOTS set equal to the others, so the model
-keeps only the runs and those three numbers. Runs are
+keeps only the runs, the counter and those slots. Runs are
 keyed by their run id, as in the store: ``"<slot>"`` for a scheduled run, ``"m<slot>-<tag>"`` for a manual one
 (whose claims the strategy sends with ``max_attempts`` 1: callers pass that policy).
 History (the runs stream, the results set) is not modelled: no answer depends on it.
@@ -57,7 +57,9 @@ class LeaseStore:
     runs: tuple[tuple[str, Run], ...] = ()  # (run id, run), by slot (see _by_slot)
     fence: int = 0  # the job's fence counter: the fence of the latest attempt started
     forgotten: int = 0  # the latest slot of a run that trim dropped: a claim for it or an earlier one is "done"
-    deferred: int = 0  # the latest slot claimed early while another run was live: a skip of it or one before waits
+    # The slots of the last keep_ms claimed early while another run was live, told to come again at the slot: a
+    # late skip of one waits. Sorted (the store lists them in the order put off: no answer depends on it).
+    deferred: tuple[int, ...] = ()
 
     def run(self, run_id: str) -> Run | None:
         for key, r in self.runs:
@@ -83,10 +85,10 @@ def claim(store: LeaseStore, run: str, token: str, now: int, policy: JobPolicy) 
         if slot <= store.forgotten:  # trimmed long ago: a claim this late must not run it again
             return store, Claim(Outcome.DONE)
         if other_end is not None and not run.startswith("m") and slot > now:
-            # Early by the store's clock (the caller's runs ahead): the other run being live at the slot decides.
-            # The caller claims again then, or when that lease ends if sooner; a late skip waits for it.
-            deferred = replace(store, deferred=max(store.deferred, slot))
-            return deferred, Claim(Outcome.RUNNING, 0, 0, min(other_end, slot) - now)
+            # Early by the store's clock (the caller's runs ahead): a run being live at the slot decides. The
+            # caller claims again then; meanwhile a late skip of the slot waits for it.
+            kept = {s for s in store.deferred if s > now - policy.keep_ms}
+            return replace(store, deferred=tuple(sorted(kept | {slot}))), Claim(Outcome.RUNNING, 0, 0, slot - now)
         if other_end is not None:
             skipped = Run("skipped-overlap", 1, token, 0, 0).close("skipped-overlap", slot, now)
             # A run that ends in its claim has no finish to trim after it: the claim trims.
@@ -164,15 +166,15 @@ def release(store: LeaseStore, run: str, token: str, now: int) -> tuple[LeaseSto
 
 def skip(store: LeaseStore, run: str, token: str, now: int, policy: JobPolicy) -> tuple[LeaseStore, bool]:
     """Record a run claimed too late as skipped-late, unless it already has a state, or the store's clock says it
-    is not late yet or more than ``keep_ms`` past its slot (its state may have been trimmed), or it is not after
-    the latest slot an early claim was told to claim again (``deferred``: it may still). A running attempt
+    is not late yet or more than ``keep_ms`` past its slot (its state may have been trimmed), or an early claim of
+    it was told to claim again at the slot (``deferred``: it may still). A running attempt
     of the caller's own token (its claim won, the answer was lost, the retry came late) is handed back, as
     :func:`release` does, for the instances told it was running to take it over; nothing is recorded."""
     slot = run_slot(run)
     r = store.run(run)
     if r is not None and r.running and r.token == token:
         return release(store, run, token, now)[0], False
-    if r is not None or not slot + policy.late_after_ms < now <= slot + policy.keep_ms or slot <= store.deferred:
+    if r is not None or not slot + policy.late_after_ms < now <= slot + policy.keep_ms or slot in store.deferred:
         return store, False
     return trim(store.put(run, Run("skipped-late", 1, token, 0, 0).close("skipped-late", slot, now)), now, policy), True
 

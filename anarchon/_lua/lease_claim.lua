@@ -13,7 +13,7 @@
 --              run of the job holds a live one; lease_ms_left says when to try again (the caller is a backup)
 --              A scheduled run claimed before its slot by the server's clock, while another run of the job
 --              holds a live lease and overlap is forbidden, is "running" with attempt 0: lease_ms_left says when
---              to claim it again (at its slot, or when that lease ends if sooner); nothing is stored for it.
+--              to claim it again (at its slot); nothing is stored for it but its slot in "deferred".
 --   "overlap"  another run of the job holds a live lease and overlap is forbidden: recorded as skipped-overlap
 --   "done"     the run finished, was skipped, or used up its attempts (then it was recorded as interrupted),
 --              or trim has forgotten it: its slot is not after the job's "forgotten" slot (attempt and fence 0),
@@ -54,13 +54,17 @@ if not r then
     local other, other_end = live_other(now)
     if other and manual == '0' and tonumber(slot) > now then
       -- Claimed before its slot by the store's clock (the caller's clock runs ahead) while another run is live:
-      -- whether that one is still live when the slot comes decides, not whether it is now. The caller claims
-      -- again at the slot, or when the other's lease ends if sooner. Nothing is stored but the job's latest
-      -- slot so put off ("deferred"): a late skip of it would close the run the caller is still to claim.
-      if tonumber(slot) > tonumber(redis.call('HGET', STATE, 'deferred') or '0') then
-        redis.call('HSET', STATE, 'deferred', slot)
+      -- whether one is still live when the slot comes decides, not whether one is now. The caller claims again
+      -- at the slot. Nothing is stored for the run but its slot in the job's "deferred" list (those of the
+      -- last keep_ms): a late skip of it, which would close the run its early claimant is still to claim, is
+      -- refused (lease_skip).
+      local keep_since, deferred = now - tonumber(ARGV[8]), {}
+      for other_slot in string.gmatch(redis.call('HGET', STATE, 'deferred') or '', '%d+') do
+        if tonumber(other_slot) > keep_since and other_slot ~= slot then deferred[#deferred + 1] = other_slot end
       end
-      return reply('running', 0, 0, math.min(other_end, tonumber(slot)) - now)
+      deferred[#deferred + 1] = slot
+      redis.call('HSET', STATE, 'deferred', table.concat(deferred, ' '))
+      return reply('running', 0, 0, tonumber(slot) - now)
     end
     if other then
       local skipped = { status = 'skipped-overlap', attempt = 1, token = token, runner = runner, lease_end = 0,

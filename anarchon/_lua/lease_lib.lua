@@ -7,7 +7,8 @@
 -- minus the moment of the hand-back for a running one whose attempt handed it back), the job-wide counter
 -- "fence", "since"
 -- (lease_since.lua), "forgotten": the latest slot of a run that trim dropped (see trim), and "deferred": the
--- latest slot whose claim came early while another run was live and was told to come again (lease_claim).
+-- slots of the last keep_ms whose claims came early while another run was live and were told to come again at
+-- the slot, separated by spaces (lease_claim).
 
 -- TIME followed by writes needs effects replication, the default from Redis 5.0 (the oldest supported).
 

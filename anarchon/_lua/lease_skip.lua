@@ -6,9 +6,8 @@
 -- returns 1 if the skip was recorded, 0 if the run already had a state (claimed, finished or skipped), if
 --   the server's clock is not yet late_after_ms past the slot (the caller's clock is ahead: the run is left to
 --   the instances whose clocks say it is due), or if it is more than keep_ms past it (the run's state may have
---   been trimmed: no record beats a skip recorded beside a run that did run), or if it is not after the
---   job's "deferred" slot (an early claim of it was told to claim again at the slot, and may still: see
---   lease_claim; earlier slots nobody claimed are then not recorded either).
+--   been trimmed: no record beats a skip recorded beside a run that did run), or if it is in the job's
+--   "deferred" list (an early claim of it was told to claim again at the slot, and may still: lease_claim).
 --   A run the caller's own token holds (its claim won, the answer was lost, and the retry came too late to
 --   start it) is handed back, as lease_release does, and 0 returned: instances that claimed it meanwhile were
 --   told it was running and stand by to take it over, as after a crash. With none, trim closes it once keep_ms
@@ -26,7 +25,8 @@ else
   if now <= tonumber(slot) + tonumber(ARGV[9]) or now > tonumber(slot) + tonumber(ARGV[7]) then
     return 0
   end
-  if tonumber(slot) <= tonumber(redis.call('HGET', STATE, 'deferred') or '0') then
+  local deferred = redis.call('HGET', STATE, 'deferred')
+  if deferred and string.find(' ' .. deferred .. ' ', ' ' .. slot .. ' ', 1, true) then
     return 0 -- a claim of it came early and was told to come again at the slot (lease_claim): it may still
   end
   r = { status = ARGV[4], attempt = 1, token = token, runner = ARGV[3], lease_end = 0, fence = 0, slot = slot,

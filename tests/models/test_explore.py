@@ -286,14 +286,14 @@ class SkipPastDeferralLeaseModel(LeaseModel):
     """lease as it would be if a late skip closed a slot whose early claim was told to come again at the slot."""
 
     def skip(self, store: lease.LeaseStore, slot: int, token: str, now: int) -> lease.LeaseStore:
-        return replace(super().skip(replace(store, deferred=0), slot, token, now), deferred=store.deferred)
+        return replace(super().skip(replace(store, deferred=()), slot, token, now), deferred=store.deferred)
 
 
 def test_lease_an_early_claim_put_off_to_its_slot_is_not_closed_by_a_late_skip() -> None:
     """An instance whose clock runs ahead claims slot 1 while slot 0's run holds its lease: it is told to claim
     again at the slot, rather than the slot being recorded skipped-overlap before it is due. Meanwhile nothing
     of slot 1 is stored, so a late skip (here a lost claim's retry) would close it, and the instance told to
-    come again would find it done: the store keeps the latest slot put off, and a skip leaves it alone."""
+    come again would find it done: the store keeps the slots put off, and a skip leaves them alone."""
     result = explore("lease", ["unanswered", "crash", "skew"], instances=3, depth=9)
     assert result.problems == []
     closing = Explorer(SkipPastDeferralLeaseModel(), 3, 2, ["unanswered", "crash", "skew"], list(PROPERTIES)).run(9)

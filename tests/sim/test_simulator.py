@@ -535,25 +535,44 @@ def test_a_clock_jump_and_late_claims_move_when_an_instance_starts_its_runs() ->
     assert starts(late) == [0, 3, 3, 3, 0]
 
 
-def test_lease_a_clock_that_jumps_far_ahead_claims_the_next_slot_early_without_skipping_it() -> None:
-    """a's clock jumps 15 s forward at 41 s: at 49.5 s it claims the slot at 50 s (its timer was set before the
-    jump) and, its clock reading 64.5 s, the slot at 60 s while that run holds its lease. The store's clock has
-    not reached 60 s: the claim is told to come again when the lease ends, instead of the slot being recorded
-    skipped-overlap (it never ran before), and runs then, early."""
+def _far_ahead(instances: list[dict[str, object]], faults: list[dict[str, object]], duration_s: int) -> Outcome:
+    """a's clock jumps 15 s forward at 41 s; a job every 10 s that works 2 s, max_late_ms 20 s."""
     scenario = parse({
-        "name": "far-ahead", "duration_s": 80, "scheduler": {"lease_ms": 3000, "heartbeat_ms": 1000},
-        "instances": [{"name": "a", "offset_ms": 500}, {"name": "b"}],
-        "jobs": [{"name": "tick", "cron": "*/10 * * * * *", "work_s": 2.0}],
-        "faults": [{"at_s": 41, "kind": "skew", "instance": "a", "offset_ms": 15000}],
+        "name": "far-ahead", "duration_s": duration_s, "scheduler": {"lease_ms": 3000, "heartbeat_ms": 1000},
+        "instances": instances,
+        "jobs": [{"name": "tick", "cron": "*/10 * * * * *", "work_s": 2.0, "max_late_ms": 20_000}],
+        "faults": [{"at_s": 41, "kind": "skew", "instance": "a", "offset_ms": 15000}, *faults],
     })  # fmt: skip
-    outcome = simulate(scenario, "lease", 1)
+    return simulate(scenario, "lease", 1)
+
+
+def test_lease_a_clock_that_jumps_far_ahead_claims_the_next_slot_early_without_skipping_it() -> None:
+    """At 49.5 s a claims the slot at 50 s (its timer was set before the jump) and, its clock reading 64.5 s, the
+    slot at 60 s while that run holds its lease. The store's clock has not reached 60 s: the claim is told to come
+    again at the slot, instead of the slot being recorded skipped-overlap (it never ran before), and runs then.
+    The slot at 70 s, claimed at 54.5 s when no run is live, runs early, before it."""
+    outcome = _far_ahead([{"name": "a", "offset_ms": 500}, {"name": "b"}], [], 80)
     runs = [(e.slot // 1000 - EPOCH_S, e.started) for e in outcome.history.executions]
-    assert runs == [(10, 9.5), (20, 19.5), (30, 29.5), (40, 39.5), (50, 49.5), (60, 52.501), (70, 56.502),
+    assert runs == [(10, 9.5), (20, 19.5), (30, 29.5), (40, 39.5), (50, 49.5), (70, 54.5), (60, 60.0),
                     (80, 64.5), (90, 74.5)]  # fmt: skip
     put_off = [e.t for e in outcome.history.events if e.kind == "ok" and e.value.startswith("running attempt=0")]
-    assert put_off == [49.5, 54.5]  # the slots at 60 s and 70 s, each while the previous run held its lease
+    assert put_off == [49.5]
     assert outcome.judgement.verdicts["P2"].status == "valid"
     assert not [e for e in outcome.history.events if e.value.startswith("overlap")]
+
+
+def test_lease_a_claim_put_off_to_its_slot_and_sent_long_after_is_skipped_late() -> None:
+    """As above, alone, and paused from 55 s to 105 s: the claim put off to the slot at 60 s is due again at 60 s
+    and sent at 105 s, 45 s after, past max_late_ms (20 s). It is skipped (the store records no skip of a slot
+    put off), rather than run 45 s late; the store's clock says so, the instance's ahead by 15 s would say so
+    too soon."""
+    outcome = _far_ahead([{"name": "a", "offset_ms": 500}], [{"at_s": 55, "kind": "pause", "instance": "a",
+                                                                "duration_s": 50}], 130)  # fmt: skip
+    slot_60 = [(e.t, e.op, e.value) for e in outcome.history.events if e.run == str((EPOCH_S + 60) * 1000)]
+    assert slot_60[1:] == [(49.5, "claim", "running attempt=0 lease_ms=10500 fence=0"), (105.0, "skip", ""),
+                           (105.0, "skip", "False")]  # fmt: skip
+    assert 60 not in [e.slot // 1000 - EPOCH_S for e in outcome.history.executions]
+    assert outcome.judgement.lateness.status == "valid"
 
 
 def _restarted_within(fault: dict[str, object]) -> Outcome:
