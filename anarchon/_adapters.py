@@ -25,6 +25,8 @@ from ._store import (
     Connection,
     Reply,
     ServerInfo,
+    as_list,
+    as_text,
     command_key,
     command_name,
     detect_server,
@@ -401,10 +403,11 @@ class RedisPyCluster:
         A command whose node cannot be reached comes back StoreUnavailableError in its place."""
         if not self._has_map():
             await self._renew_map()  # raises when no node answers
+        unreachable: set[str] = set()  # the names of the nodes that could not be reached
         try:
-            replies = await self._send(commands)
+            replies = await self._send(commands, unreachable)
         except StoreUnavailableError:
-            await self._renew_after_failure()
+            await self._renew_after_failure(unreachable)
             raise
         moved = [i for i, reply in enumerate(replies) if _redirection(reply) == "MOVED"]
         if moved:  # not run: their slots have another owner now
@@ -420,17 +423,38 @@ class RedisPyCluster:
             if _redirection(reply):
                 replies[index] = StoreUnavailableError(f"store unavailable: redirected again: {reply}")
         if any(isinstance(reply, StoreUnavailableError) for reply in replies):
-            await self._renew_after_failure()
+            await self._renew_after_failure(unreachable)
         return replies
 
-    async def _renew_after_failure(self) -> None:
+    async def _renew_after_failure(self, unreachable: set[str]) -> None:
         """A node could not be reached (a replica may be taking its slots over), or slots are still changing hands:
-        the map is read again, at most once per ``MAP_RENEWAL_S``. The batch that failed waits for the reading (its
-        commands are sent again later in any case); batches whose nodes answer never wait for one, which may take
-        the lost node's connect or socket timeout. A reading that fails leaves the map in hand."""
+        the map is read again, at most once per ``MAP_RENEWAL_S``, unless a node that answers gives the same one (a
+        primary down with no replica to take over changes nothing, however long it stays down). The batch that
+        failed waits for the reading (its commands are sent again later in any case); batches whose nodes answer
+        never wait for one, which may take the lost node's connect or socket timeout. A reading that fails leaves
+        the map in hand."""
         if self._renewal_due():
+            if await self._map_holds(unreachable):
+                self._map_read_at = asyncio.get_running_loop().time()
+                return
             with contextlib.suppress(StoreUnavailableError):
                 await self._renew_map()
+
+    async def _map_holds(self, unreachable: set[str]) -> bool:
+        """Whether the first node that answers ``CLUSTER SLOTS``, of those not found unreachable, gives each range of
+        slots the primary the map in hand gives it, and no other slots. A reading replaces every node of the
+        client's map, and valkey-py closes the connections of the nodes it replaces, pipelines on their way
+        included: on the nodes that answer, claims would fail for nothing, each time a batch to a lost node reads."""
+        manager = self.client.nodes_manager
+        for node in [node for name, node in manager.nodes_cache.items() if name not in unreachable]:
+            [ranges] = await each_or_failed(1, self._pipeline(node, [("CLUSTER", "SLOTS")]))
+            if isinstance(ranges, StoreError):
+                continue
+            try:
+                return _same_primaries(manager, ranges, node.host)
+            except Exception:  # a reply it cannot read, or a slot the map in hand has no node for
+                return False
+        return False
 
     def _renewal_due(self) -> bool:
         return not self._has_map() or asyncio.get_running_loop().time() - self._map_read_at >= self.MAP_RENEWAL_S
@@ -500,7 +524,8 @@ class RedisPyCluster:
             self._map_read_at = asyncio.get_running_loop().time()
             self._reading = None
 
-    async def _send(self, commands: Sequence[Command]) -> list[Reply | StoreError]:
+    async def _send(self, commands: Sequence[Command], unreachable: set[str] | None = None) -> list[Reply | StoreError]:
+        """Each command to its node, one pipeline per node; ``unreachable`` gathers the nodes that were not."""
         nodes: dict[str, tuple[Any, list[int]]] = {}
         replies: list[Reply | StoreError] = [None] * len(commands)
         for index, command in enumerate(commands):
@@ -517,6 +542,8 @@ class RedisPyCluster:
 
         async def on(node: Any, indexes: list[int]) -> None:
             answers = await each_or_failed(len(indexes), self._pipeline(node, [commands[i] for i in indexes]))
+            if unreachable is not None and any(isinstance(answer, StoreUnavailableError) for answer in answers):
+                unreachable.add(node.name)
             for index, reply in zip(indexes, answers, strict=True):
                 if isinstance(reply, StoreUnavailableError) and _any_node_answers(commands[index]):
                     reply = await self._elsewhere(commands[index], node, reply)
@@ -625,6 +652,21 @@ def _unfollowed(error: StoreError) -> StoreError:
 def _translate_glide(error: BaseException) -> StoreError | None:
     translated = translate(error)
     return None if translated is None else _unfollowed(translated)
+
+
+def _same_primaries(manager: Any, ranges: Reply, host_asked: str) -> bool:
+    """Whether a ``CLUSTER SLOTS`` reply gives each range the primary that a cluster client's map in hand gives it,
+    and covers as many slots."""
+    covered = 0
+    for entry in as_list(ranges):  # [first slot, last slot, [host, port, …] of the primary, replicas…]
+        fields = as_list(entry)
+        first, last, primary = int(as_text(fields[0])), int(as_text(fields[1])), as_list(fields[2])
+        host, port = as_text(primary[0]) or host_asked, int(as_text(primary[1]))  # "": the node asked
+        name = "{}:{}".format(*manager.remap_host_port(host, port))
+        if any(manager.get_node_from_slot(slot).name != name for slot in (first, last)):
+            return False
+        covered += last - first + 1
+    return covered == len(manager.slots_cache)
 
 
 def _redirection(reply: Reply | StoreError) -> str | None:
