@@ -446,14 +446,13 @@ class RedisPyCluster:
         client's map, and valkey-py closes the connections of the nodes it replaces, pipelines on their way
         included: on the nodes that answer, claims would fail for nothing, each time a batch to a lost node reads."""
         manager = self.client.nodes_manager
-        for node in [node for name, node in manager.nodes_cache.items() if name not in unreachable]:
-            [ranges] = await each_or_failed(1, self._pipeline(node, [("CLUSTER", "SLOTS")]))
-            if isinstance(ranges, StoreError):
-                continue
-            try:
-                return _same_primaries(manager, ranges, node.host)
-            except Exception:  # a reply it cannot read, or a slot the map in hand has no node for
-                return False
+        try:
+            for node in [node for name, node in manager.nodes_cache.items() if name not in unreachable]:
+                [ranges] = await each_or_failed(1, self._pipeline(node, [("CLUSTER", "SLOTS")]))
+                if not isinstance(ranges, StoreError):
+                    return _same_primaries(manager.slots_cache, ranges, node.host, manager.remap_host_port)
+        except Exception:  # a reply it cannot read, a slot the map in hand has no node for: read the map
+            return False
         return False
 
     def _renewal_due(self) -> bool:
@@ -654,19 +653,22 @@ def _translate_glide(error: BaseException) -> StoreError | None:
     return None if translated is None else _unfollowed(translated)
 
 
-def _same_primaries(manager: Any, ranges: Reply, host_asked: str) -> bool:
-    """Whether a ``CLUSTER SLOTS`` reply gives each range the primary that a cluster client's map in hand gives it,
-    and covers as many slots."""
+def _same_primaries(
+    slots: dict[int, list[Any]], ranges: Reply, host_asked: str, remap: Callable[[str, int], tuple[str, int]]
+) -> bool:
+    """Whether a ``CLUSTER SLOTS`` reply gives every slot the primary that a cluster client's map in hand
+    (``slots``: each slot's nodes, primary first) gives it, and no other slots. Raises KeyError for a slot the map
+    has no node for."""
     covered = 0
     for entry in as_list(ranges):  # [first slot, last slot, [host, port, …] of the primary, replicas…]
         fields = as_list(entry)
         first, last, primary = int(as_text(fields[0])), int(as_text(fields[1])), as_list(fields[2])
         host, port = as_text(primary[0]) or host_asked, int(as_text(primary[1]))  # "": the node asked
-        name = "{}:{}".format(*manager.remap_host_port(host, port))
-        if any(manager.get_node_from_slot(slot).name != name for slot in (first, last)):
+        name = "{}:{}".format(*remap(host, port))
+        if any(slots[slot][0].name != name for slot in range(first, last + 1)):
             return False
         covered += last - first + 1
-    return covered == len(manager.slots_cache)
+    return covered == len(slots)
 
 
 def _redirection(reply: Reply | StoreError) -> str | None:

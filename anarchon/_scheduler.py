@@ -282,6 +282,9 @@ class Scheduler(Generic[M]):
         # to another node meanwhile (a failover), and its next claims must not go beside the ones still out.
         self._round_of: dict[str, Hashable] = {}
         self._stepped_back_ms = 0  # how far the wall clock went back while rounds were on their way
+        # Claims the store put off to their slots ("early"): when each was due again, by this clock. Late is
+        # counted from then, through any retries after store errors, as this clock runs ahead of the store's.
+        self._due_again: dict[tuple[str, int], int] = {}
         self._seq = 0
         # When scheduling began (monotonic): at start, or for a job added later, then (see _plan_after_step_back).
         self._started_at: float | None = None
@@ -647,6 +650,7 @@ class Scheduler(Generic[M]):
         self._queue.clear()
         self._claiming, self._round_of = {}, {}
         self._stepped_back_ms = 0
+        self._due_again = {}
         self._dispatcher = None
         if self._job_threads is not None:  # a sync job cancelled above may still run: its thread ends with it
             self._job_threads.shutdown(wait=False)
@@ -967,6 +971,7 @@ class Scheduler(Generic[M]):
             else:
                 at_ms -= step_ms
             self._push(at_ms, name, slot, kind, failures, token)
+        self._due_again = {key: at_ms - step_ms for key, at_ms in self._due_again.items()}
         log.warning("scheduler %s: the wall clock went back %d ms; the next slots are planned again from now",
                     self.instance_id, step_ms)  # fmt: skip
 
@@ -975,10 +980,10 @@ class Scheduler(Generic[M]):
         batch: list[_Due] = []
         late: list[_Due] = []
         for entry in due:
-            at_ms, _, job, slot, kind, _, _ = entry
+            _, _, job, slot, kind, _, _ = entry
             # A backup may ask however late. A claim put off to its slot is late by how long after it was due again
             # it is sent: this clock, ahead of the store's, would see it late well before the store does.
-            since = at_ms if kind == "early" else slot
+            since = self._due_again.get((job, slot), slot) if kind == "early" else slot
             is_late = kind != "backup" and now > since + self._jobs[job].options.late_after_ms
             (late if is_late else batch).append(entry)
         if late:
@@ -1069,9 +1074,11 @@ class Scheduler(Generic[M]):
                 "job %s: claim of slot %d failed (%s); retrying in %.1f s", name, slot, claim, delay_s,
                 extra={"job": name, "slot": slot},
             )  # fmt: skip
-            retry_kind: Kind = "backup" if kind == "backup" else "retry"
+            retry_kind: Kind = kind if kind in ("backup", "early") else "retry"
             self._push(now + int(delay_s * 1000), name, slot, retry_kind, failures + 1, request.token)
             return
+        if kind == "early":
+            self._due_again.pop((name, slot), None)
         if claim.outcome is Outcome.WON:
             if self._started:
                 self._spawn(self._execute(self._jobs[name], request, claim, sent))
@@ -1084,6 +1091,7 @@ class Scheduler(Generic[M]):
                 log.info("job %s slot %d: claimed before the store's clock reached it while an earlier run is "
                          "going; claiming again at the slot, in %d ms", name, slot, claim.lease_ms_left,
                          extra=extra)  # fmt: skip
+                self._due_again[name, slot] = now + claim.lease_ms_left + 1
                 self._push(now + claim.lease_ms_left + 1, name, slot, "early")
             else:
                 log.debug("job %s slot %d: running elsewhere; standing by", name, slot, extra=extra)
@@ -1101,7 +1109,9 @@ class Scheduler(Generic[M]):
             request = self._request(entry)
             job, slot = self._jobs[request.job], request.slot
             jitter = job.options.jitter_ms
-            message = f"claim came {now - slot} ms after the slot; max_late_ms is {job.options.max_late_ms}" + (
+            # One put off to its slot by the store: counted from when it was due again (the store's slot)
+            since = self._due_again.pop((job.name, slot), slot) if entry[4] == "early" else slot
+            message = f"claim came {now - since} ms after the slot; max_late_ms is {job.options.max_late_ms}" + (
                 f" after a jitter_ms of {jitter}" if jitter else ""
             )
             extra = {"job": job.name, "slot": slot}

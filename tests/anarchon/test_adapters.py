@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, cast
 
 import fakeredis
@@ -51,7 +52,7 @@ from anarchon import (
     StoreUnavailableError,
     ValkeyBackend,
 )
-from anarchon._adapters import RedisPyAsync, RedisPyCluster, adapt, pack, translate
+from anarchon._adapters import RedisPyAsync, RedisPyCluster, _same_primaries, adapt, pack, translate
 from anarchon._keys import KeySpace
 from anarchon._store import Command, Connection, Reply, Script, ScriptCall, ServerInfo, Store
 from anarchon._strategies import Claim, JobPolicy, Outcome, RunRequest
@@ -1755,3 +1756,21 @@ async def test_a_batch_waits_as_long_as_replies_keep_coming_and_no_longer(real_s
         assert await connection.execute(("ECHO", "next")) == "next"
     finally:
         await client.aclose()
+
+
+def test_a_map_of_slots_is_kept_only_when_every_slot_has_the_primary_the_cluster_gives_it() -> None:
+    """While a node is down, the map in hand is kept when CLUSTER SLOTS, from a node that answers, gives every slot
+    the same primary: also a slot inside a range, whose owner changed and changed back (a resharding the client
+    saw half of), and not when the cluster covers other slots."""
+    a, b = SimpleNamespace(name="10.0.0.1:7000"), SimpleNamespace(name="10.0.0.2:7000")
+    ranges = [[0, 8191, ["10.0.0.1", 7000, "id-a"]], [8192, 16383, ["", 7000, "id-b"]]]  # "": the node asked
+
+    def same(slots: dict[int, list[Any]], reply: Any = ranges) -> bool:
+        return _same_primaries(slots, reply, "10.0.0.2", lambda host, port: (host, port))
+
+    in_hand = {slot: [a if slot < 8192 else b] for slot in range(16384)}
+    assert same(in_hand)
+    assert not same({**in_hand, 12_000: [a]})  # one slot inside b's range still given to a
+    assert not same(in_hand, ranges[:1])  # the cluster no longer covers b's slots
+    with pytest.raises(KeyError):
+        same({slot: nodes for slot, nodes in in_hand.items() if slot != 100})  # the map has no node for a slot

@@ -575,6 +575,19 @@ def test_lease_a_claim_put_off_to_its_slot_and_sent_long_after_is_skipped_late()
     assert outcome.judgement.lateness.status == "valid"
 
 
+def test_lease_a_claim_put_off_to_its_slot_is_late_by_the_stores_clock_through_its_retries() -> None:
+    """As above, alone, cut off from the store from 59.9 s to 65.9 s: the claim put off to the slot at 60 s fails
+    four times, and goes again at 67.5 s, 7.5 s after the slot by the store's clock (max_late_ms 20 s), 22.5 s by
+    the instance's: it is a claim, not a skip (which the store would refuse, the slot being put off, and no
+    instance would ever run or record it). The run of the slot at 80 s, started early, is going: skipped-overlap."""
+    outcome = _far_ahead([{"name": "a", "offset_ms": 500}], [{"at_s": 59.9, "kind": "partition", "instance": "a",
+                                                                "duration_s": 6}], 100)  # fmt: skip
+    slot_60 = [(e.t, e.op, e.value) for e in outcome.history.events if e.run == str((EPOCH_S + 60) * 1000)]
+    assert [op for _, op, _ in slot_60] == ["claim"] * 12
+    assert slot_60[-1] == (67.501, "claim", "overlap attempt=0 lease_ms=2499 fence=0")
+    assert outcome.judgement.lateness.status == "valid"
+
+
 def _restarted_within(fault: dict[str, object]) -> Outcome:
     """One instance, struck by ``fault`` from 15 s to 55 s, and killed at 20 s and restarted 2 s later."""
     scenario = parse({
