@@ -441,10 +441,11 @@ class RedisPyCluster:
                 await self._renew_map()
 
     async def _map_holds(self, unreachable: set[str]) -> bool:
-        """Whether the first node that answers ``CLUSTER SLOTS``, of those not found unreachable, gives each range of
-        slots the primary the map in hand gives it, and no other slots. A reading replaces every node of the
-        client's map, and valkey-py closes the connections of the nodes it replaces, pipelines on their way
-        included: on the nodes that answer, claims would fail for nothing, each time a batch to a lost node reads."""
+        """Whether the first node that answers ``CLUSTER SLOTS``, of those not found unreachable, gives every slot the
+        primary the map in hand gives it, and no other slots (:func:`_same_primaries`). A reading replaces every
+        node of the client's map, and valkey-py closes the connections of the nodes it replaces, pipelines on their
+        way included: on the nodes that answer, claims would fail for nothing, each time a batch to a lost node
+        reads."""
         manager = self.client.nodes_manager
         try:
             for node in [node for name, node in manager.nodes_cache.items() if name not in unreachable]:

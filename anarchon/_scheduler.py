@@ -1087,15 +1087,16 @@ class Scheduler(Generic[M]):
             return
         extra = {"job": name, "slot": slot, "attempt": claim.attempt}
         if claim.outcome is Outcome.RUNNING:
+            again_at = now + claim.lease_ms_left + 1
             if claim.attempt == 0:  # this clock is ahead of the store's, and another run of the job is going
                 log.info("job %s slot %d: claimed before the store's clock reached it while an earlier run is "
                          "going; claiming again at the slot, in %d ms", name, slot, claim.lease_ms_left,
                          extra=extra)  # fmt: skip
-                self._due_again[name, slot] = now + claim.lease_ms_left + 1
-                self._push(now + claim.lease_ms_left + 1, name, slot, "early")
+                self._due_again[name, slot] = again_at
+                self._push(again_at, name, slot, "early")
             else:
                 log.debug("job %s slot %d: running elsewhere; standing by", name, slot, extra=extra)
-                self._push(now + claim.lease_ms_left + 1, name, slot, "backup")
+                self._push(again_at, name, slot, "backup")
         elif claim.forgotten:  # a backup that was cut off or paused for longer than keep_ms
             log.info("job %s slot %d: not run: %s", name, slot, FORGOTTEN, extra=extra)
         elif claim.outcome is Outcome.OVERLAP:  # a slot that will not run: as visible as a late one
