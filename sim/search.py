@@ -102,30 +102,31 @@ class Breakage:
 
 @dataclass
 class Budget:
-    """The wall time (``time.perf_counter()``) by which a search ends, of which some is kept for the final
+    """The time on ``clock`` (wall time by default) by which a search ends, of which some is kept for the final
     shrink: twice what ``SHRINK_RUNS`` simulations take at the mean pace so far (``run_s`` before the first; a
     failing run often takes longer), at most ``shrink_cap_s``. Counts the simulations run and their time."""
 
     deadline: float = float("inf")
     run_s: float = 0.0
     shrink_cap_s: float = 0.0
+    clock: Callable[[], float] = time.perf_counter
     simulations: int = 0
     simulated_s: float = 0.0
 
     def simulate(self, faults: list[dict[str, Any]], strategy: str, seed: int) -> Outcome:
-        began = time.perf_counter()
+        began = self.clock()
         try:
             return simulate(schedule_scenario(faults, strategy), strategy, seed)
         finally:
             self.simulations += 1
-            self.simulated_s += time.perf_counter() - began
+            self.simulated_s += self.clock() - began
 
     def searching(self) -> bool:
         pace = self.simulated_s / self.simulations if self.simulations else self.run_s
-        return time.perf_counter() < self.deadline - min(self.shrink_cap_s, 2 * SHRINK_RUNS * pace)
+        return self.clock() < self.deadline - min(self.shrink_cap_s, 2 * SHRINK_RUNS * pace)
 
     def shrinking(self) -> bool:
-        return time.perf_counter() < self.deadline
+        return self.clock() < self.deadline
 
 
 # Simulations the final shrink runs at most, for a schedule of up to four distinct faults: without duplicates,
@@ -309,27 +310,29 @@ def run(
     *,
     seed: int | None = None,
     examples: int | None = None,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> list[Finding]:
     """Spend at most about ``budget_s`` seconds looking for violations of each checker, shrinking included; write
     each one found, in place of what an earlier search of the strategy wrote to ``out``. A simulation in progress
     when the time is up ends first: the overrun is about one run. ``seed``: the search's draw (random if None,
-    and printed); ``examples``: schedules per checker (by default, as many as the budget's share would run)."""
+    and printed); ``examples``: schedules per checker (by default, as many as the budget's share would run);
+    ``clock``: the seconds the budget is spent in (wall time by default)."""
     seed = random.randrange(2**32) if seed is None else seed
     checkers = ["P1", "P2", "P3", "P4", "P5", "P6"] if strategy == "lease" else ["P1", "P2", "P3", "P5", "P6"]
-    began = time.perf_counter()
+    began = clock()
     simulate(schedule_scenario([], strategy), strategy, 1)  # warm up, then measure one run
-    probe = time.perf_counter()
+    probe = clock()
     simulate(schedule_scenario([], strategy), strategy, 2)
-    per_run = max(time.perf_counter() - probe, 0.005)
+    per_run = max(clock() - probe, 0.005)
     findings = []
     broken: list[Breakage] = []
     out.mkdir(parents=True, exist_ok=True)
     for stale in out.glob(f"{strategy}-*.toml"):  # an earlier search's: what remains is this one's
         stale.unlink()
     for i, checker in enumerate(checkers):
-        now = time.perf_counter()
+        now = clock()
         share = (budget_s - (now - began)) / (len(checkers) - i)
-        budget = Budget(now + share, run_s=per_run, shrink_cap_s=share / 2)
+        budget = Budget(now + share, run_s=per_run, shrink_cap_s=share / 2, clock=clock)
         count = examples or max(5, int(share / per_run))
         finding = search_checker(strategy, checker, count, seed=seed, budget=budget, broken=broken)
         if finding is None:
@@ -350,5 +353,5 @@ def run(
         report(f"  replay: python -m sim run {path} --strategy {strategy} --seed {breakage.seed}")
     if len(broken) > 3:
         report(f"  ... and under {len(broken) - 3} more schedules")
-    report(f"searched for {time.perf_counter() - began:.1f} s (budget {budget_s:g} s); the same draw: --seed {seed}")
+    report(f"searched for {clock() - began:.1f} s (budget {budget_s:g} s); the same draw: --seed {seed}")
     return findings

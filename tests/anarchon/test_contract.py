@@ -694,19 +694,21 @@ async def test_lease_runs_that_end_in_the_claim_are_trimmed_too(target: StoreTar
     claim, out of attempts. Its slots skipped for overlap end there too. The claim trims the history then, as a
     finish would: it stays about history_size runs instead of growing with every run."""
     backend = await target.started_backend("lease")
-    history_size, runs = 5, 40
-    policy = JobPolicy(lease_ms=10, max_attempts=1, history_size=history_size, keep_ms=0)
+    history_size, runs = 2, 8
+    # One pipeline: the second claim comes while the first's lease is live. The store runs the two scripts back
+    # to back, but fakeredis runs each in this process, which a loaded machine can stall for tens of ms.
+    lease_ms = 300
+    policy = JobPolicy(lease_ms=lease_ms, max_attempts=1, history_size=history_size, keep_ms=0)
     now = int(await target.server_ms())
     for i in range(runs):
         slot = now - 3_600_000 + i * 1000
-        # One pipeline: the second claim comes while the first's 10 ms lease is live, however slow the machine.
         won, overlap = await backend.strategy.claim(
             backend.store, [(request(slot, "dies"), policy), (request(slot + 500, "next"), policy)]
         )
         assert isinstance(won, Claim)
         assert isinstance(overlap, Claim)
         assert won.outcome is Outcome.WON
-        await asyncio.sleep(0.012)  # the lease runs out: the worker died
+        await asyncio.sleep((lease_ms + 5) / 1000)  # the lease runs out: the worker died
         done = await claim_one(backend, request(slot, "backup"), policy)
         assert (overlap.outcome, done.outcome) == (Outcome.OVERLAP, Outcome.DONE)
     state_fields = await target.raw("HLEN", "{cron:sync}:state")
