@@ -18,6 +18,8 @@ import sys
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from typing import Any, TypeVar, cast
 
+from redis.crc import key_slot
+
 from ._errors import ConfigTypeError, StoreError, StoreReplyError, StoreUnavailableError
 from ._store import (
     Arg,
@@ -635,6 +637,84 @@ class Glide:
         await _guard(self.client.close())
 
 
+CLUSTER_SLOTS = 16384
+
+
+class GlideCluster(Glide):
+    """Valkey GLIDE ``GlideClusterClient``, with a lane per primary (:class:`Sharded`). GLIDE routes each command
+    itself, but answers a batch only once every node of it has, and fails it whole when one has not within
+    its request timeout: a primary that stops answering would time out every batch, the claims of jobs on the
+    primaries that answer included. So a batch goes out as one GLIDE batch per primary, by a map of slots read
+    here with ``CLUSTER SLOTS`` (GLIDE keeps its own to itself): before the first command, and again after a
+    batch found a node out of reach, at most once per ``MAP_RENEWAL_S``. A map out of date, or one that could
+    not be read, only groups commands less well: GLIDE still sends each command to the node that owns it."""
+
+    MAP_RENEWAL_S = 1.0
+
+    def __init__(self, client: Any) -> None:
+        super().__init__(client, cluster=True)
+        self._primaries: list[str] | None = None  # each slot's primary (its node ID), by slot number
+        self._map_read_at = -math.inf  # event loop time the last reading ended
+        self._reading: asyncio.Future[None] | None = None
+
+    def lane(self, key: Arg | None) -> Hashable:
+        """The ID of the primary the map in hand gives ``key``'s slot to; None without a key or a map."""
+        if key is None or self._primaries is None:
+            return None
+        return self._primaries[key_slot(key if isinstance(key, bytes) else str(key).encode())]
+
+    async def execute(self, command: Command) -> Reply:
+        if self._primaries is None:
+            await self._renew_map()
+        try:
+            return await super().execute(command)
+        except StoreUnavailableError:
+            await self._renew_map()
+            raise
+
+    async def execute_many(self, commands: Sequence[Command]) -> list[Reply | StoreError]:
+        if self._primaries is None:
+            await self._renew_map()
+        try:
+            replies = await super().execute_many(commands)
+        except StoreUnavailableError:
+            await self._renew_map()
+            raise
+        if any(isinstance(reply, StoreUnavailableError) for reply in replies):
+            await self._renew_map()
+        return replies
+
+    async def server_info(self) -> ServerInfo:
+        await self._renew_map()  # at start: the first batch of claims already goes out per primary
+        return await super().server_info()
+
+    async def _renew_map(self) -> None:
+        """Read the map of slots, unless one was read less than ``MAP_RENEWAL_S`` ago. One reading at a time:
+        the parts of a batch that fail together share it. A reading that fails leaves the map in hand."""
+        if asyncio.get_running_loop().time() - self._map_read_at < self.MAP_RENEWAL_S:
+            return
+        if self._reading is None or self._reading.done():
+            self._reading = asyncio.ensure_future(self._read_map())
+            self._reading.add_done_callback(_retrieved)
+        await asyncio.shield(self._reading)
+
+    async def _read_map(self) -> None:
+        try:
+            ranges = await super().execute(("CLUSTER", "SLOTS"))
+            primaries = [""] * CLUSTER_SLOTS
+            for entry in as_list(ranges):  # [first slot, last slot, [host, port, node ID] of the primary, replicas…]
+                fields = as_list(entry)
+                primary = as_text(as_list(fields[2])[2])
+                for slot in range(int(as_text(fields[0])), int(as_text(fields[1])) + 1):
+                    primaries[slot] = primary
+            self._primaries = primaries
+        except (StoreError, IndexError, ValueError) as error:  # no answer, or a reply it cannot read
+            log.debug("the cluster's map of slots was not read: %s", error)
+        finally:
+            self._map_read_at = asyncio.get_running_loop().time()
+            self._reading = None
+
+
 def _retrieved(reading: asyncio.Future[None]) -> None:
     """Its callers have what it raised; should all of them have gone (cancelled), it is not left unretrieved."""
     if not reading.cancelled():
@@ -801,7 +881,7 @@ def adapt(client: object) -> Connection:
     if all(inspect.iscoroutinefunction(getattr(client, m, None)) for m in _CONNECTION_METHODS):
         return cast(Connection, client)  # already speaks the seam (the simulator's store, test doubles)
     if module.startswith("glide"):
-        return Glide(client, cluster="Cluster" in cls)
+        return GlideCluster(client) if "Cluster" in cls else Glide(client, cluster=False)
     execute_command = getattr(client, "execute_command", None)
     if execute_command is not None and hasattr(client, "pipeline"):
         if not module.startswith("fakeredis") and _socket_timeout(client) is None:

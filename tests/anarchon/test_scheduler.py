@@ -27,6 +27,7 @@ import fakeredis
 import pytest
 import redis.asyncio.cluster
 import redis.exceptions
+from glide import GlideClusterClient, GlideClusterClientConfiguration, NodeAddress, ProtocolVersion
 
 from anarchon import (
     ConfigError,
@@ -132,12 +133,18 @@ async def test_three_schedulers_run_every_slot_exactly_once(target: StoreTarget)
 
 @contextlib.asynccontextmanager
 async def _schedulers_on_cluster(
-    running: RunningServer, strategies: list[str], jobs: list[str], ledger: Ledger
+    running: RunningServer, strategies: list[str], jobs: list[str], ledger: Ledger, client: str = "redis-py"
 ) -> AsyncIterator[list[Scheduler[Any]]]:
     """Three started instances per strategy (prefix ``<strategy>:``), running ``jobs`` every second into the
-    ledger; each instance number has its own asyncio cluster client, not awaited: it reads the map of slots when
-    first used. Stopped at the end of the block, and the clients closed."""
-    clients = [redis.asyncio.cluster.RedisCluster(host=running.host, port=running.port, protocol=2) for _ in range(3)]
+    ledger; each instance number has its own cluster client (``client``: "redis-py", asyncio, not awaited: it
+    reads the map of slots when first used; or "glide"). Stopped at the end of the block, and the clients closed."""
+    clients: list[Any]
+    if client == "glide":
+        address = [NodeAddress(running.host, running.port)]
+        configuration = GlideClusterClientConfiguration(address, protocol=ProtocolVersion.RESP2)  # Redis 5 too
+        clients = [await GlideClusterClient.create(configuration) for _ in range(3)]
+    else:
+        clients = [redis.asyncio.cluster.RedisCluster(host=running.host, port=running.port, protocol=2) for _ in "abc"]
     schedulers: list[Scheduler[Any]] = []
     for strategy in strategies:
         for i, client in enumerate(clients):
@@ -151,8 +158,8 @@ async def _schedulers_on_cluster(
         yield schedulers
         await asyncio.gather(*(s.stop() for s in schedulers))
     finally:
-        for client in clients:
-            await client.aclose()
+        for each in clients:
+            await (each.close() if client == "glide" else each.aclose())
 
 
 @pytest.mark.slow
@@ -223,8 +230,9 @@ async def test_schedulers_on_a_cluster_carry_on_after_a_primary_fails_over(real_
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("client", ["redis-py", "glide"])
 async def test_jobs_on_the_primaries_still_up_run_on_time_while_another_is_down(
-    real_target: str, caplog: pytest.LogCaptureFixture
+    real_target: str, client: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A cluster that serves the slots it still covers (``cluster-require-full-coverage no``) loses a primary for
     good. Three instances, six lease jobs on three primaries, every second: the jobs on the two primaries still up
@@ -236,7 +244,7 @@ async def test_jobs_on_the_primaries_still_up_run_on_time_while_another_is_down(
     with start_server(real_target, cluster=True, extra_args=partial) as running:
         jobs = jobs_on_every_shard(running, lambda job: keys.lease(job).state, 2)
         ledger = Ledger()
-        async with _schedulers_on_cluster(running, ["lease"], jobs, ledger):
+        async with _schedulers_on_cluster(running, ["lease"], jobs, ledger, client):
             await asyncio.sleep(2)
             running.control.kill()
             down = now_ms() // 1000 * 1000 + 1000
@@ -256,17 +264,18 @@ async def test_jobs_on_the_primaries_still_up_run_on_time_while_another_is_down(
 
 
 @pytest.mark.slow
-async def test_jobs_on_the_other_primaries_run_on_time_while_one_stops_answering(real_target: str) -> None:
+@pytest.mark.parametrize("client", ["redis-py", "glide"])
+async def test_jobs_on_the_other_primaries_run_on_time_while_one_stops_answering(real_target: str, client: str) -> None:
     """A primary of a cluster stops answering (SIGSTOP) for 6 s, short of the cluster's node timeout: it keeps
-    its connections, and what it is sent fails after the clients' socket timeout (redis-py's default, 5 s), or
-    comes back when it resumes. Three instances, six lease jobs on three primaries, every second: the jobs on the
-    other two primaries run each slot once, on time, meanwhile; the paused primary's jobs run again once it
-    answers, and nothing runs twice."""
+    its connections, and what it is sent fails after the client's timeout (redis-py's socket timeout, 5 s by
+    default; GLIDE's request timeout, 250 ms), or comes back when it resumes. Three instances, six lease jobs on
+    three primaries, every second: the jobs on the other two primaries run each slot once, on time, meanwhile;
+    the paused primary's jobs run again once it answers, and nothing runs twice."""
     keys = KeySpace("lease:")
     with start_server(real_target, cluster=True, extra_args=["--cluster-node-timeout", "30000"]) as running:
         jobs = jobs_on_every_shard(running, lambda job: keys.lease(job).state, 2)
         ledger = Ledger()
-        async with _schedulers_on_cluster(running, ["lease"], jobs, ledger):
+        async with _schedulers_on_cluster(running, ["lease"], jobs, ledger, client):
             await asyncio.sleep(2)
             running.control.pause()
             paused = now_ms() // 1000 * 1000 + 1000
