@@ -17,13 +17,14 @@ from .._store import Command, Reply, Script, ScriptCall, ServerInfo, Store, as_l
 from ._base import CLAIM_MARGIN_MS, Claim, JobPolicy, Outcome, RunRequest, fence_of, read_history
 
 TRIM_STREAM = Script.load("stream_trim")
+SERVER_TIME = Script.load("server_time")
 
 
 class ClaimOnlyStrategy:
     name: str
     leases = False
     claims_in_slot_order = False
-    scripts: tuple[Script, ...] = (TRIM_STREAM,)
+    scripts: tuple[Script, ...] = (TRIM_STREAM, SERVER_TIME)
     remembers_ms: int | None = None  # how long after its slot the store still knows a run was claimed (None: ever)
     runs_aged_by_ttl = True  # False where the claim script ages the runs stream itself
 
@@ -91,7 +92,8 @@ class ClaimOnlyStrategy:
         to run, and a late instance records no skip beside the run that another one ran. Past what the store
         remembers (``remembers_ms``, less a margin for an instance whose clock ran ahead and claimed early) the
         claim could win again although the run ran: no skip is recorded."""
-        seconds, micros = (int(as_text(part)) for part in as_list(await store.execute("TIME"), 2))
+        time = await store.run(SERVER_TIME, [self.keys.claim(request.job).runs], [])
+        seconds, micros = (int(as_text(part)) for part in as_list(time, 2))
         now = seconds * 1000 + micros // 1000
         if now <= request.slot + policy.late_after_ms:
             return False

@@ -21,7 +21,7 @@ from anarchon import (
     UnsupportedStrategyError,
 )
 from anarchon._adapters import adapt
-from anarchon._store import Command, Connection, Reply, ScriptCall, ServerInfo
+from anarchon._store import Command, Connection, Reply, ScriptCall, ServerInfo, command_key
 from anarchon._strategies import Claim, JobPolicy, Outcome, RunRequest, run_id
 from tests.anarchon.support import StoreTarget
 
@@ -375,6 +375,51 @@ async def test_a_late_skip_is_recorded_only_while_the_store_remembers_the_run(
         request = RunRequest("sync", run_id(slot), slot, f"t{slot}", "b")
         recorded = await backend.strategy.skip(backend.store, request, policy, "skipped-late", "too late")
         assert recorded is (slot == remembered or strategy == "stream-id"), slot - now
+
+
+class Recording:
+    """A connection that keeps every command it is sent."""
+
+    def __init__(self, inner: Connection) -> None:
+        self.inner = inner
+        self.sent: list[Command] = []
+
+    async def execute(self, command: Command) -> Reply:
+        self.sent.append(command)
+        return await self.inner.execute(command)
+
+    async def execute_many(self, commands: Sequence[Command]) -> list[Reply | StoreError]:
+        self.sent += commands
+        return await self.inner.execute_many(commands)
+
+    async def server_info(self) -> ServerInfo:
+        return await self.inner.server_info()
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+async def test_once_started_every_command_names_a_job_key(target: StoreTarget, strategy: str) -> None:
+    """Claims, heartbeats, finishes, late skips, catch-ups and history reads each name a key of their job: on a
+    cluster each goes to the job's node, in that node's queue (a command without a key goes to any node, in a
+    queue of its own), and the clock a skip is judged by is that node's."""
+    if strategy == "idmp" and not target.supports_idmp:
+        pytest.skip(f"idmp needs Redis 8.6+; {target.name} is {target.describe}")
+    connection = Recording(adapt(target.new_client()))
+    backend = target.backend(strategy, connection=connection)
+    await backend.start(["sync"])
+    connection.sent.clear()
+    policy = JobPolicy(late_after_ms=100)
+    now = await target.server_ms()
+    ran = request(now - 2000, "a")
+    claim = await claim_one(backend, ran, policy)
+    await backend.strategy.heartbeat(backend.store, ran, policy)
+    assert await backend.strategy.finish(backend.store, ran, claim, policy, record(ran, claim))
+    late = request(now - 1000, "b")
+    assert await backend.strategy.skip(backend.store, late, policy, "skipped-late", "too late")
+    await backend.strategy.catch_up_since(backend.store, "sync", now)
+    assert len(await backend.strategy.history(backend.store, "sync", 10)) == 2
+    assert [command for command in connection.sent if command_key(command) is None] == []
 
 
 async def test_lease_a_late_retry_of_a_won_claim_hands_the_run_back_to_its_backups(target: StoreTarget) -> None:
