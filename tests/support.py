@@ -7,11 +7,12 @@ import asyncio
 import itertools
 import time
 from collections import Counter, defaultdict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from anarchon import RedisBackend, RunContext, ValkeyBackend
+from anarchon._store import Command, Connection, Reply, ServerInfo
 from sim.servers import RunningServer
 
 
@@ -96,3 +97,25 @@ def jobs_on_every_shard(cluster: RunningServer, key_of: Callable[[str], str], pe
         if all(len(jobs) == per_shard for jobs in chosen.values()):
             return [job for turn in zip(*chosen.values(), strict=True) for job in turn]
     raise AssertionError("unreachable")
+
+
+class Recording:
+    """A connection that keeps every command sent through it (the seam every client adapter implements)."""
+
+    def __init__(self, inner: Connection) -> None:
+        self.inner = inner
+        self.sent: list[Command] = []
+
+    async def execute(self, command: Command) -> Reply:
+        self.sent.append(command)
+        return await self.inner.execute(command)
+
+    async def execute_many(self, commands: Sequence[Command]) -> list[Any]:
+        self.sent.extend(commands)
+        return await self.inner.execute_many(commands)
+
+    async def server_info(self) -> ServerInfo:
+        return await self.inner.server_info()
+
+    async def close(self) -> None:
+        await self.inner.close()

@@ -24,6 +24,7 @@ from anarchon._adapters import adapt
 from anarchon._store import Command, Connection, Reply, ScriptCall, ServerInfo, command_key
 from anarchon._strategies import Claim, JobPolicy, Outcome, RunRequest, run_id
 from tests.anarchon.support import StoreTarget
+from tests.support import Recording
 
 STRATEGIES = ["lease", "stream-id", "idmp", "script"]
 SLOT = 1_700_000_000_000
@@ -375,28 +376,6 @@ async def test_a_late_skip_is_recorded_only_while_the_store_remembers_the_run(
         request = RunRequest("sync", run_id(slot), slot, f"t{slot}", "b")
         recorded = await backend.strategy.skip(backend.store, request, policy, "skipped-late", "too late")
         assert recorded is (slot == remembered or strategy == "stream-id"), slot - now
-
-
-class Recording:
-    """A connection that keeps every command it is sent."""
-
-    def __init__(self, inner: Connection) -> None:
-        self.inner = inner
-        self.sent: list[Command] = []
-
-    async def execute(self, command: Command) -> Reply:
-        self.sent.append(command)
-        return await self.inner.execute(command)
-
-    async def execute_many(self, commands: Sequence[Command]) -> list[Reply | StoreError]:
-        self.sent += commands
-        return await self.inner.execute_many(commands)
-
-    async def server_info(self) -> ServerInfo:
-        return await self.inner.server_info()
-
-    async def close(self) -> None:
-        await self.inner.close()
 
 
 async def test_once_started_every_command_names_a_job_key(target: StoreTarget, strategy: str) -> None:

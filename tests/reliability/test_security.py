@@ -16,7 +16,7 @@ import logging
 import shutil
 import subprocess
 import traceback
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,7 +28,6 @@ import redis.asyncio
 from anarchon import ConfigError, RedisBackend, RunContext, Scheduler, StoreError, StoreReplyError
 from anarchon._adapters import adapt
 from anarchon._backend import FORMAT
-from anarchon._store import Command, Connection, Reply, ServerInfo
 from anarchon._strategies.idmp import IdmpStrategy
 from anarchon._strategies.lease import LeaseStrategy
 from anarchon._strategies.script import ScriptStrategy
@@ -37,7 +36,7 @@ from sim.servers import start_server
 from sim.servers._local import pick_port, release_port
 from sim.servers._running import RunningServer
 from sim.servers.testing import resolve_selection
-from tests.support import Ledger, eventually, second_from_now
+from tests.support import Ledger, Recording, eventually, second_from_now
 
 TARGET = "redis-7"
 PASSWORDS = {"alice": "s3cr3t-Alice-pw", "bob": "s3cr3t-Bob-pw"}
@@ -206,28 +205,6 @@ def test_a_password_not_percent_encoded_is_refused_without_quoting_it(url: str) 
     shown = str(refused.value) + "".join(traceback.format_exception(refused.value))
     assert "percent-encoded" in str(refused.value)
     assert not any(part in shown for part in ("SEC", "RET", "abc", "12345"))
-
-
-class Recording:
-    """A connection that keeps every command sent through it (the seam every client adapter implements)."""
-
-    def __init__(self, inner: Connection) -> None:
-        self.inner = inner
-        self.sent: list[Command] = []
-
-    async def execute(self, command: Command) -> Reply:
-        self.sent.append(command)
-        return await self.inner.execute(command)
-
-    async def execute_many(self, commands: Sequence[Command]) -> list[Any]:
-        self.sent.extend(commands)
-        return await self.inner.execute_many(commands)
-
-    async def server_info(self) -> ServerInfo:
-        return await self.inner.server_info()
-
-    async def close(self) -> None:
-        await self.inner.close()
 
 
 @pytest.fixture
