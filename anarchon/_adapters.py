@@ -645,17 +645,20 @@ class GlideCluster(Glide):
     itself, but answers a batch only once every node of it has, and fails it whole when one has not within
     its request timeout: a primary that stops answering would time out every batch, the claims of jobs on the
     primaries that answer included. So a batch goes out as one GLIDE batch per primary, by a map of slots read
-    here with ``CLUSTER SLOTS`` (GLIDE keeps its own to itself): before the first command, and again after a
-    batch found a node out of reach, at most once per ``MAP_RENEWAL_S``. A map out of date, or one that could
-    not be read, only groups commands less well: GLIDE still sends each command to the node that owns it."""
+    here with ``CLUSTER SLOTS`` (GLIDE keeps its own to itself, and follows MOVED without a word): before the
+    first command, then in the background every ``MAP_MAX_AGE_S`` (a resharding) and after a command found a node
+    out of reach (a failover), at most once per ``MAP_RENEWAL_S``. A map out of date, or one that could not be
+    read, only groups commands less well: GLIDE still sends each command to the node that owns it."""
 
     MAP_RENEWAL_S = 1.0
+    MAP_MAX_AGE_S = 60.0
 
     def __init__(self, client: Any) -> None:
         super().__init__(client, cluster=True)
         self._primaries: list[str] | None = None  # each slot's primary (its node ID), by slot number
         self._map_read_at = -math.inf  # event loop time the last reading ended
         self._reading: asyncio.Future[None] | None = None
+        self._unread_said = False  # a map that cannot be read is logged once
 
     def lane(self, key: Arg | None) -> Hashable:
         """The ID of the primary the map in hand gives ``key``'s slot to; None without a key or a map."""
@@ -664,39 +667,52 @@ class GlideCluster(Glide):
         return self._primaries[key_slot(key if isinstance(key, bytes) else str(key).encode())]
 
     async def execute(self, command: Command) -> Reply:
-        if self._primaries is None:
-            await self._renew_map()
+        await self._map_in_hand()
         try:
             return await super().execute(command)
         except StoreUnavailableError:
-            await self._renew_map()
+            self._renew_map()
             raise
 
     async def execute_many(self, commands: Sequence[Command]) -> list[Reply | StoreError]:
-        if self._primaries is None:
-            await self._renew_map()
+        await self._map_in_hand()
         try:
             replies = await super().execute_many(commands)
         except StoreUnavailableError:
-            await self._renew_map()
+            self._renew_map()
             raise
         if any(isinstance(reply, StoreUnavailableError) for reply in replies):
-            await self._renew_map()
+            self._renew_map()
         return replies
 
     async def server_info(self) -> ServerInfo:
-        await self._renew_map()  # at start: the first batch of claims already goes out per primary
+        await self._map_in_hand()  # at start: the first batch of claims already goes out per primary
         return await super().server_info()
 
-    async def _renew_map(self) -> None:
-        """Read the map of slots, unless one was read less than ``MAP_RENEWAL_S`` ago. One reading at a time:
-        the parts of a batch that fail together share it. A reading that fails leaves the map in hand."""
+    async def close(self) -> None:
+        if self._reading is not None:
+            self._reading.cancel()
+        await super().close()
+
+    async def _map_in_hand(self) -> None:
+        """Wait for a first map (a reading at most once per ``MAP_RENEWAL_S`` while none could be read); start
+        a reading in the background when the map in hand is older than ``MAP_MAX_AGE_S``."""
+        if self._primaries is None:
+            self._renew_map()
+            if self._reading is not None and not self._reading.done():
+                await asyncio.shield(self._reading)
+        elif asyncio.get_running_loop().time() - self._map_read_at >= self.MAP_MAX_AGE_S:
+            self._renew_map()
+
+    def _renew_map(self) -> None:
+        """Start reading the map of slots, unless a reading is on its way or one ended less than
+        ``MAP_RENEWAL_S`` ago. Commands do not wait for it: it may go to the node that does not answer."""
+        if self._reading is not None and not self._reading.done():
+            return
         if asyncio.get_running_loop().time() - self._map_read_at < self.MAP_RENEWAL_S:
             return
-        if self._reading is None or self._reading.done():
-            self._reading = asyncio.ensure_future(self._read_map())
-            self._reading.add_done_callback(_retrieved)
-        await asyncio.shield(self._reading)
+        self._reading = asyncio.ensure_future(self._read_map())
+        self._reading.add_done_callback(_retrieved)
 
     async def _read_map(self) -> None:
         try:
@@ -708,11 +724,15 @@ class GlideCluster(Glide):
                 for slot in range(int(as_text(fields[0])), int(as_text(fields[1])) + 1):
                     primaries[slot] = primary
             self._primaries = primaries
-        except (StoreError, IndexError, ValueError) as error:  # no answer, or a reply it cannot read
-            log.debug("the cluster's map of slots was not read: %s", error)
+        except (StoreError, IndexError, ValueError) as error:  # no answer, refused, or a reply it cannot read
+            if self._primaries is None and not self._unread_said:
+                self._unread_said = True
+                log.warning("the cluster's map of slots could not be read (%s): commands go out in one queue, and "
+                            "a primary that stops answering holds up every job's", error)  # fmt: skip
+            else:
+                log.debug("the cluster's map of slots was not read again: %s", error)
         finally:
             self._map_read_at = asyncio.get_running_loop().time()
-            self._reading = None
 
 
 def _retrieved(reading: asyncio.Future[None]) -> None:

@@ -142,7 +142,7 @@ def command_key(command: Command) -> Arg | None:
         return command[3] if int(command[2]) > 0 else None
     if name == "XINFO":  # XINFO STREAM key: a subcommand first
         return command[2] if len(command) > 2 else None
-    return command[1] if len(command) > 1 and name not in ("INFO", "PING", "SCRIPT", "TIME") else None
+    return command[1] if len(command) > 1 and name not in ("CLUSTER", "INFO", "PING", "SCRIPT", "TIME") else None
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 from anarchon._errors import StoreError
 from anarchon._store import Command, Connection, Reply, ServerInfo
+from anarchon._strategies._claim_only import SERVER_TIME
 from sim.idmp import IdmpState, StreamIdmp, text
 
 # Commands that write nothing; every other command anarchon sends writes its first key, or, for scripts, the
@@ -39,10 +40,16 @@ WRITES_FIRST_KEY = frozenset({
 })  # fmt: skip
 
 
+# Scripts that only read: what they declare is the key that routes them, not one they write.
+READ_ONLY_SCRIPTS = frozenset({SERVER_TIME.sha, SERVER_TIME.source})
+
+
 def written_keys(command: Command) -> list[str]:
     """The keys ``command`` may write."""
     name = text(command[0]).upper()
     if name in ("EVAL", "EVALSHA"):
+        if text(command[1]) in READ_ONLY_SCRIPTS:
+            return []
         return [text(key) for key in command[3 : 3 + int(command[2])]]
     if name in READS:
         return []

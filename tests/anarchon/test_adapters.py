@@ -824,6 +824,40 @@ async def test_glide_while_a_primary_stops_answering_the_others_answer_their_par
             await _close(client)
 
 
+OVERLAP_OK = JobPolicy(overlap=True)
+
+
+async def test_glide_lanes_follow_a_resharding(real_target: str) -> None:
+    """GLIDE follows MOVED without a word, so anarchon reads its map of slots again now and then (every
+    MAP_MAX_AGE_S, a minute; a fifth of a second here): once a resharding gave a job's slot to another primary,
+    the job's commands queue with that primary's. Until then they went with the old owner's, and would have been
+    held up by it."""
+    with start_server(real_target, cluster=True) as running:
+        client = await _client("glide-cluster", running)
+        keys = KeySpace()
+        jobs = jobs_on_every_shard(running, lambda job: keys.lease(job).state, 1)
+        [moved] = [job for job in jobs if running.shard_of(keys.lease(job).state) == running.shards[0]]
+        [stays] = [job for job in jobs if running.shard_of(keys.lease(job).state) == running.shards[1]]
+        backend = RedisBackend(redis=client)
+        await backend.start(jobs)
+        try:
+            backend.store.connection.MAP_MAX_AGE_S = 0.2  # type: ignore[attr-defined]
+            assert backend.lane(moved) != backend.lane(stays)
+            _move_empty_slot(running, key_slot(keys.lease(moved).state.encode()), *running.shards[:2])
+            for step in range(20):  # each claim may start a reading, which the claims do not wait for
+                slot = SLOT + step * 1000
+                requests = [(RunRequest(job, str(slot), slot, f"t{step}", "r"), OVERLAP_OK) for job in jobs]
+                claims = await backend.strategy.claim(backend.store, requests)
+                assert all(isinstance(claim, Claim) and claim.outcome is Outcome.WON for claim in claims), claims
+                if backend.lane(moved) == backend.lane(stays):
+                    break
+                await asyncio.sleep(0.1)
+            assert backend.lane(moved) == backend.lane(stays)
+        finally:
+            await backend.stop()
+            await _close(client)
+
+
 async def test_server_error_replies_are_translated(client_on_server: ClientOnServer) -> None:
     name, client, _ = client_on_server
     backend = RedisBackend(redis=client, strategy="stream-id", prefix=f"{name}:")

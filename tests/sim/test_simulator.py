@@ -18,12 +18,15 @@ import pytest
 import redis.exceptions
 
 from anarchon import RedisBackend, Scheduler, StoreUnavailableError
+from anarchon._strategies._claim_only import SERVER_TIME
+from anarchon._strategies.lease import CLAIM as LEASE_CLAIM
 from sim import fakestore
 from sim import scenario as scenarios
 from sim.bench import without_the_store
 from sim.checkers import judge, true_s
 from sim.history import Event, Execution, History, RecordingStrategy
 from sim.links import Link, NotSent
+from sim.replica import written_keys
 from sim.run import Outcome, simulate
 from sim.scenario import FaultSpec, ScenarioError, parse
 from sim.vtime import SimulationDeadlock, run_virtual
@@ -381,6 +384,16 @@ def test_the_replica_receives_the_replication_log_after_its_lag_or_a_hold() -> N
     held = {"at_s": 39, "kind": "replication-hold"}
     assert _promoted_after({**held, "duration_s": 10}) == ("invalid", "invalid")  # still held at the failover
     assert _promoted_after({**held, "duration_s": 5}) == ("valid", "valid")  # released at 44 s
+
+
+def test_the_replication_log_copies_the_keys_a_script_may_write_and_none_for_a_clock_read() -> None:
+    """A script is logged as writing the keys it declares; the claim-only strategies' clock read declares the
+    job's runs stream only to be routed to its node, and writes nothing."""
+    keys = ["{cron:j}:state", "{cron:j}:active", "{cron:j}:slots", "{cron:j}:runs", "{cron:j}:results"]
+    assert written_keys(("EVALSHA", LEASE_CLAIM.sha, 5, *keys, "1", "t", "a")) == keys
+    assert written_keys(("EVALSHA", SERVER_TIME.sha, 1, "cron:j:runs")) == []
+    assert written_keys(("EVAL", SERVER_TIME.source, 1, "cron:j:runs")) == []
+    assert written_keys(("XADD", "cron:j:runs", "1-0", "f", "v")) == ["cron:j:runs"]
 
 
 def test_replication_loses_nothing_for_good_short_of_a_failover() -> None:
