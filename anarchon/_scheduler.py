@@ -285,6 +285,9 @@ class Scheduler(Generic[M]):
         # Claims the store put off to their slots ("early"): when each was due again, by this clock. Late is
         # counted from then, through any retries after store errors, as this clock runs ahead of the store's.
         self._due_again: dict[tuple[str, int], int] = {}
+        # The store nodes a claim could not reach, and when that was found (monotonic): once a claim sent since
+        # is answered, the node is back, and the claims waiting out their backoff to retry are sent at once.
+        self._unanswered: dict[Hashable, float] = {}
         self._seq = 0
         # When scheduling began (monotonic): at start, or for a job added later, then (see _plan_after_step_back).
         self._started_at: float | None = None
@@ -651,6 +654,7 @@ class Scheduler(Generic[M]):
         self._claiming, self._round_of = {}, {}
         self._stepped_back_ms = 0
         self._due_again = {}
+        self._unanswered = {}
         self._dispatcher = None
         if self._job_threads is not None:  # a sync job cancelled above may still run: its thread ends with it
             self._job_threads.shutdown(wait=False)
@@ -1053,6 +1057,12 @@ class Scheduler(Generic[M]):
                 claims = [StoreUnavailableError(f"the claim failed: {type(error).__name__}: {error}")] * len(part)
         for entry, request, claim in zip(part, requests, claims, strict=True):
             self._settle(entry, request, claim, sent_ms, sent)
+        if self._unanswered:  # a round's claims all go to one node
+            answered = {
+                entry[2] for entry, claim in zip(part, claims, strict=True) if not isinstance(claim, StoreError)
+            }
+            if answered:
+                self._answered_again(self.backend.lane(next(iter(answered))), answered, sent, sent_ms)
 
     def _request(self, entry: _Due) -> RunRequest:
         _, _, job, slot, _, _, token = entry
@@ -1076,6 +1086,8 @@ class Scheduler(Generic[M]):
             )  # fmt: skip
             retry_kind: Kind = kind if kind in ("backup", "early") else "retry"
             self._push(now + int(delay_s * 1000), name, slot, retry_kind, failures + 1, request.token)
+            if isinstance(claim, StoreUnavailableError):
+                self._unanswered[self.backend.lane(name)] = self.clock.monotonic()
             return
         if kind == "early":
             self._due_again.pop((name, slot), None)
@@ -1104,6 +1116,26 @@ class Scheduler(Generic[M]):
                      extra=extra)  # fmt: skip
         else:
             log.debug("job %s slot %d: %s", name, slot, claim.outcome.value, extra=extra)
+
+    def _answered_again(self, node: Hashable, answered: set[str], sent: float, now: int) -> None:
+        """Claims of the ``answered`` jobs, sent to ``node`` after a claim found it out of reach, were answered: the
+        node is back. The claims of its other jobs waiting out their backoff go now rather than up to RETRY_MAX_S
+        later: one that won unheard (its answer timed out, and the node ran it when it came back) holds the run
+        meanwhile, and the job's next slots would be skipped for overlap. The answered jobs' own retries keep
+        theirs: sent now, they would meet the run just won. Claims put off to their slots still wait for them."""
+        if node not in self._unanswered or sent <= self._unanswered[node]:
+            return
+        del self._unanswered[node]
+        queue: list[_Due] = []
+        for entry in self._queue:
+            at_ms, seq, name, slot, kind, failures, token = entry
+            waiting = kind == "retry" or (kind == "backup" and failures > 0)
+            if waiting and at_ms > now and name not in answered and self.backend.lane(name) == node:
+                entry = (now, seq, name, slot, kind, failures, token)
+            queue.append(entry)
+        heapq.heapify(queue)
+        self._queue = queue
+        self._wake()
 
     async def _skip_late(self, late: list[_Due], now: int) -> None:
         for entry in late:

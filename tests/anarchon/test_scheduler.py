@@ -944,6 +944,45 @@ def test_a_won_run_whose_late_retry_is_a_skip_is_taken_over_by_the_instance_stan
     ]
 
 
+@pytest.mark.parametrize("answered_again", [True, False])
+def test_once_the_store_answers_again_claims_waiting_out_their_backoff_go_at_once(answered_again: bool) -> None:
+    """Replies are lost for 5 s from just before a slot of "rare": its claim wins unheard, and its retries after
+    0.5, 1 and 2 s lose their replies too; the next would wait 4 s more. The claims of "often" (every second) are
+    answered again from 5 s on: the store is back, and rare's retry goes at once, is recognised by its token, and
+    runs the slot within a second of the store answering again, its lease renewed. With no claim answered
+    meanwhile ("often" not scheduled) it waits out its backoff."""
+
+    async def main() -> tuple[int, list[tuple[str, int]]]:
+        server = fakeredis.FakeServer()
+        ran: list[tuple[str, int]] = []
+        link = Link(adapt(fakeredis.FakeAsyncRedis(server=server)), "a")
+
+        async def work(run: RunContext) -> None:
+            ran.append((run.job, asyncio.get_running_loop().time()))
+
+        scheduler = Scheduler(RedisBackend(redis=link), instance_id="a", clock=SimClock(), lease_ms=30_000)
+        scheduler.add_job("rare", "*/30 * * * * *", work, max_late_ms=20_000)
+        if answered_again:
+            scheduler.add_job("often", "* * * * * *", work)
+        await scheduler.start()
+        slot_s = (scheduler.clock.wall_ms() // 30_000 + 1) * 30 - VIRTUAL_EPOCH_S
+        await asyncio.sleep(slot_s - asyncio.get_running_loop().time() - 0.05)
+        link.lose_replies = True
+        await asyncio.sleep(5)
+        link.heal()
+        await asyncio.sleep(10)
+        await scheduler.stop()
+        return slot_s, ran
+
+    slot_s, ran = run_virtual(main(), epoch_s=VIRTUAL_EPOCH_S, seed=1)
+    [started_s] = [at for job, at in ran if job == "rare"]
+    healed_s = slot_s + 4.95
+    if answered_again:
+        assert healed_s < started_s <= healed_s + 1.05  # the first "often" claim answered: at 5 s
+    else:
+        assert started_s == pytest.approx(slot_s + 7.5, abs=0.1)  # 0.5 + 1 + 2 + 4 s of backoff
+
+
 def test_a_catch_up_claims_no_slot_that_left_catch_up_ms_meanwhile() -> None:
     """A catch-up runs its slots one after another, and long runs take it far past ``catch_up_ms``. The store
     keeps a run's state about that long: a later claim would find it trimmed and run again a slot that another
