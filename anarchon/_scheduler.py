@@ -1058,11 +1058,12 @@ class Scheduler(Generic[M]):
         for entry, request, claim in zip(part, requests, claims, strict=True):
             self._settle(entry, request, claim, sent_ms, sent)
         if self._unanswered:  # a round's claims all go to one node
-            answered = {
-                entry[2] for entry, claim in zip(part, claims, strict=True) if not isinstance(claim, StoreError)
-            }
+            answered = [
+                (entry[2], claim) for entry, claim in zip(part, claims, strict=True) if isinstance(claim, Claim)
+            ]
             if answered:
-                self._answered_again(self.backend.lane(next(iter(answered))), answered, sent, sent_ms)
+                won = {job for job, claim in answered if claim.outcome is Outcome.WON}
+                self._answered_again(self.backend.lane(answered[0][0]), won, sent, sent_ms)
 
     def _request(self, entry: _Due) -> RunRequest:
         _, _, job, slot, _, _, token = entry
@@ -1117,12 +1118,12 @@ class Scheduler(Generic[M]):
         else:
             log.debug("job %s slot %d: %s", name, slot, claim.outcome.value, extra=extra)
 
-    def _answered_again(self, node: Hashable, answered: set[str], sent: float, now: int) -> None:
-        """Claims of the ``answered`` jobs, sent to ``node`` after a claim found it out of reach, were answered: the
-        node is back. The claims of its other jobs waiting out their backoff go now rather than up to RETRY_MAX_S
-        later: one that won unheard (its answer timed out, and the node ran it when it came back) holds the run
-        meanwhile, and the job's next slots would be skipped for overlap. The answered jobs' own retries keep
-        theirs: sent now, they would meet the run just won. Claims put off to their slots still wait for them."""
+    def _answered_again(self, node: Hashable, won: set[str], sent: float, now: int) -> None:
+        """Claims sent to ``node`` after a claim found it out of reach were answered: the node is back. The claims
+        of its jobs waiting out their backoff go now rather than up to RETRY_MAX_S later: one that won unheard (its
+        answer timed out, and the node ran it when it came back) holds the run meanwhile, and the job's next slots
+        would be skipped for overlap. The retries of the jobs that ``won`` a run just now keep their backoff: sent
+        now, they would meet that run. Claims put off to their slots still wait for them."""
         if node not in self._unanswered or sent <= self._unanswered[node]:
             return
         del self._unanswered[node]
@@ -1130,7 +1131,7 @@ class Scheduler(Generic[M]):
         for entry in self._queue:
             at_ms, seq, name, slot, kind, failures, token = entry
             waiting = kind == "retry" or (kind == "backup" and failures > 0)
-            if waiting and at_ms > now and name not in answered and self.backend.lane(name) == node:
+            if waiting and at_ms > now and name not in won and self.backend.lane(name) == node:
                 entry = (now, seq, name, slot, kind, failures, token)
             queue.append(entry)
         heapq.heapify(queue)

@@ -983,6 +983,39 @@ def test_once_the_store_answers_again_claims_waiting_out_their_backoff_go_at_onc
         assert started_s == pytest.approx(slot_s + 7.5, abs=0.1)  # 0.5 + 1 + 2 + 4 s of backoff
 
 
+def test_a_claim_answered_overlap_after_an_outage_sends_the_retry_of_the_run_that_won_unheard() -> None:
+    """One job every 2 s; replies are lost for 6 s from just before a slot: its claim wins unheard, and so do the
+    retries after 0.5, 1 and 2 s; the next would wait 4 s more, until 7.5 s. The claim of the slot at 6 s is
+    answered: skipped for overlap, as the unheard win holds the job's lease. That answer says the store is back,
+    and the retry goes at once: the slot runs at 6 s, and the slot at 8 s runs on time."""
+
+    async def main() -> tuple[int, list[tuple[int, float]]]:
+        server = fakeredis.FakeServer()
+        ran: list[tuple[int, float]] = []
+        link = Link(adapt(fakeredis.FakeAsyncRedis(server=server)), "a")
+
+        async def work(run: RunContext) -> None:
+            ran.append((run.slot // 1000 - VIRTUAL_EPOCH_S, asyncio.get_running_loop().time()))
+
+        scheduler = Scheduler(RedisBackend(redis=link), instance_id="a", clock=SimClock(), lease_ms=30_000)
+        scheduler.add_job("tick", "*/2 * * * * *", work, max_late_ms=20_000)
+        await scheduler.start()
+        slot_s = (scheduler.clock.wall_ms() // 2000 + 1) * 2 - VIRTUAL_EPOCH_S
+        await asyncio.sleep(slot_s - asyncio.get_running_loop().time() - 0.05)
+        link.lose_replies = True
+        await asyncio.sleep(6)
+        link.heal()
+        await asyncio.sleep(3)
+        await scheduler.stop()
+        return slot_s, ran
+
+    slot_s, ran = run_virtual(main(), epoch_s=VIRTUAL_EPOCH_S, seed=1)
+    assert [slot - slot_s for slot, _ in ran] == [0, 8]
+    [(_, started_s), (_, next_started_s)] = ran
+    assert started_s - slot_s == pytest.approx(6.0, abs=0.1)  # not 7.5 s, after its backoff
+    assert next_started_s - slot_s == pytest.approx(8.0, abs=0.1)
+
+
 def test_a_catch_up_claims_no_slot_that_left_catch_up_ms_meanwhile() -> None:
     """A catch-up runs its slots one after another, and long runs take it far past ``catch_up_ms``. The store
     keeps a run's state about that long: a later claim would find it trimmed and run again a slot that another
