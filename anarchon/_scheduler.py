@@ -285,9 +285,8 @@ class Scheduler(Generic[M]):
         # Claims the store put off to their slots ("early"): when each was due again, by this clock. Late is
         # counted from then, through any retries after store errors, as this clock runs ahead of the store's.
         self._due_again: dict[tuple[str, int], int] = {}
-        # The store nodes a claim could not reach, and when that was found (monotonic): once a claim sent since
-        # is answered, the node is back, and the claims waiting out their backoff to retry are sent at once.
-        self._unanswered: dict[Hashable, float] = {}
+        # The jobs with a claim queued to be sent again after a store error (see _another_run_is_live).
+        self._retrying: set[str] = set()
         self._seq = 0
         # When scheduling began (monotonic): at start, or for a job added later, then (see _plan_after_step_back).
         self._started_at: float | None = None
@@ -654,7 +653,7 @@ class Scheduler(Generic[M]):
         self._claiming, self._round_of = {}, {}
         self._stepped_back_ms = 0
         self._due_again = {}
-        self._unanswered = {}
+        self._retrying = set()
         self._dispatcher = None
         if self._job_threads is not None:  # a sync job cancelled above may still run: its thread ends with it
             self._job_threads.shutdown(wait=False)
@@ -1057,13 +1056,6 @@ class Scheduler(Generic[M]):
                 claims = [StoreUnavailableError(f"the claim failed: {type(error).__name__}: {error}")] * len(part)
         for entry, request, claim in zip(part, requests, claims, strict=True):
             self._settle(entry, request, claim, sent_ms, sent)
-        if self._unanswered:  # a round's claims all go to one node
-            answered = [
-                (entry[2], claim) for entry, claim in zip(part, claims, strict=True) if isinstance(claim, Claim)
-            ]
-            if answered:
-                won = {job for job, claim in answered if claim.outcome is Outcome.WON}
-                self._answered_again(self.backend.lane(answered[0][0]), won, sent, sent_ms)
 
     def _request(self, entry: _Due) -> RunRequest:
         _, _, job, slot, _, _, token = entry
@@ -1087,8 +1079,7 @@ class Scheduler(Generic[M]):
             )  # fmt: skip
             retry_kind: Kind = kind if kind in ("backup", "early") else "retry"
             self._push(now + int(delay_s * 1000), name, slot, retry_kind, failures + 1, request.token)
-            if isinstance(claim, StoreUnavailableError):
-                self._unanswered[self.backend.lane(name)] = self.clock.monotonic()
+            self._retrying.add(name)
             return
         if kind == "early":
             self._due_again.pop((name, slot), None)
@@ -1099,6 +1090,8 @@ class Scheduler(Generic[M]):
                 self._spawn(self._not_started(request, claim))
             return
         extra = {"job": name, "slot": slot, "attempt": claim.attempt}
+        if claim.outcome in (Outcome.RUNNING, Outcome.OVERLAP):
+            self._another_run_is_live(name, now)
         if claim.outcome is Outcome.RUNNING:
             again_at = now + claim.lease_ms_left + 1
             if claim.attempt == 0:  # this clock is ahead of the store's, and another run of the job is going
@@ -1118,20 +1111,19 @@ class Scheduler(Generic[M]):
         else:
             log.debug("job %s slot %d: %s", name, slot, claim.outcome.value, extra=extra)
 
-    def _answered_again(self, node: Hashable, won: set[str], sent: float, now: int) -> None:
-        """Claims sent to ``node`` after a claim found it out of reach were answered: the node is back. The claims
-        of its jobs waiting out their backoff go now rather than up to RETRY_MAX_S later: one that won unheard (its
-        answer timed out, and the node ran it when it came back) holds the run meanwhile, and the job's next slots
-        would be skipped for overlap. The retries of the jobs that ``won`` a run just now keep their backoff: sent
-        now, they would meet that run. Claims put off to their slots still wait for them."""
-        if node not in self._unanswered or sent <= self._unanswered[node]:
+    def _another_run_is_live(self, job: str, now: int) -> None:
+        """The store answered a claim of ``job`` that another run of it is live. That run may be one this instance
+        won unheard (the answer was lost or timed out, and the store ran the claim all the same, as a client that
+        gave up sends a request once the node answers again): it holds the job's lease, and the job's next slots
+        would be skipped for overlap until its retry, up to RETRY_MAX_S away, learnt it had won. So the job's
+        claims waiting to be sent again after store errors go now."""
+        if job not in self._retrying:
             return
-        del self._unanswered[node]
+        self._retrying.discard(job)
         queue: list[_Due] = []
         for entry in self._queue:
             at_ms, seq, name, slot, kind, failures, token = entry
-            waiting = kind == "retry" or (kind == "backup" and failures > 0)
-            if waiting and at_ms > now and name not in won and self.backend.lane(name) == node:
+            if name == job and at_ms > now and (kind == "retry" or failures > 0):
                 entry = (now, seq, name, slot, kind, failures, token)
             queue.append(entry)
         heapq.heapify(queue)
