@@ -15,7 +15,7 @@ import logging
 import math
 import re
 import sys
-from collections.abc import Awaitable, Callable, Hashable, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Iterator, Sequence
 from typing import Any, TypeVar, cast
 
 from redis.crc import key_slot
@@ -716,13 +716,9 @@ class GlideCluster(Glide):
 
     async def _read_map(self) -> None:
         try:
-            ranges = await super().execute(("CLUSTER", "SLOTS"))
             primaries = [""] * CLUSTER_SLOTS
-            for entry in as_list(ranges):  # [first slot, last slot, [host, port, node ID] of the primary, replicas…]
-                fields = as_list(entry)
-                primary = as_text(as_list(fields[2])[2])
-                for slot in range(int(as_text(fields[0])), int(as_text(fields[1])) + 1):
-                    primaries[slot] = primary
+            for first, last, primary in _slot_ranges(await super().execute(("CLUSTER", "SLOTS"))):
+                primaries[first : last + 1] = [as_text(primary[2])] * (last - first + 1)  # its node ID
             self._primaries = primaries
         except (StoreError, IndexError, ValueError) as error:  # no answer, refused, or a reply it cannot read
             if self._primaries is None and not self._unread_said:
@@ -754,6 +750,13 @@ def _translate_glide(error: BaseException) -> StoreError | None:
     return None if translated is None else _unfollowed(translated)
 
 
+def _slot_ranges(ranges: Reply) -> Iterator[tuple[int, int, list[Reply]]]:
+    """A ``CLUSTER SLOTS`` reply's ranges: first slot, last slot, and the primary's fields (host, port, node ID…)."""
+    for entry in as_list(ranges):  # [first slot, last slot, [host, port, …] of the primary, replicas…]
+        fields = as_list(entry)
+        yield int(as_text(fields[0])), int(as_text(fields[1])), as_list(fields[2])
+
+
 def _same_primaries(
     slots: dict[int, list[Any]], ranges: Reply, host_asked: str, remap: Callable[[str, int], tuple[str, int]]
 ) -> bool:
@@ -761,9 +764,7 @@ def _same_primaries(
     (``slots``: each slot's nodes, primary first) gives it, and no other slots. Raises KeyError for a slot the map
     has no node for."""
     covered = 0
-    for entry in as_list(ranges):  # [first slot, last slot, [host, port, …] of the primary, replicas…]
-        fields = as_list(entry)
-        first, last, primary = int(as_text(fields[0])), int(as_text(fields[1])), as_list(fields[2])
+    for first, last, primary in _slot_ranges(ranges):
         host, port = as_text(primary[0]) or host_asked, int(as_text(primary[1]))  # "": the node asked
         name = "{}:{}".format(*remap(host, port))
         if any(slots[slot][0].name != name for slot in range(first, last + 1)):

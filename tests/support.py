@@ -4,12 +4,22 @@ any target, and waiting for something to happen."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import itertools
 import time
 from collections import Counter, defaultdict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from glide import (
+    GlideClient,
+    GlideClientConfiguration,
+    GlideClusterClient,
+    GlideClusterClientConfiguration,
+    NodeAddress,
+    ProtocolVersion,
+)
 
 from anarchon import RedisBackend, RunContext, ValkeyBackend
 from anarchon._store import Command, Connection, Reply, ServerInfo
@@ -119,3 +129,26 @@ class Recording:
 
     async def close(self) -> None:
         await self.inner.close()
+
+
+def glide(*, cluster: bool, protocol: ProtocolVersion) -> Callable[[RunningServer], Any]:
+    """A factory of GLIDE clients (standalone or cluster) speaking ``protocol``."""
+    client, configuration = (GlideClusterClient, GlideClusterClientConfiguration) if cluster else (
+        GlideClient, GlideClientConfiguration,
+    )  # fmt: skip
+
+    async def make(server: RunningServer) -> Any:
+        return await client.create(configuration([NodeAddress(server.host, server.port)], protocol=protocol))
+
+    return make
+
+
+async def close_client(client: Any) -> None:
+    """Close a client of any kind: ``aclose()`` (redis-py asyncio), else ``close()``, awaited where it must be."""
+    for name in ("aclose", "close"):
+        method = getattr(client, name, None)
+        if method is not None:
+            result = method()
+            if inspect.isawaitable(result):
+                await result
+            return

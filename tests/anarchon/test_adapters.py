@@ -30,11 +30,6 @@ import valkey.cluster
 import valkey.exceptions
 from glide import (
     CircuitBreakerError,
-    GlideClient,
-    GlideClientConfiguration,
-    GlideClusterClient,
-    GlideClusterClientConfiguration,
-    NodeAddress,
     ProtocolVersion,
     RequestError,
 )
@@ -60,7 +55,7 @@ from anarchon._strategies.lease import LeaseStrategy
 from anarchon._strategies.stream_id import StreamIdStrategy
 from sim.servers import RunningServer, start_server
 from sim.servers.testing import ServerPool, ServerUnderTest, flush
-from tests.support import eventually, jobs_on_every_shard
+from tests.support import close_client, eventually, glide, jobs_on_every_shard
 
 SLOT = 1_700_000_000_000
 
@@ -144,18 +139,6 @@ class RespSendClient:
             await self.streams[1].wait_closed()
 
 
-def glide(*, cluster: bool, protocol: ProtocolVersion) -> Callable[[RunningServer], Any]:
-    """A factory of GLIDE clients (standalone or cluster) speaking ``protocol``."""
-    client, configuration = (GlideClusterClient, GlideClusterClientConfiguration) if cluster else (
-        GlideClient, GlideClientConfiguration,
-    )  # fmt: skip
-
-    async def make(server: RunningServer) -> Any:
-        return await client.create(configuration([NodeAddress(server.host, server.port)], protocol=protocol))
-
-    return make
-
-
 ClientOnServer = tuple[str, Any, RunningServer]  # the client's name in CLIENTS, the client, its server
 CLIENTS: dict[str, tuple[bool, Callable[[RunningServer], Any]]] = {  # name: (cluster server?, factory)
     "redis-py-asyncio": (False, lambda s: redis.asyncio.Redis(host=s.host, port=s.port, protocol=2)),
@@ -204,16 +187,6 @@ CLIENTS: dict[str, tuple[bool, Callable[[RunningServer], Any]]] = {  # name: (cl
 RESP2_CLUSTER_CLIENTS = [name for name, (cluster, _) in CLIENTS.items() if cluster and not name.endswith("-resp3")]
 
 
-async def _close(client: Any) -> None:
-    for name in ("aclose", "close"):
-        method = getattr(client, name, None)
-        if method is not None:
-            result = method()
-            if inspect.isawaitable(result):
-                await result
-            return
-
-
 async def _client(name: str, running: RunningServer) -> Any:
     """A new client of CLIENTS[name] on the server (an asyncio cluster client awaited: it reads the map of slots)."""
     if name.endswith("-resp3") and running.target == "redis-5":
@@ -233,7 +206,7 @@ async def _opened(name: str, real_server: ServerUnderTest, server_pool: ServerPo
     try:
         yield name, client, running
     finally:
-        await _close(client)
+        await close_client(client)
 
 
 @pytest.fixture(params=list(CLIENTS))
@@ -559,7 +532,7 @@ async def test_a_node_that_refuses_its_whole_pipeline_does_not_lose_the_other_no
         )
     finally:
         await backend.stop()
-        await _close(client)
+        await close_client(client)
     on_refusing = [running.shard_of(KeySpace(f"{name}:").lease(job).state) == refusing for job in jobs]
     assert [isinstance(claim, StoreReplyError) for claim in claims] == on_refusing
     assert [claim.outcome for claim in claims if isinstance(claim, Claim)] == [Outcome.WON] * 2
@@ -579,7 +552,7 @@ async def _lease_job_on_the_first_primary(
         yield backend, job
     finally:
         await backend.stop()
-        await _close(client)
+        await close_client(client)
 
 
 async def _claim(backend: RedisBackend[Any], job: str, token: str) -> Claim | StoreError:
@@ -642,7 +615,7 @@ async def test_claims_and_results_answered_ask_take_effect_where_the_keys_moved(
                 on_target.close()
         finally:
             await backend.stop()
-            await _close(client)
+            await close_client(client)
 
 
 def _move_keys_of_slot(
@@ -764,7 +737,7 @@ async def test_a_backend_starts_and_claims_while_a_primary_it_does_not_use_is_do
             claim = await _claim(backend, job, "a")
         finally:
             await backend.stop()
-            await _close(client)
+            await close_client(client)
         assert isinstance(claim, Claim)
         assert claim.outcome is Outcome.WON
 
@@ -798,7 +771,7 @@ async def test_while_a_primary_is_down_the_others_answer_their_part_of_a_batch(r
                 assert all(client.nodes_manager.nodes_cache[name] is node for name, node in nodes.items())
         finally:
             await backend.stop()
-            await _close(client)
+            await close_client(client)
 
 
 async def test_glide_while_a_primary_stops_answering_the_others_answer_their_part_of_a_batch(real_target: str) -> None:
@@ -821,10 +794,7 @@ async def test_glide_while_a_primary_stops_answering_the_others_answer_their_par
         finally:
             running.control.resume()
             await backend.stop()
-            await _close(client)
-
-
-OVERLAP_OK = JobPolicy(overlap=True)
+            await close_client(client)
 
 
 async def test_glide_lanes_follow_a_resharding(real_target: str) -> None:
@@ -846,7 +816,8 @@ async def test_glide_lanes_follow_a_resharding(real_target: str) -> None:
             _move_empty_slot(running, key_slot(keys.lease(moved).state.encode()), *running.shards[:2])
             for step in range(20):  # each claim may start a reading, which the claims do not wait for
                 slot = SLOT + step * 1000
-                requests = [(RunRequest(job, str(slot), slot, f"t{step}", "r"), OVERLAP_OK) for job in jobs]
+                policy = JobPolicy(overlap=True)
+                requests = [(RunRequest(job, str(slot), slot, f"t{step}", "r"), policy) for job in jobs]
                 claims = await backend.strategy.claim(backend.store, requests)
                 assert all(isinstance(claim, Claim) and claim.outcome is Outcome.WON for claim in claims), claims
                 if backend.lane(moved) == backend.lane(stays):
@@ -855,7 +826,7 @@ async def test_glide_lanes_follow_a_resharding(real_target: str) -> None:
             assert backend.lane(moved) == backend.lane(stays)
         finally:
             await backend.stop()
-            await _close(client)
+            await close_client(client)
 
 
 async def test_server_error_replies_are_translated(client_on_server: ClientOnServer) -> None:

@@ -28,7 +28,7 @@ import fakeredis
 import pytest
 import redis.asyncio.cluster
 import redis.exceptions
-from glide import GlideClusterClient, GlideClusterClientConfiguration, NodeAddress, ProtocolVersion
+from glide import ProtocolVersion
 
 from anarchon import (
     ConfigError,
@@ -65,7 +65,9 @@ from tests.support import (
     Execution,
     Ledger,
     backend_for,
+    close_client,
     eventually,
+    glide,
     jobs_on_every_shard,
     now_ms,
     second_from_now,
@@ -141,9 +143,8 @@ async def _schedulers_on_cluster(
     reads the map of slots when first used; or "glide"). Stopped at the end of the block, and the clients closed."""
     clients: list[Any]
     if client == "glide":
-        address = [NodeAddress(running.host, running.port)]
-        configuration = GlideClusterClientConfiguration(address, protocol=ProtocolVersion.RESP2)  # Redis 5 too
-        clients = [await GlideClusterClient.create(configuration) for _ in range(3)]
+        make = glide(cluster=True, protocol=ProtocolVersion.RESP2)  # Redis 5 too
+        clients = [await make(running) for _ in range(3)]
     else:
         clients = [redis.asyncio.cluster.RedisCluster(host=running.host, port=running.port, protocol=2) for _ in "abc"]
     schedulers: list[Scheduler[Any]] = []
@@ -160,7 +161,7 @@ async def _schedulers_on_cluster(
         await asyncio.gather(*(s.stop() for s in schedulers))
     finally:
         for each in clients:
-            await (each.close() if client == "glide" else each.aclose())
+            await close_client(each)
 
 
 @pytest.mark.slow
@@ -946,9 +947,12 @@ def test_a_won_run_whose_late_retry_is_a_skip_is_taken_over_by_the_instance_stan
 
 
 class RefusesOneJob(Link):
-    """A link on which every script of job "flaky" fails as a store that refuses it for now (TRYAGAIN-like)."""
+    """A link on which every script of job "flaky" fails as a store that refuses it for now (TRYAGAIN-like); the
+    moments (loop time) its claims were sent are kept."""
 
-    attempts: list[float]
+    def __init__(self, inner: Connection) -> None:
+        super().__init__(inner, "a")
+        self.attempts: list[float] = []
 
     async def execute_many(self, commands: Sequence[Command]) -> list[Reply | StoreError]:
         replies = await super().execute_many(commands)
@@ -970,8 +974,7 @@ def test_a_claim_that_keeps_failing_backs_off_while_other_jobs_claims_are_answer
     30 s), however many claims of "often" (every second) are answered meanwhile."""
 
     async def main() -> list[float]:
-        link = RefusesOneJob(adapt(fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer())), "a")
-        link.attempts = []
+        link = RefusesOneJob(adapt(fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer())))
         scheduler = Scheduler(RedisBackend(redis=link), instance_id="a", clock=SimClock(), lease_ms=30_000)
         scheduler.add_job("flaky", "0 * * * * *", _virtual_noop, max_late_ms=3_600_000)
         scheduler.add_job("often", "* * * * * *", _virtual_noop)
