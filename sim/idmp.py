@@ -12,6 +12,9 @@ connection wrapper answers ``XADD … IDMP``, ``XCFGSET`` and the IDMP fields of
 - ``XCFGSET`` needs an existing stream, checks 1..86400 s and 1..10000, and clears every map when it changes a
   value (not when it sets the same one); new streams start at 100 s and 100 ids.
 
+fakeredis runs a script's ``redis.call`` itself, past this wrapper: the one script of anarchon's that sends IDMP
+commands, the idmp strategy's configure script, is answered here, step by step as its Lua does them.
+
 The state is part of the dataset: :class:`IdmpState` is snapshotted and restored with it across a failover.
 """
 
@@ -25,10 +28,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from anarchon._errors import StoreError, StoreReplyError
-from anarchon._store import Command, Connection, Reply, ServerInfo
+from anarchon._store import Command, Connection, Reply, ServerInfo, as_list
+from anarchon._strategies.idmp import CONFIGURE
 
 DEFAULT_DURATION_S = 100
 DEFAULT_MAXSIZE = 100
+CONFIGURE_SCRIPT = frozenset({CONFIGURE.sha, CONFIGURE.source})  # EVALSHA or EVAL of it
 
 
 @dataclass
@@ -85,6 +90,8 @@ class IdmpConnection:
             return await self._xcfgset([text(a) for a in command])
         elif name == "XINFO" and len(command) >= 3 and text(command[1]).upper() == "STREAM":
             return await self._xinfo(command)
+        elif name in ("EVALSHA", "EVAL") and text(command[1]) in CONFIGURE_SCRIPT:
+            return await self._configure(*(text(a) for a in command[3:7]))
         return await self.inner.execute(command)
 
     async def execute_many(self, commands: Sequence[Command]) -> list[Reply | StoreError]:
@@ -159,6 +166,30 @@ class IdmpConnection:
             stream.maxsize = maxsize
             stream.producers.clear()
         return "OK"
+
+    async def _configure(self, key: str, duration: str, max_size: str, producer: str) -> Reply:
+        """anarchon/_lua/idmp_configure.lua, one step for each of its commands."""
+        async with self.state.lock:
+            if not await self.inner.execute(["EXISTS", key]):
+                self.state.streams.pop(key, None)
+                made = await self.inner.execute(["XADD", key, "*", "created", 1])
+                await self.inner.execute(["XDEL", key, text(made)])
+            stream = self.state.streams.setdefault(key, StreamIdmp())
+            old_duration = stream.duration_s
+            if (old_duration, stream.maxsize) == (int(duration), int(max_size)):
+                return -1
+            await self._xcfgset(["XCFGSET", key, "IDMP-DURATION", duration, "IDMP-MAXSIZE", max_size])
+            since = self._now_ms() - max(int(duration), old_duration) * 1000
+            entries = await self.inner.execute(["XREVRANGE", key, "+", since, "COUNT", max_size])
+            copied: set[str] = set()
+            for entry in reversed(as_list(entries)):
+                fields = as_list(as_list(entry, 2)[1])
+                names = [text(f) for f in fields[::2]]
+                if "slot" in names and (slot := text(fields[2 * names.index("slot") + 1])) not in copied:
+                    copied.add(slot)
+                    add = ["XADD", key, "IDMP", producer, slot, "*", *(text(f) for f in fields)]
+                    await self._xadd_idmp_locked(add, _xadd_options(add))
+            return len(copied)
 
     async def _xinfo(self, command: Command) -> Reply:
         reply = await self.inner.execute(command)

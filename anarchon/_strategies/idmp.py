@@ -4,26 +4,31 @@ The server keeps the first entry for an idempotent id and answers repeats with t
 error, so every claimer reads the entry back and compares tokens. A run is remembered for ``duration_sec`` (and
 up to ``max_size`` runs per job); a claim arriving later than that wins again. The stream keeps at least as many
 entries as the server remembers ids (``max_size``): a retried claim that read back nothing would be told "lost"
-although its first try won.
+although its first try won. A deploy that changes ``duration_sec`` or ``max_size`` makes the server forget every
+run it remembers (XCFGSET clears them): the stream's runs are then added again, copied, in the same script.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Sequence
 
-from .._errors import StoreError, StoreReplyError, StoreUnavailableError, UnsupportedStrategyError
+from .._errors import StoreError, StoreUnavailableError, UnsupportedStrategyError
 from .._keys import KeySpace
-from .._store import Command, Reply, ServerInfo, Store, as_list, as_text
+from .._store import Command, Reply, Script, ServerInfo, Store, as_text
 from ._base import Claim, JobPolicy, Outcome, RunRequest, fence_of
 from ._claim_only import ClaimOnlyStrategy, entry_token
 
 OTHER_STRATEGIES = ("lease", "stream-id", "script")
+CONFIGURE = Script.load("idmp_configure")
+log = logging.getLogger("anarchon")
 
 
 class IdmpStrategy(ClaimOnlyStrategy):
     name = "idmp"
+    scripts: tuple[Script, ...] = (*ClaimOnlyStrategy.scripts, CONFIGURE)
 
     def __init__(self, keys: KeySpace, duration_sec: int, max_size: int) -> None:
         super().__init__(keys)
@@ -52,9 +57,7 @@ class IdmpStrategy(ClaimOnlyStrategy):
     async def _configure_once(self, store: Store, job: str) -> None:
         configuring = self._configured.get(job)
         if configuring is None:
-            configuring = self._configured[job] = asyncio.ensure_future(
-                self.configure(store, self.keys.claim(job).runs)
-            )
+            configuring = self._configured[job] = asyncio.ensure_future(self.configure(store, job))
         try:
             await asyncio.shield(configuring)
         except BaseException:
@@ -62,23 +65,17 @@ class IdmpStrategy(ClaimOnlyStrategy):
                 self._configured.pop(job, None)  # the next claim tries again
             raise
 
-    async def configure(self, store: Store, key: str) -> None:
-        """Set the stream's IDMP duration and size, only when they differ: XCFGSET clears what it tracks."""
-        try:
-            reply = await store.execute("XINFO", "STREAM", key)
-        except StoreReplyError as error:
-            if "no such key" not in error.reply:
-                raise
-            # XCFGSET needs the stream to exist. Another instance may make it meanwhile and claim a run in it, so
-            # it is made with an entry of its own that is then deleted (a MAXLEN 0 would delete that claim's too).
-            made = await store.execute("XADD", key, "*", "created", 1)
-            await store.execute("XDEL", key, as_text(made))
-            reply = await store.execute("XINFO", "STREAM", key)
-        fields = as_list(reply)
-        info = dict(zip(fields[::2], fields[1::2], strict=True))
-        wanted = {"idmp-duration": self.duration_sec, "idmp-maxsize": self.max_size}
-        if any(str(info.get(name)) != str(value) for name, value in wanted.items()):
-            await store.execute("XCFGSET", key, "IDMP-DURATION", self.duration_sec, "IDMP-MAXSIZE", self.max_size)
+    async def configure(self, store: Store, job: str) -> None:
+        """Give the job's stream this duration and size, only where it has others (XCFGSET then clears what the
+        server tracks), keeping the runs it remembered remembered (see idmp_configure.lua)."""
+        runs = self.keys.claim(job).runs
+        again = int(as_text(await store.run(CONFIGURE, (runs,), (self.duration_sec, self.max_size, job))))
+        if again > 0:
+            log.warning(
+                "idmp: the stream %s had other IDMP settings than duration_sec=%d, max_size=%d (another deploy's); "
+                "set, and its %d latest runs copied so that it still remembers them",
+                runs, self.duration_sec, self.max_size, again,
+            )  # fmt: skip
 
     async def claim_scheduled(
         self, store: Store, requests: Sequence[tuple[RunRequest, JobPolicy]]

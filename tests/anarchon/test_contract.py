@@ -14,7 +14,6 @@ from redis.crc import key_slot
 from anarchon import (
     RedisBackend,
     RunRecord,
-    StoreError,
     StoreFormatError,
     StoreReplyError,
     StoreUnavailableError,
@@ -23,6 +22,7 @@ from anarchon import (
 from anarchon._adapters import adapt
 from anarchon._store import Command, Connection, Reply, ScriptCall, ServerInfo, command_key
 from anarchon._strategies import Claim, JobPolicy, Outcome, RunRequest, run_id
+from anarchon._strategies.idmp import CONFIGURE
 from tests.anarchon.support import StoreTarget
 from tests.support import Recording
 
@@ -931,7 +931,8 @@ async def test_noscript_in_a_batch_of_claims_is_handled(target: StoreTarget, str
         else:
             assert [c.outcome for c in answers] == [Outcome.LOST] * len(runs)
         if evals is not None:
-            scripted = strategy in ("lease", "script")  # stream-id and idmp claim with plain commands
+            # stream-id and idmp claim with plain commands; idmp configures the two jobs new to it with a script
+            scripted = strategy in ("lease", "script") or (strategy == "idmp" and token == "a")
             assert await _command_calls(target, "eval") == evals + (1 if scripted else 0)
 
 
@@ -960,6 +961,28 @@ async def test_idmp_configures_the_stream_once(target: StoreTarget) -> None:
     assert await _xcfgset_calls(target) == configured  # another instance's start found the stream as wanted
 
 
+async def test_idmp_a_deploy_that_changes_its_settings_keeps_the_runs_remembered(target: StoreTarget) -> None:
+    """XCFGSET makes the server forget every run a stream remembers. An instance started with another duration
+    (a deploy), and one of the previous deploy started again, must each find the runs claimed before it taken:
+    a late claim loses, and a winner whose answer was lost wins when it asks again."""
+    if not target.supports_idmp:
+        pytest.skip(f"idmp needs Redis 8.6+; {target.name} is {target.describe}")
+    old = {"name": "idmp", "duration_sec": 300, "max_size": 50}
+    first = await target.started_backend(old)
+    won = [await claim_one(first, request(slot, "a"), JobPolicy()) for slot in (SLOT, SLOT + 1000)]
+    assert [c.outcome for c in won] == [Outcome.WON] * 2
+    new = await target.started_backend({"name": "idmp", "duration_sec": 900, "max_size": 50})
+    assert await _idmp_settings(target, "cron:sync:runs") == (900, 50)
+    late = await claim_one(new, request(SLOT, "b"), JobPolicy())
+    retried = await claim_one(first, request(SLOT, "a"), JobPolicy())
+    assert (late.outcome, retried.outcome) == (Outcome.LOST, Outcome.WON)
+    restarted = await target.started_backend(old)  # an instance of the previous deploy, started again
+    assert await _idmp_settings(target, "cron:sync:runs") == (300, 50)
+    for backend, slot in ((restarted, SLOT), (new, SLOT + 1000)):
+        assert (await claim_one(backend, request(slot, "c"), JobPolicy())).outcome is Outcome.LOST
+    assert (await claim_one(new, request(SLOT + 2000, "c"), JobPolicy())).outcome is Outcome.WON
+
+
 async def test_idmp_configures_a_job_added_after_start_before_its_first_claim(target: StoreTarget) -> None:
     """A job registered on a running scheduler gets its stream's duration and size too: with the server's
     defaults (100 s) a claim later than that would win the run again. Its first claims, concurrent, configure
@@ -976,19 +999,18 @@ async def test_idmp_configures_a_job_added_after_start_before_its_first_claim(ta
     assert await _xcfgset_calls(target) == before + 1
 
 
-class FailFirstXinfo:
-    """A connection whose first XINFO, once armed, fails with ``error``: by default as if the store could not be
+class FailFirstConfiguration:
+    """A connection whose first run of the idmp configure script, once armed, fails as if the store could not be
     reached."""
 
-    def __init__(self, inner: Connection, error: StoreError | None = None) -> None:
+    def __init__(self, inner: Connection) -> None:
         self.inner = inner
         self.armed = False
-        self.error = error or StoreUnavailableError("store unavailable: connection reset (injected)")
 
     def _check(self, commands: Sequence[Command]) -> None:
-        if self.armed and any(str(command[0]).upper() == "XINFO" for command in commands):
+        if self.armed and any(str(command[1]) in (CONFIGURE.sha, CONFIGURE.source) for command in commands):
             self.armed = False
-            raise self.error
+            raise StoreUnavailableError("store unavailable: connection reset (injected)")
 
     async def execute(self, command: Command) -> Reply:
         self._check([command])
@@ -1013,7 +1035,7 @@ async def test_idmp_a_failed_configuration_fails_only_that_jobs_claims_and_is_tr
     the other jobs' claims go on, and the next claim of the job configures it."""
     if not target.supports_idmp:
         pytest.skip(f"idmp needs Redis 8.6+; {target.name} is {target.describe}")
-    connection = FailFirstXinfo(adapt(target.new_client()))
+    connection = FailFirstConfiguration(adapt(target.new_client()))
     backend = target.backend({"name": "idmp", "duration_sec": 900, "max_size": 50}, connection=connection)
     await backend.start(["sync"])
     connection.armed = True
@@ -1033,29 +1055,6 @@ async def test_idmp_a_failed_configuration_fails_only_that_jobs_claims_and_is_tr
     assert await _xcfgset_calls(target) == before + 1
     lost = await claim_one(backend, request(SLOT, "c", job="later"), JobPolicy())
     assert lost.outcome is Outcome.LOST
-
-
-async def test_idmp_a_stream_made_by_a_late_configuration_keeps_the_claims_made_meanwhile(
-    target: StoreTarget,
-) -> None:
-    """Two instances configure a new job's stream at once (a job's first deploy, or a job added after start):
-    one found no stream, and makes it after the other made it and won the first run there. Making it must not
-    delete that run's entry: its winner would read nothing back and lose too, and the run would run nowhere."""
-    if not target.supports_idmp:
-        pytest.skip(f"idmp needs Redis 8.6+; {target.name} is {target.describe}")
-    settings = {"name": "idmp", "duration_sec": 900, "max_size": 50}
-    first = await target.started_backend(settings)
-    won = await claim_one(first, request(SLOT, "a", job="later"), JobPolicy())
-    assert won.outcome is Outcome.WON
-    late = FailFirstXinfo(adapt(target.new_client()), StoreReplyError("ERR no such key"))
-    second = target.backend(settings, connection=late)
-    await second.start([])
-    late.armed = True  # its configuration finds no stream: the first instance's XINFO came before it was made
-    lost = await claim_one(second, request(SLOT, "b", job="later"), JobPolicy())
-    assert lost.outcome is Outcome.LOST
-    assert not late.armed
-    retried = await claim_one(first, request(SLOT, "a", job="later"), JobPolicy())  # its answer lost: asked again
-    assert (retried.outcome, retried.fence) == (Outcome.WON, won.fence)
 
 
 async def test_idmp_a_stream_that_vanished_is_made_and_configured_again(target: StoreTarget) -> None:

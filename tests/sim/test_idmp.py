@@ -9,7 +9,8 @@ import pytest
 
 from anarchon._adapters import RedisPyAsync
 from anarchon._errors import StoreReplyError
-from anarchon._store import Connection
+from anarchon._store import Connection, Store
+from anarchon._strategies.idmp import CONFIGURE
 from sim.servers.testing import ServerUnderTest
 from sim.world import SimStore
 
@@ -83,3 +84,58 @@ async def test_emulated_idmp_answers_like_redis_8_6(real_server: ServerUnderTest
     assert expected[22:28] == ["None", "0", "entry of step 24", "1", "entry of step 26", "1"]
     assert expected[28] == "entry of step 26"
     await emulated.close()
+
+
+async def reconfigure(connection: Connection) -> list[str]:
+    """A stream that remembers runs, given other IDMP settings by the idmp strategy's configure script (a deploy
+    that changes duration_sec): the answers, entry IDs replaced by the step that made them, then the stream."""
+    store = Store(connection, owned=True)
+    made: dict[str, int] = {}
+    steps: list[tuple[Any, ...]] = [
+        ("configure", 300, 50),  # a new stream: made and set, nothing to copy
+        ("XADD", "s", "IDMP", "job", "1000", "*", "slot", "1000", "token", "a"),
+        ("XADD", "s", "IDMP", "job", "2000", "*", "slot", "2000", "token", "b"),
+        ("configure", 300, 50),  # the same settings: nothing done
+        ("XADD", "s", "IDMP", "job", "1000", "*", "slot", "1000", "token", "c"),  # remembered: a's entry
+        ("configure", 900, 50),  # changed: both runs copied
+        ("XADD", "s", "IDMP", "job", "1000", "*", "slot", "1000", "token", "d"),  # remembered: the copy of a's
+        ("configure", 300, 20),  # and back: one copy of each run again (the first entry of each)
+        ("XADD", "s", "IDMP", "job", "2000", "*", "slot", "2000", "token", "e"),
+    ]
+    answers = []
+    for step, command in enumerate(steps):
+        if command[0] == "configure":
+            answers.append(str(await store.run(CONFIGURE, ["s"], [*command[1:], "job"])))
+            continue
+        entry_id = str(await store.execute(*command))
+        [[_, fields]] = await store.execute("XRANGE", "s", entry_id, entry_id)  # type: ignore[misc]
+        if entry_id not in made and fields[-1] == command[-1]:
+            made[entry_id] = step
+        origin = f"step {made[entry_id]}" if entry_id in made else "a copy"
+        answers.append(f"token {fields[-1]}, entry of {origin}")  # what a claim reads back
+    entries = await store.execute("XRANGE", "s", "-", "+")
+    assert isinstance(entries, list)
+    answers += [f"{made.get(str(entry[0]), 'a copy')}: {entry[1]}" for entry in entries]  # type: ignore[index]
+    info = await store.execute("XINFO", "STREAM", "s")
+    assert isinstance(info, list)
+    fields = dict(zip(info[::2], info[1::2], strict=True))
+    answers.append(f"duration {fields['idmp-duration']} maxsize {fields['idmp-maxsize']}")
+    await store.close()
+    return answers
+
+
+async def test_emulated_idmp_runs_the_configure_script_like_redis_8_6(real_server: ServerUnderTest) -> None:
+    """fakeredis runs a script's IDMP commands itself, past the emulation, which answers the configure script
+    in its place: it must do what the script does on Redis 8.6."""
+    if real_server.target != "redis-8.6":
+        pytest.skip(f"IDMP exists on redis-8.6 only; {real_server.target} has none to compare with")
+    expected, got = await asyncio.gather(
+        reconfigure(RedisPyAsync(real_server.async_client())), reconfigure(SimStore((8, 6)).connection())
+    )
+    assert got == expected
+    assert expected[:9] == [  # the program does test what it says
+        "0", "token a, entry of step 1", "token b, entry of step 2", "-1", "token a, entry of step 1",
+        "2", "token a, entry of a copy", "2", "token b, entry of a copy",
+    ]  # fmt: skip
+    assert len(expected) == 9 + 2 + 2 + 2 + 1  # the answers, two runs, copied twice, and the settings
+    assert expected[-1] == "duration 300 maxsize 20"

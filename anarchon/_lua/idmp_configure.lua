@@ -1,0 +1,41 @@
+-- idmp configure: give a job's runs stream the IDMP settings wanted, without forgetting the runs it remembers.
+-- KEYS[1]  the job's runs stream (made, empty, when there is none: XCFGSET needs a stream)
+-- ARGV[1]  IDMP-DURATION (s)     ARGV[2]  IDMP-MAXSIZE     ARGV[3]  the producer id (the job)
+-- returns -1 when the stream had these settings already, else how many runs it was made to remember again.
+--   XCFGSET clears every idempotent id a stream tracks when it changes a setting: a late claim of a run the
+--   stream remembered would then win it again (a deploy that changes duration_sec or max_size, or an instance
+--   of the previous deploy started again). So the first entry of each run among those of the longer of the two
+--   durations (the newest IDMP-MAXSIZE) is added again, a copy with the run's slot as idempotent id: a late
+--   claim reads the winner's token back from the copy. The originals stay, for claims reading theirs back now.
+--   One script: no claim comes between the clearing and the adding.
+local key, duration, max_size, producer = KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
+if redis.call('EXISTS', key) == 0 then
+  redis.call('XDEL', key, redis.call('XADD', key, '*', 'created', 1))
+end
+local info = redis.call('XINFO', 'STREAM', key)
+local current = {}
+for i = 1, #info, 2 do current[info[i]] = info[i + 1] end
+local old_duration = tonumber(current['idmp-duration'])
+if old_duration == duration and tonumber(current['idmp-maxsize']) == max_size then
+  return -1
+end
+redis.call('XCFGSET', key, 'IDMP-DURATION', duration, 'IDMP-MAXSIZE', max_size)
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+local entries = redis.call('XREVRANGE', key, '+', now - math.max(duration, old_duration) * 1000, 'COUNT', max_size)
+local again, copied = 0, {}
+for i = #entries, 1, -1 do -- oldest first
+  local fields = entries[i][2]
+  for f = 1, #fields, 2 do
+    if fields[f] == 'slot' then
+      local slot = fields[f + 1]
+      if not copied[slot] then
+        copied[slot] = true
+        redis.call('XADD', key, 'IDMP', producer, slot, '*', unpack(fields))
+        again = again + 1
+      end
+      break
+    end
+  end
+end
+return again
