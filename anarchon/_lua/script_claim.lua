@@ -15,13 +15,28 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local oldest = now - window_ms
 
+-- Newest first, a page at a time: the claims that lose (every instance but one claims each run) find the
+-- winner's entry among the newest, and read no further; the first claim of a run reads the whole window. The
+-- page after an entry starts at the id just below it (Redis 5 has no exclusive ranges).
 -- Entries are written as: slot, token, runner, so fields[2] is the slot and fields[4] the token.
-for _, entry in ipairs(redis.call('XREVRANGE', runs, '+', oldest)) do
-  local fields = entry[2]
-  if fields[2] == slot then
-    if fields[4] == token then return { 'won', entry[1] } end
-    return { 'lost', entry[1] }
+local from, page = '+', 8
+while true do
+  local entries = redis.call('XREVRANGE', runs, from, oldest, 'COUNT', page)
+  for _, entry in ipairs(entries) do
+    local fields = entry[2]
+    if fields[2] == slot then
+      if fields[4] == token then return { 'won', entry[1] } end
+      return { 'lost', entry[1] }
+    end
   end
+  if #entries < page then break end
+  local ms, sequence = string.match(entries[#entries][1], '^(%d+)-(%d+)$')
+  if sequence ~= '0' then
+    from = ms .. '-' .. string.format('%d', tonumber(sequence) - 1)
+  else
+    from = string.format('%d', tonumber(ms) - 1) .. '-18446744073709551615'
+  end
+  page = 256
 end
 local id = redis.call('XADD', runs, '*', 'slot', slot, 'token', token, 'runner', runner)
 
