@@ -1054,8 +1054,12 @@ class Scheduler(Generic[M]):
             except Exception as error:  # an answer anarchon cannot read: retried, and the dispatcher goes on
                 log.exception("claims of %d runs failed", len(part))
                 claims = [StoreUnavailableError(f"the claim failed: {type(error).__name__}: {error}")] * len(part)
+        queued_before, live_elsewhere = self._seq, set()
         for entry, request, claim in zip(part, requests, claims, strict=True):
-            self._settle(entry, request, claim, sent_ms, sent)
+            if self._settle(entry, request, claim, sent_ms, sent) and entry[2] in self._retrying:
+                live_elsewhere.add(entry[2])
+        if live_elsewhere:
+            self._another_run_is_live(live_elsewhere, sent_ms, queued_before)
 
     def _request(self, entry: _Due) -> RunRequest:
         _, _, job, slot, _, _, token = entry
@@ -1063,7 +1067,8 @@ class Scheduler(Generic[M]):
             return RunRequest(job, run_id(slot), slot, self._token(), self.instance_id)
         return RunRequest(job, run_id(slot), slot, token, self.instance_id, retry=True)
 
-    def _settle(self, entry: _Due, request: RunRequest, claim: Claim | StoreError, now: int, sent: float) -> None:
+    def _settle(self, entry: _Due, request: RunRequest, claim: Claim | StoreError, now: int, sent: float) -> bool:
+        """Act on one claim's answer; True when the store answered that another run of the job is live."""
         _, _, name, slot, kind, failures, _ = entry
         if isinstance(claim, StoreError):
             if not self._started:  # stop() began: it is not sent again
@@ -1071,7 +1076,7 @@ class Scheduler(Generic[M]):
                             extra={"job": name, "slot": slot})  # fmt: skip
                 if self.backend.leases:  # it may have won: handed back, as the retries queued when stop() began
                     self._spawn(self._release_unanswered(request), "anarchon-hand-back")
-                return
+                return False
             delay_s = min(RETRY_MAX_S, RETRY_MIN_S * 2 ** min(failures, 16))  # a backup may fail for hours
             log.warning(
                 "job %s: claim of slot %d failed (%s); retrying in %.1f s", name, slot, claim, delay_s,
@@ -1080,7 +1085,7 @@ class Scheduler(Generic[M]):
             retry_kind: Kind = kind if kind in ("backup", "early") else "retry"
             self._push(now + int(delay_s * 1000), name, slot, retry_kind, failures + 1, request.token)
             self._retrying.add(name)
-            return
+            return False
         if kind == "early":
             self._due_again.pop((name, slot), None)
         if claim.outcome is Outcome.WON:
@@ -1088,10 +1093,8 @@ class Scheduler(Generic[M]):
                 self._spawn(self._execute(self._jobs[name], request, claim, sent))
             else:  # won while stop() began
                 self._spawn(self._not_started(request, claim))
-            return
+            return False
         extra = {"job": name, "slot": slot, "attempt": claim.attempt}
-        if claim.outcome in (Outcome.RUNNING, Outcome.OVERLAP):
-            self._another_run_is_live(name, now)
         if claim.outcome is Outcome.RUNNING:
             again_at = now + claim.lease_ms_left + 1
             if claim.attempt == 0:  # this clock is ahead of the store's, and another run of the job is going
@@ -1110,24 +1113,29 @@ class Scheduler(Generic[M]):
                      extra=extra)  # fmt: skip
         else:
             log.debug("job %s slot %d: %s", name, slot, claim.outcome.value, extra=extra)
+        return claim.outcome in (Outcome.RUNNING, Outcome.OVERLAP)
 
-    def _another_run_is_live(self, job: str, now: int) -> None:
-        """The store answered a claim of ``job`` that another run of it is live. That run may be one this instance
+    def _another_run_is_live(self, jobs: set[str], now: int, queued_before: int) -> None:
+        """The store answered claims of ``jobs`` that another run of each is live. That run may be one this instance
         won unheard (the answer was lost or timed out, and the store ran the claim all the same, as a client that
         gave up sends a request once the node answers again): it holds the job's lease, and the job's next slots
-        would be skipped for overlap until its retry, up to RETRY_MAX_S away, learnt it had won. So the job's
-        claims waiting to be sent again after store errors go now."""
-        if job not in self._retrying:
-            return
-        self._retrying.discard(job)
+        would be skipped for overlap until its retry, up to RETRY_MAX_S away, learnt it had won. So the jobs'
+        claims waiting to be sent again after store errors go now: those queued before the answers came (one
+        that failed beside them waits its backoff). The queue is rebuilt once for all of them: after an outage,
+        a pipeline's answers may name thousands of jobs."""
         queue: list[_Due] = []
+        waiting: set[str] = set()  # jobs left with a claim that failed beside the answers
         for entry in self._queue:
             at_ms, seq, name, slot, kind, failures, token = entry
-            if name == job and at_ms > now and (kind == "retry" or failures > 0):
-                entry = (now, seq, name, slot, kind, failures, token)
+            if name in jobs and at_ms > now and (kind == "retry" or failures > 0):
+                if seq <= queued_before:
+                    entry = (now, seq, name, slot, kind, failures, token)
+                else:
+                    waiting.add(name)
             queue.append(entry)
         heapq.heapify(queue)
         self._queue = queue
+        self._retrying -= jobs - waiting
         self._wake()
 
     async def _skip_late(self, late: list[_Due], now: int) -> None:
