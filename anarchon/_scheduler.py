@@ -26,7 +26,7 @@ import signal
 import socket
 import threading
 from collections import Counter
-from collections.abc import Callable, Coroutine, Hashable, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Hashable, Iterator
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Generic, Literal, TypeAlias, TypeVar, cast, overload
@@ -1416,7 +1416,7 @@ class Scheduler(Generic[M]):
 
     async def _call(self, job: Job, context: RunContext, running: _Running) -> object:
         if job.is_async:
-            return await job.call(context)  # type: ignore[misc]
+            return await _exits_as_errors(job.call(context))  # type: ignore[arg-type]
         if self._job_threads is None:
             self._job_threads = concurrent.futures.ThreadPoolExecutor(JOB_THREADS, thread_name_prefix="anarchon-job")
         # With the caller's contextvars.
@@ -1425,7 +1425,7 @@ class Scheduler(Generic[M]):
         result = await asyncio.wrap_future(running.thread)
         if inspect.isawaitable(result):  # a sync function that returned a coroutine: the job goes on in it
             running.thread = None
-            return await result
+            return await _exits_as_errors(result)
         return result
 
     def _start_keeper(self) -> None:
@@ -1503,7 +1503,7 @@ class Scheduler(Generic[M]):
             result = hook(*args)
             if inspect.isawaitable(result):
                 await result
-        except Exception:
+        except (Exception, SystemExit, KeyboardInterrupt):  # as a job's: see _exits_as_errors
             log.exception("hook %r failed", hook)
         finally:
             running.in_hook = False
@@ -1707,8 +1707,8 @@ def _lease_only(option: str, strategy: str) -> ConfigError:
     )
 
 
-class _ThreadExit(Exception):
-    """A sync job's function raised SystemExit or KeyboardInterrupt (its ``__cause__``) on its worker thread."""
+class _JobExit(Exception):
+    """A job's function raised SystemExit or KeyboardInterrupt (its ``__cause__``)."""
 
 
 def _on_its_thread(function: Callable[[RunContext], object], context: RunContext) -> object:
@@ -1719,14 +1719,25 @@ def _on_its_thread(function: Callable[[RunContext], object], context: RunContext
     try:
         return function(context)
     except (SystemExit, KeyboardInterrupt) as error:
-        raise _ThreadExit(_failure(error)) from error
+        raise _JobExit(_failure(error)) from error
     finally:
         _on_job_thread.active = False
 
 
+async def _exits_as_errors(job: Awaitable[object]) -> object:
+    """Await an async job: SystemExit or KeyboardInterrupt that it raises (sys.exit() in a command-line entry
+    point reused as a job) fails its run, as on a sync job's thread, instead of ending the application and then
+    each instance that takes the run over. (Ctrl-C does not land in a job: asyncio.run turns it into the
+    cancellation of its main task.)"""
+    try:
+        return await job
+    except (SystemExit, KeyboardInterrupt) as error:
+        raise _JobExit(_failure(error)) from error
+
+
 def _failure(error: BaseException) -> str:
-    """How a job's exception is recorded: its type and message (a SystemExit on a job's thread as itself)."""
-    return str(error) if isinstance(error, _ThreadExit) else f"{type(error).__name__}: {error}"
+    """How a job's exception is recorded: its type and message (a SystemExit from a job as itself)."""
+    return str(error) if isinstance(error, _JobExit) else f"{type(error).__name__}: {error}"
 
 
 @contextlib.contextmanager

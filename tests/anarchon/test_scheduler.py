@@ -3456,6 +3456,43 @@ async def test_a_sync_job_that_exits_fails_and_the_app_runs_on(leave: Callable[[
         assert (stored.status, stored.message) == ("error", message)
 
 
+@pytest.mark.parametrize(
+    ("leave", "message"),
+    [
+        (lambda: sys.exit(3), "SystemExit: 3"),
+        (_raise_keyboard_interrupt, "KeyboardInterrupt: "),
+    ],
+)
+async def test_an_async_job_or_hook_that_exits_fails_and_the_app_runs_on(
+    leave: Callable[[], None], message: str
+) -> None:
+    """The same from an async job, and from a sync function that returned a coroutine: the run is an error, and
+    the app goes on. A hook that exits is logged, as a hook that raises."""
+
+    async def exiting(run: RunContext) -> None:
+        await asyncio.sleep(0)
+        leave()
+
+    started: list[str] = []
+
+    def on_run_start(run: RunContext) -> None:
+        started.append(run.job)
+        leave()
+
+    scheduler = Scheduler(RedisBackend(redis=fakeredis.FakeAsyncRedis()), on_run_start=on_run_start)
+    scheduler.add_job("async", "0 0 1 1 *", exiting)
+    scheduler.add_job("returns-a-coroutine", "0 0 1 1 *", lambda run: exiting(run))
+    scheduler.add_job("next", "0 0 1 1 *", lambda: None)
+    async with scheduler:
+        for job in ("async", "returns-a-coroutine"):
+            record = await scheduler.run_now(job)
+            assert (record.status, record.message) == ("error", message)
+            [stored] = await scheduler.history(job)
+            assert (stored.status, stored.message) == ("error", message)
+        assert (await scheduler.run_now("next")).status == "ok"
+    assert started == ["async", "returns-a-coroutine", "next"]
+
+
 @pytest.mark.parametrize("how", ["await", "gather", "shield", "wait_for", "task", "on_run_end"])
 async def test_a_job_that_stops_its_scheduler_ends_as_usual(how: str) -> None:
     """A job stops its scheduler while another job's run goes on. stop() cannot wait for the job that awaits it
