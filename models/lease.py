@@ -180,14 +180,10 @@ def skip(store: LeaseStore, run: str, token: str, now: int, policy: JobPolicy) -
 
 
 def trim(store: LeaseStore, now: int, policy: JobPolicy) -> LeaseStore:
-    """What finish and skip drop: runs nobody can claim any more (slot and end both older than ``keep_ms``) beyond
-    ``history_size`` or ``history_ttl_ms``, after closing abandoned runs (lease expired and slot both older than
-    ``keep_ms``) as interrupted. Without
-    ``history_ttl_ms``, only once the finished runs are a tenth over ``history_size`` (at least one)."""
-    slack = max(1, policy.history_size // 10)
-    finished_before = sum(1 for _, r in store.runs if not r.running)
-    if not policy.history_ttl_ms and finished_before <= policy.history_size + slack:
-        return store
+    """What finish and skip drop. First, abandoned runs (lease expired and slot both older than ``keep_ms``) are
+    closed as interrupted, at every trim. Then runs nobody can claim any more (slot and end both older than
+    ``keep_ms``) beyond ``history_size`` or ``history_ttl_ms`` are dropped: without ``history_ttl_ms``, only once
+    the finished runs are a tenth over ``history_size`` (at least one)."""
     horizon = now - policy.keep_ms
     active = [(run, r) for run, r in store.runs if r.running]
     abandoned = [(run, r) for run, r in active if abs(r.lease_end) < horizon and run_slot(run) < horizon]
@@ -195,6 +191,9 @@ def trim(store: LeaseStore, now: int, policy: JobPolicy) -> LeaseStore:
         raise Unpredictable(f"trim closes the abandoned runs among {ABANDONED_SAMPLE} random active ones")
     for run, r in abandoned:
         store = store.put(run, r.close("interrupted", run_slot(run), now))
+    slack = max(1, policy.history_size // 10)
+    if not policy.history_ttl_ms and sum(1 for _, r in store.runs if not r.running) <= policy.history_size + slack:
+        return store
     # ZRANGEBYSCORE order: by score, then by member (the run id, as text)
     finished = sorted((r.closed, run) for run, r in store.runs if not r.running)
     dropped: list[str] = []

@@ -101,14 +101,11 @@ end
 -- store, or paused, for longer than keep_ms) finds the run gone, and is answered "done" instead of winning it
 -- again. No other claim can ask for that slot: it is older than keep_ms (when every instance gives the job the
 -- same keep_ms; one with a longer keep_ms is refused the slots between, though they never ran).
--- A run left active by instances that all died is closed as interrupted once nobody can claim it any more.
--- Without history_ttl_ms the work is done once the finished runs are a tenth over history_size (at least one):
--- most finishes then cost one ZCARD here instead of five commands.
+-- A run left active by instances that all died, or handed back when every instance stopped, is closed as
+-- interrupted once nobody can claim it any more: at each trim, so that its record comes with the job's next
+-- runs. The rest is done, without history_ttl_ms, once the finished runs are a tenth over history_size (at
+-- least one): most finishes then cost an SRANDMEMBER and a ZCARD here instead of six commands.
 local function trim(now, history_size, keep_ms, ttl_ms)
-  local slack = math.max(1, math.floor(history_size / 10))
-  if ttl_ms == 0 and redis.call('ZCARD', SLOTS) <= history_size + slack then
-    return
-  end
   local horizon = now - keep_ms
   -- A few at random per call: the check stays cheap however many runs are in progress, and over many calls
   -- every abandoned run is found.
@@ -120,6 +117,10 @@ local function trim(now, history_size, keep_ms, ttl_ms)
       local ended = r.lease_end < 0 and 'handed back' or 'lease expired'
       close_run(run, r, 'interrupted', now, '"abandoned: ' .. ended .. ' and no instance claimed the run again"')
     end
+  end
+  local slack = math.max(1, math.floor(history_size / 10))
+  if ttl_ms == 0 and redis.call('ZCARD', SLOTS) <= history_size + slack then
+    return
   end
   local candidates = {}
   local excess = redis.call('ZCARD', SLOTS) - history_size

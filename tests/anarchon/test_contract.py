@@ -771,24 +771,27 @@ async def test_lease_a_claim_for_a_run_trim_dropped_is_done_not_won_again(target
     assert (await claim_one(backend, request(now, "new"), keep_none)).outcome is Outcome.WON
 
 
-async def test_lease_a_handed_back_run_nobody_took_over_is_closed_by_trim_saying_so(target: StoreTarget) -> None:
+async def test_lease_a_run_nobody_took_over_is_closed_at_the_jobs_next_finish(target: StoreTarget) -> None:
     """A run handed back when no instance was left to take it over stays claimable for as long as a claim could
-    ask for it. Then trim closes it as interrupted, and its record says it was handed back, not that its lease
-    ran out."""
+    ask for it. Then trim closes it as interrupted, and its record says it was handed back, not that its lease ran
+    out. However far the history is from history_size: a run handed back as every instance stopped (or whose
+    instances all died) gets its record with the job's next run once keep_ms has passed, not a thousand runs
+    later."""
     backend = await target.started_backend("lease")
-    keep_none = JobPolicy(lease_ms=60_000, history_size=1, keep_ms=0)
+    policy = JobPolicy(lease_ms=60_000, history_size=1000, keep_ms=0)
     now = int(await target.server_ms())
-    handed = request(now - 3_600_000, "gone")
-    await claim_one(backend, handed, keep_none)
+    handed = request(now - 60_000, "gone")
+    await claim_one(backend, handed, policy)
     assert await backend.strategy.release(backend.store, handed)
-    await asyncio.sleep(0.002)  # the trims below come after the hand-back's moment plus keep_ms (0)
-    for i in range(3):  # the third finish finds more finished runs than history_size and its tenth: it trims
-        req = request(now - 7_200_000 + i * 1000, "a")
-        won = await claim_one(backend, req, keep_none)
-        assert await backend.strategy.finish(backend.store, req, won, keep_none, record(req, won))
-    [entry] = await backend.strategy.history(backend.store, "sync", 10)  # the newest slot's record is kept
-    assert (entry.slot, entry.attempt, entry.status, entry.token) == (handed.slot, 1, "interrupted", "gone")
-    assert entry.message == "abandoned: handed back and no instance claimed the run again"
+    await asyncio.sleep(0.002)  # the finish below comes after the hand-back's moment plus keep_ms (0)
+    following = request(now, "next")
+    won = await claim_one(backend, following, policy)
+    assert await backend.strategy.finish(backend.store, following, won, policy, record(following, won))
+    history = await backend.strategy.history(backend.store, "sync", 10)
+    assert [(r.slot, r.status, r.message) for r in history] == [
+        (following.slot, "ok", None),
+        (handed.slot, "interrupted", "abandoned: handed back and no instance claimed the run again"),
+    ]
 
 
 async def test_lease_trim_leaves_a_handed_back_run_to_the_backups_for_keep_ms(target: StoreTarget) -> None:
