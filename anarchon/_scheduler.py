@@ -293,6 +293,7 @@ class Scheduler(Generic[M]):
         self._added_at: dict[str, float] = {}
         self._running: dict[str, _Running] = {}  # by token
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._left_running: set[asyncio.Task[Any]] = set()  # jobs that ignored a stop(): no later stop waits again
         # Given no context, a done-callback runs in a copy of the current one: one more object for each of the
         # thousands of runs a burst starts. Forgetting a task needs none; one empty context per scheduler (a
         # context is entered by one thread at a time, and each scheduler's callbacks run on its loop's thread).
@@ -593,7 +594,7 @@ class Scheduler(Generic[M]):
 
     def _stop_work(self) -> set[asyncio.Task[Any]]:
         """What stop() waits for, as it is at each moment: a claim that settles meanwhile starts a hand-back."""
-        tasks = {task for task in self._tasks if task.get_name() != "anarchon-heartbeats"}
+        tasks = {task for task in self._tasks if task.get_name() != "anarchon-heartbeats"} - self._left_running
         return tasks | {self._dispatcher} if self._dispatcher is not None else tasks
 
     async def _stopped_but_for(self, running: _Running, task: asyncio.Task[Any]) -> None:
@@ -642,13 +643,15 @@ class Scheduler(Generic[M]):
                 "backups when their leases run out",
                 self.instance_id, abandoned, STOP_GRACE_S,
             )  # fmt: skip
-        for running in self._running.values():
+        for token, running in list(self._running.items()):
             if running.task in left:
                 log.error(
                     "job %s slot %d attempt %d: the job ignores cancellation; stop() returns and leaves it running "
                     "(its lease runs out, and a backup may run the run again beside it)",
                     running.request.job, running.request.slot, running.context.attempt,
                 )  # fmt: skip
+                del self._running[token]  # a later start does not hold its lease, nor a later stop wait for it
+        self._left_running |= left
         self._queue.clear()
         self._claiming, self._round_of = {}, {}
         self._stepped_back_ms = 0
@@ -1249,6 +1252,7 @@ class Scheduler(Generic[M]):
         """Forget a task, and say how it failed if it did: no task is meant to raise, and asyncio would only
         mention it when the task is garbage-collected, if ever."""
         self._tasks.discard(task)
+        self._left_running.discard(task)
         if not task.cancelled() and (error := task.exception()) is not None:
             log.error("scheduler %s: %s failed", self.instance_id, task.get_name(), exc_info=error)
 
@@ -1323,7 +1327,7 @@ class Scheduler(Generic[M]):
             running.job_ended()
             if self._keeper is not None:
                 self._keeper.release(request.token)
-            del self._running[request.token]
+            self._running.pop(request.token, None)  # gone if it ignored a stop's cancellation
         thread_runs_on = running.thread_runs_on  # read once: the message and the hand-back must agree
         if thread_runs_on:
             message = f"{message}; its function still runs on its thread (a sync function cannot be cancelled)"

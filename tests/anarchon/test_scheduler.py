@@ -2855,6 +2855,38 @@ async def test_stop_ends_on_time_when_an_async_job_ignores_cancellation(
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
 
 
+async def test_a_job_left_running_by_a_stop_is_not_waited_for_by_the_next(caplog: pytest.LogCaptureFixture) -> None:
+    """The scheduler started again after a stop that left a job ignoring cancellation running: that run is not
+    its own any more. Its next stop neither waits for it (the whole timeout and grace again, at every stop) nor
+    names it again."""
+    let_go = asyncio.Event()
+
+    async def ignore_cancellation(run: RunContext) -> None:
+        while not let_go.is_set():
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.sleep(0.02)
+
+    scheduler = Scheduler(RedisBackend(redis=fakeredis.FakeAsyncRedis()), lease_ms=5_000)
+    scheduler.add_job("stubborn", "0 0 1 1 *", ignore_cancellation)
+    await scheduler.start()
+    run = asyncio.ensure_future(scheduler.run_now("stubborn"))
+    await asyncio.sleep(0.1)
+    await scheduler.stop(timeout=0.1)
+    named = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    await scheduler.start()
+    began = time.monotonic()
+    await scheduler.stop(timeout=5)
+    took_s = time.monotonic() - began
+    named_again = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR][len(named) :]
+    let_go.set()
+    record = await run
+    assert len(named) == 1
+    assert "the job ignores cancellation" in named[0]
+    assert named_again == []
+    assert took_s < 5  # not the timeout it was given: there was nothing to wait for
+    assert record.status == "interrupted"
+
+
 async def test_stop_ends_on_time_when_a_claim_and_a_job_both_hang(
     real_target: str, caplog: pytest.LogCaptureFixture
 ) -> None:
