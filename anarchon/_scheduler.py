@@ -1569,10 +1569,7 @@ class SchedulerThread:
             self._stopping = True
             self._end_loop()
             raise
-        # Run when the app's threads have ended, before concurrent.futures shuts its pools down (these run last
-        # registered, first; an atexit function would run after): a run won then could not start on a job thread.
-        # The hook concurrent.futures itself uses; the stdlib has no public one that runs before it.
-        threading._register_atexit(self.stop)  # type: ignore[attr-defined]
+        _stopped_at_exit(self)
 
     def _call(self, coroutine: Coroutine[Any, Any, S]) -> S:
         self._check_caller(coroutine)
@@ -1642,7 +1639,32 @@ class SchedulerThread:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join()
             self._loop.close()
+            _RUNNING_THREADS.discard(self)
             self._stopped.set()
+
+
+_RUNNING_THREADS: set[SchedulerThread] = set()  # started and not stopped yet: stopped at the interpreter's exit
+_exit_hook_lock = threading.Lock()
+_exit_hook_registered = False
+
+
+def _stopped_at_exit(thread: SchedulerThread) -> None:
+    """Stop ``thread`` at the interpreter's exit if the app has not: when the app's threads have ended, before
+    concurrent.futures shuts its pools down (these hooks run last registered, first; an atexit function would run
+    after), as a run won then could not start on a job thread. The hook concurrent.futures itself uses; the
+    stdlib has no public one that runs before it. Registered once for all threads: one per thread would keep
+    every thread ever started, and its scheduler, until the exit."""
+    global _exit_hook_registered
+    with _exit_hook_lock:
+        if not _exit_hook_registered:
+            threading._register_atexit(_stop_running_threads)  # type: ignore[attr-defined]
+            _exit_hook_registered = True
+        _RUNNING_THREADS.add(thread)
+
+
+def _stop_running_threads() -> None:
+    for thread in list(_RUNNING_THREADS):
+        thread.stop()
 
 
 async def _cancel_the_rest() -> None:

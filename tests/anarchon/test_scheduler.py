@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 import unittest.mock
+import weakref
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import datetime
@@ -3680,6 +3681,22 @@ scheduler.add_job("slow", "* * * * * *", lambda: time.sleep(2))  # one still run
 scheduler.run_in_thread()
 time.sleep(2.5)  # then the app ends without stop()
 """
+
+
+def test_a_stopped_scheduler_thread_is_not_kept_until_the_exit() -> None:
+    """Only the threads still running are stopped at the exit: one started and stopped in a loop (a worker that
+    runs its schedule now and then) is not kept, nor its scheduler."""
+    stopped = []
+    for _ in range(3):
+        scheduler = Scheduler(RedisBackend(redis=fakeredis.FakeAsyncRedis()))
+        scheduler.add_job("tick", "0 0 1 1 *", lambda: None)
+        thread = scheduler.run_in_thread()
+        thread.stop()
+        stopped.append((weakref.ref(thread), weakref.ref(scheduler)))
+        del thread, scheduler
+    gc.collect()
+    assert [(thread(), scheduler()) for thread, scheduler in stopped] == [(None, None)] * 3
+    assert not scheduler_module._RUNNING_THREADS
 
 
 def test_an_app_that_ends_without_stopping_its_scheduler_thread_stops_it() -> None:
