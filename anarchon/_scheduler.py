@@ -305,6 +305,7 @@ class Scheduler(Generic[M]):
         self._on_stopped: list[Callable[[], object]] = []  # called on the loop as each stop ends (SchedulerThread)
         self._runs_stopping: list[tuple[asyncio.Task[Any], _Running]] = []  # runs whose job or hook awaits stop()
         self._stop_deadline = float("inf")  # when stop() stops waiting for runs (this scheduler's monotonic clock)
+        self._stop_hurried = asyncio.Event()  # a later stop() brought the deadline forward
         # Set while start() runs (a second start() is refused meanwhile), and set once it ends: stop() waits.
         self._starting: asyncio.Event | None = None
         self._keeper: LeaseKeeper | None = None
@@ -523,7 +524,8 @@ class Scheduler(Generic[M]):
         behaves: a sync job's thread, or an async job that ignores cancellation, may run on (logged), and its run's
         lease runs out as after a crash.
 
-        Stopping goes on if the caller is cancelled meanwhile; calling stop() again waits for it to end. Called
+        Stopping goes on if the caller is cancelled meanwhile; calling stop() again waits for it to end, and with a
+        timeout that ends sooner, cuts the running jobs short by then (run() does so on a second signal). Called
         while start() runs, it waits for the start to end, then stops. Called by one of the scheduler's own jobs or
         hooks (or a task one started), it returns once all but that job's own run have ended (which cannot end
         before the call returns; the stop then waits for it)."""
@@ -538,6 +540,9 @@ class Scheduler(Generic[M]):
                 return
             self._stopping = asyncio.ensure_future(self._stop(timeout))
             self._stopping.add_done_callback(self._stop_ended)
+        elif (deadline := self.clock.monotonic() + timeout) < self._stop_deadline:
+            self._stop_deadline = deadline  # a second Ctrl-C: the runs are cut short sooner
+            self._stop_hurried.set()
         caller = _RUN_OF.get()
         if caller is not None and caller[0] is self:
             # A job or hook of this scheduler, or a task one started, which may await this call (directly, or
@@ -621,6 +626,7 @@ class Scheduler(Generic[M]):
     async def _stop(self, timeout: float) -> None:
         self._started = False
         self._stop_deadline = self.clock.monotonic() + timeout
+        self._stop_hurried = asyncio.Event()
         loop = asyncio.get_running_loop()
         for nap in self._naps:
             nap.cancel()
@@ -632,7 +638,7 @@ class Scheduler(Generic[M]):
         # `timeout` of this scheduler's clock, as its jobs' time: a process stopped (SIGSTOP) meanwhile acts on it
         # when it resumes, and so does one whose clock the simulator pauses. Then all of them end within the same
         # STOP_GRACE_S, and what is cancelled then within STOP_GRACE_S more, whatever waited on what.
-        await _wait_until(self.clock, work, self._stop_deadline)
+        await _wait_until(self.clock, work, lambda: self._stop_deadline, self._stop_hurried)
         for running in list(self._running.values()):
             running.interrupt(STOPPED)
         abandoned, left = await _end_by(work, at=loop.time() + STOP_GRACE_S)
@@ -679,21 +685,36 @@ class Scheduler(Generic[M]):
     ) -> None:
         await self.stop()
 
-    def run(self) -> None:
-        """Block, running the scheduler until SIGINT or SIGTERM (for scripts and worker processes)."""
-        asyncio.run(self._serve_until_signal())
+    def run(self, stop_timeout: float = 30.0) -> None:
+        """Block, running the scheduler until SIGINT or SIGTERM (for scripts and worker processes), then stop it,
+        waiting up to ``stop_timeout`` seconds for running jobs (see :meth:`stop`). A second signal during the stop
+        cuts the jobs short at once, and their runs are handed back: within a deadline such as a container's grace
+        period (Kubernetes: 30 s by default), give ``stop_timeout`` a few seconds less."""
+        stop_timeout = _check_timeout(stop_timeout, "stop_timeout")
+        asyncio.run(self._serve_until_signal(stop_timeout))
 
-    async def _serve_until_signal(self) -> None:
-        stopping = asyncio.Event()
+    async def _serve_until_signal(self, stop_timeout: float) -> None:
+        signalled = asyncio.Event()
+        hurrying: list[asyncio.Task[None]] = []
+
+        def on_signal() -> None:
+            if signalled.is_set():
+                hurrying.append(asyncio.ensure_future(self.stop(0)))
+            signalled.set()
+
         loop = asyncio.get_running_loop()
         installed = []
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-                loop.add_signal_handler(sig, stopping.set)
+                loop.add_signal_handler(sig, on_signal)
                 installed.append(sig)
         try:
-            async with self:
-                await stopping.wait()
+            await self.start()
+            try:
+                await signalled.wait()
+            finally:
+                await self.stop(stop_timeout)
+                await asyncio.gather(*hurrying)
         finally:
             for sig in installed:
                 loop.remove_signal_handler(sig)
@@ -1678,16 +1699,23 @@ async def _cancel_the_rest() -> None:
 Tasks: TypeAlias = Callable[[], set[asyncio.Task[Any]]]
 
 
-async def _wait_until(clock: Clock, tasks: Tasks, at: float) -> None:
-    """Wait until ``at`` on ``clock`` (its monotonic seconds) for ``tasks()``, those of the moment, to end."""
-    if at <= clock.monotonic():  # stop(timeout=0) waits for no timer
-        return
-    timer = asyncio.ensure_future(clock.sleep(at - clock.monotonic()))
-    try:
-        while (pending := {task for task in tasks() if not task.done()}) and not timer.done():
-            await asyncio.wait({*pending, timer}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        timer.cancel()
+async def _wait_until(clock: Clock, tasks: Tasks, deadline: Callable[[], float], moved: asyncio.Event) -> None:
+    """Wait until ``deadline()`` on ``clock`` (its monotonic seconds) for ``tasks()``, those of the moment, to end;
+    the deadline is read again whenever ``moved`` is set."""
+    while (at := deadline()) > clock.monotonic():  # stop(timeout=0) waits for no timer
+        moved.clear()
+        timer = asyncio.ensure_future(clock.sleep(at - clock.monotonic()))
+        was_moved = asyncio.ensure_future(moved.wait())
+        try:
+            while (pending := {task for task in tasks() if not task.done()}) and not timer.done():
+                if was_moved.done():
+                    break
+                await asyncio.wait({*pending, timer, was_moved}, return_when=asyncio.FIRST_COMPLETED)
+            else:
+                return
+        finally:
+            timer.cancel()
+            was_moved.cancel()
 
 
 async def _end_by(tasks: Tasks, at: float) -> tuple[int, set[asyncio.Task[Any]]]:
@@ -1778,13 +1806,13 @@ def _naming_job(name: str) -> Iterator[None]:
         raise
 
 
-def _check_timeout(value: object) -> float:
+def _check_timeout(value: object, option: str = "timeout") -> float:
     """Validate stop()'s timeout before stopping begins: a bad one found halfway would leave it half stopped."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigTypeError("timeout", f"must be a number of seconds, got {type(value).__name__}", "0 or more")
+        raise ConfigTypeError(option, f"must be a number of seconds, got {type(value).__name__}", "0 or more")
     if not (value >= 0 and is_finite(value)):
         why = "is below 0" if value < 0 else "is not a finite number of seconds"
-        raise ConfigError("timeout", f"{shown(value)} {why}", "0 or more")
+        raise ConfigError(option, f"{shown(value)} {why}", "0 or more")
     return float(value)
 
 

@@ -3352,6 +3352,69 @@ def test_run_blocks_until_sigterm_then_stops_cleanly() -> None:
     assert "stopped cleanly" in out
 
 
+RUN_A_LONG_JOB = """
+import asyncio, sys
+import fakeredis
+from anarchon import RedisBackend, Scheduler
+
+async def long(run):
+    print("ran", flush=True)
+    await asyncio.sleep(120)
+
+def ended(run, record):
+    print("ended", record.status, record.message, flush=True)
+
+scheduler = Scheduler(RedisBackend(redis=fakeredis.FakeAsyncRedis()), on_run_end=ended)
+scheduler.add_job("long", "* * * * * *", long)
+scheduler.run(stop_timeout=float(sys.argv[1]))
+print("stopped", flush=True)
+"""
+
+
+@pytest.mark.parametrize(("stop_timeout", "signals"), [(1, 1), (120, 2)])
+def test_run_stops_within_stop_timeout_or_at_once_on_a_second_signal(stop_timeout: int, signals: int) -> None:
+    """run(stop_timeout=…) waits that long for the running jobs after SIGTERM, then cuts them short; a second
+    SIGTERM during the stop cuts them short at once (a container's grace period is shorter than a job)."""
+    import signal
+    import subprocess
+    import sys
+
+    process = subprocess.Popen(
+        [sys.executable, "-c", RUN_A_LONG_JOB, str(stop_timeout)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert process.stdout is not None
+        assert process.stdout.readline().strip() == "ran"
+        for _ in range(signals):
+            process.send_signal(signal.SIGTERM)
+            time.sleep(0.5)
+        out, _ = process.communicate(timeout=30)  # not the job's 120 s, nor a stop_timeout of 120 s
+    finally:
+        process.kill()
+    assert process.returncode == 0
+    assert out.splitlines()[-2:] == ["ended interrupted the scheduler stopped: handed back for attempt 2", "stopped"]
+
+
+async def test_a_second_stop_with_a_shorter_timeout_cuts_the_runs_short_sooner() -> None:
+    scheduler = Scheduler(RedisBackend(redis=fakeredis.FakeAsyncRedis()))
+    scheduler.add_job("long", "0 0 1 1 *", lambda run: asyncio.sleep(120))
+    await scheduler.start()
+    run = asyncio.ensure_future(scheduler.run_now("long"))
+    await asyncio.sleep(0.1)
+    first = asyncio.ensure_future(scheduler.stop(120))
+    await asyncio.sleep(0.1)
+    await asyncio.wait_for(scheduler.stop(0), 10)  # not the first stop's 120 s
+    await first
+    record = await run
+    assert (record.status, record.message) == ("interrupted", "the scheduler stopped")  # a manual run: not handed back
+
+
+def test_run_refuses_a_bad_stop_timeout() -> None:
+    scheduler = Scheduler(RedisBackend(redis=fakeredis.FakeAsyncRedis()))
+    with pytest.raises(ConfigError, match="stop_timeout"):
+        scheduler.run(stop_timeout=-1)
+
+
 def test_a_sync_job_that_stops_its_scheduler_thread_is_told_to_do_it_from_a_thread_of_its_own(
     fake_target: StoreTarget,
 ) -> None:
