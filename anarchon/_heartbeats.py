@@ -171,7 +171,9 @@ class LeaseKeeper:
                 run.next_beat = failed + max(RETRY_MIN_S, min(RETRY_S, (run.deadline - failed) / 2))
             elif answer <= 0:
                 if self.release(run.request.token):
-                    run.lose("the heartbeat was refused: another attempt holds the run")
+                    run.lose(
+                        "the heartbeat was refused: the run is not this attempt's (taken over, or lost by the store)"
+                    )
             else:
                 run.deadline = sent + answer / 1000 - self.margin_s
                 run.next_beat = sent + self.heartbeat_s

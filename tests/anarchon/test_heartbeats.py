@@ -54,7 +54,10 @@ async def refused_heartbeat_reports(ended_meanwhile: bool) -> tuple[int, list[st
 
 async def test_a_refused_heartbeat_reports_the_lease_lost_once() -> None:
     beats, lost = await refused_heartbeat_reports(ended_meanwhile=False)
-    assert (beats, lost) == (1, ["the heartbeat was refused: another attempt holds the run"])
+    assert (beats, lost) == (
+        1,
+        ["the heartbeat was refused: the run is not this attempt's (taken over, or lost by the store)"],
+    )
 
 
 async def test_a_heartbeat_refused_because_the_run_just_ended_reports_nothing() -> None:

@@ -1456,7 +1456,9 @@ def test_a_run_is_said_handed_back_only_when_the_store_took_it_back(taken_over: 
 
     ended = run_virtual(main(), epoch_s=VIRTUAL_EPOCH_S, seed=1)
     if taken_over:
-        assert ended == ["lease lost: the heartbeat was refused: another attempt holds the run"]
+        assert ended == [
+            "lease lost: the heartbeat was refused: the run is not this attempt's (taken over, or lost by the store)"
+        ]
     else:
         assert ended == ["the scheduler stopped: handed back for attempt 2"]
 
