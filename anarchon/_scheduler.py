@@ -538,11 +538,14 @@ class Scheduler(Generic[M]):
         if self._stopping is None:
             if not self._started:
                 return
-            self._stopping = asyncio.ensure_future(self._stop(timeout))
+            # Set here, not when _stop() begins: a stop() called before then (a second signal read in the same
+            # turn of the loop) brings this deadline forward.
+            self._stop_deadline = self.clock.monotonic() + timeout
+            self._stop_hurried = asyncio.Event()
+            self._stopping = asyncio.ensure_future(self._stop())
             self._stopping.add_done_callback(self._stop_ended)
-        elif (deadline := self.clock.monotonic() + timeout) < self._stop_deadline:
-            self._stop_deadline = deadline  # a second Ctrl-C: the runs are cut short sooner
-            self._stop_hurried.set()
+        else:
+            self._hurry_stop(timeout)
         caller = _RUN_OF.get()
         if caller is not None and caller[0] is self:
             # A job or hook of this scheduler, or a task one started, which may await this call (directly, or
@@ -623,10 +626,15 @@ class Scheduler(Generic[M]):
         finally:
             self._runs_stopping.remove(caller)
 
-    async def _stop(self, timeout: float) -> None:
+    def _hurry_stop(self, timeout: float) -> None:
+        """A stop() while stopping (a second Ctrl-C): the running jobs are cut short ``timeout`` from now, if that
+        is sooner than the stop's own deadline."""
+        if (deadline := self.clock.monotonic() + timeout) < self._stop_deadline:
+            self._stop_deadline = deadline
+            self._stop_hurried.set()
+
+    async def _stop(self) -> None:
         self._started = False
-        self._stop_deadline = self.clock.monotonic() + timeout
-        self._stop_hurried = asyncio.Event()
         loop = asyncio.get_running_loop()
         for nap in self._naps:
             nap.cancel()
@@ -1305,6 +1313,7 @@ class Scheduler(Generic[M]):
         self._hold_lease(running, claim_sent, claim.lease_ms_left)
         status: Status = "ok"
         message: str | None = None
+        leaving: BaseException | None = None  # SystemExit or KeyboardInterrupt from an async job, raised at the end
         # The job runs in this task, not one of its own: in a burst every job starts as soon as its run's turn
         # comes, instead of after every run's set-up. interrupt() cancels this task while it awaits the job.
         task = asyncio.current_task()
@@ -1344,6 +1353,8 @@ class Scheduler(Generic[M]):
             else:
                 status, message = "error", _failure(error)
                 log.exception("job %s slot %d attempt %d failed", job.name, request.slot, claim.attempt, extra=extra)
+                if isinstance(error, _JobExit) and error.ends_the_app:
+                    leaving = error.__cause__
         finally:
             running.job_ended()
             if self._keeper is not None:
@@ -1357,6 +1368,8 @@ class Scheduler(Generic[M]):
         log.info("job %s slot %d attempt %d: %s", job.name, request.slot, claim.attempt, status, extra=extra)
         if self.on_run_end is not None:
             await self._hook(self.on_run_end, context, record, running=running)
+        if leaving is not None:
+            raise leaving
         return record
 
     async def _not_started(self, request: RunRequest, claim: Claim) -> RunRecord:
@@ -1528,7 +1541,7 @@ class Scheduler(Generic[M]):
             result = hook(*args)
             if inspect.isawaitable(result):
                 await result
-        except (Exception, SystemExit, KeyboardInterrupt):  # as a job's: see _exits_as_errors
+        except Exception:
             log.exception("hook %r failed", hook)
         finally:
             running.in_hook = False
@@ -1583,6 +1596,7 @@ class SchedulerThread:
         # Stopped another way (by one of its jobs, or from another loop), the scheduler leaves the loop and the
         # thread with nothing to do: they end then, as if stop() had been called here.
         scheduler._on_stopped.append(self._scheduler_stopped)
+        _stopped_at_exit(self)  # before the start: a job may stop the scheduler as soon as it runs
         try:
             self._call(scheduler.start())
         except BaseException:
@@ -1590,7 +1604,6 @@ class SchedulerThread:
             self._stopping = True
             self._end_loop()
             raise
-        _stopped_at_exit(self)
 
     def _call(self, coroutine: Coroutine[Any, Any, S]) -> S:
         self._check_caller(coroutine)
@@ -1621,7 +1634,7 @@ class SchedulerThread:
 
     def stop(self, timeout: float = 30.0) -> None:
         """Stop the scheduler (see :meth:`Scheduler.stop`) and end its thread. Calling it again, from any thread,
-        returns once it has stopped."""
+        returns once it has stopped; with a timeout that ends sooner, it cuts the running jobs short by then."""
         self._check_caller()
         caller = _RUN_OF.get()
         if getattr(_on_job_thread, "active", False) and caller is not None and caller[0] is self.scheduler:
@@ -1633,6 +1646,10 @@ class SchedulerThread:
         timeout = _check_timeout(timeout)  # refused here, the scheduler and its thread run on
         with self._lock:
             first, self._stopping = not self._stopping, True
+            if not first and not self._stopped.is_set():
+                # A stop is under way: this one's timeout, if sooner, cuts its jobs short sooner.
+                with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: the stop is over
+                    self._loop.call_soon_threadsafe(self.scheduler._hurry_stop, timeout)
         if not first:
             self._stopped.wait()
             return
@@ -1762,7 +1779,13 @@ def _lease_only(option: str, strategy: str) -> ConfigError:
 
 
 class _JobExit(Exception):
-    """A job's function raised SystemExit or KeyboardInterrupt (its ``__cause__``)."""
+    """A job's function raised SystemExit or KeyboardInterrupt (its ``__cause__``). On an async job's task, which is
+    the application's (a signal handler's sys.exit(), Ctrl-C in a loop run without asyncio.run), it ends the app
+    once the run is recorded; on a sync job's thread it ends that thread only, as in any Python thread."""
+
+    def __init__(self, message: str, *, ends_the_app: bool = False) -> None:
+        super().__init__(message)
+        self.ends_the_app = ends_the_app
 
 
 def _on_its_thread(function: Callable[[RunContext], object], context: RunContext) -> object:
@@ -1779,14 +1802,13 @@ def _on_its_thread(function: Callable[[RunContext], object], context: RunContext
 
 
 async def _exits_as_errors(job: Awaitable[object]) -> object:
-    """Await an async job: SystemExit or KeyboardInterrupt that it raises (sys.exit() in a command-line entry
-    point reused as a job) fails its run, as on a sync job's thread, instead of ending the application and then
-    each instance that takes the run over. (Ctrl-C does not land in a job: asyncio.run turns it into the
-    cancellation of its main task.)"""
+    """Await an async job. SystemExit or KeyboardInterrupt raised in it (sys.exit() in a command-line entry point
+    reused as a job, or a signal handler's) fails its run, which is recorded before the exit goes on to end the
+    app: left running, the run would be taken over by each instance in turn, and end each of them."""
     try:
         return await job
     except (SystemExit, KeyboardInterrupt) as error:
-        raise _JobExit(_failure(error)) from error
+        raise _JobExit(_failure(error), ends_the_app=True) from error
 
 
 def _failure(error: BaseException) -> str:
