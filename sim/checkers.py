@@ -152,13 +152,14 @@ def judge(
         "P6": _fencing(history, manual_ordered=strategy == "lease"),
     }
     # When each run started: its earliest first attempt (a duplicate, attempt 1 too under the claim-only
-    # strategies or after a failover, is P1's to judge), for the slots due once the simulation began (one due
-    # before could not have run on time).
+    # strategies or after a failover, is P1's to judge), for the slots due after the simulation began (one due
+    # before, or at its first instant, as the instances start, could not have run on time: a scheduler owes the
+    # slots after its start).
     first = sorted(
         (
             min((e for e in executions if e.attempt == 1), key=lambda e: e.started)
             for (_, slot), executions in by_slot.items()
-            if true_s(slot, epoch) >= 0 and any(e.attempt == 1 for e in executions)
+            if true_s(slot, epoch) > 0 and any(e.attempt == 1 for e in executions)
         ),
         key=lambda e: e.started,
     )
@@ -228,6 +229,8 @@ def _no_missed(
     def witness(job: str, slot: int) -> str:
         tried = by_slot.get((job, slot), [])
         how = "; ".join(_describe(e) for e in tried) if tried else "never started"
+        if (job, run_id(slot)) in overlapped:
+            how += " (skipped-overlap: an earlier run of the job held its lease)"
         return f"{job} slot at {true_s(slot, epoch):.0f} s: {how}"
 
     unfinished = [(job, slot) for job, slot in expected if not any(e.completed for e in by_slot.get((job, slot), []))]
@@ -275,6 +278,8 @@ def _lease_safety(
 
     def lease(e: Execution) -> str:
         known = margins.get((e.instance, e.token))
+        if known is None and (e.ended is None or e.cut_by_end):  # no end to measure its lease against
+            return f"{e.instance}: still going at the end"
         if known is None:
             return f"{e.instance}: no acknowledged lease"
         margin, expiry = known
@@ -435,27 +440,38 @@ class _Loss:
 
 
 def _fencing(history: History, manual_ordered: bool) -> Verdict:
-    accepted: dict[str, list[tuple[float, int, str]]] = defaultdict(list)
-    for event in history.events:
-        if event.kind == "ok" and event.op == "claim" and event.value.startswith("won"):
+    """Fences must grow in the order the store accepted the claims. The store accepted a claim between its first
+    send (a retry may win with the try whose answer was lost) and the answer that told its sender it won; one claim
+    was surely accepted before another when its answer came before the other's first send. Places in the history
+    (true time, then the order events were recorded: one event loop records them as they happen) order them."""
+    sent: dict[str, tuple[float, int]] = {}
+    accepted: dict[str, list[tuple[tuple[float, int], tuple[float, int], int, str]]] = defaultdict(list)
+    seen: set[str] = set()  # a retried claim recognising its own token: the same acceptance
+    for index, event in enumerate(history.events):
+        if event.op != "claim":
+            continue
+        if event.kind == "invoke":
+            sent.setdefault(event.token, (event.t, index))
+        elif event.kind == "ok" and event.value.startswith("won") and event.token not in seen:
+            seen.add(event.token)
             if event.run.startswith("m") and not manual_ordered:
                 continue
             fence = int(event.value.split("fence=")[1])
-            accepted[event.job].append((event.t, fence, event.token))
+            accepted[event.job].append((sent.get(event.token, (event.t, index)), (event.t, index), fence, event.token))
     bad = []
     for job, acks in sorted(accepted.items()):
-        acks.sort(key=lambda ack: ack[0])  # stable: acceptances at one true time keep the history's order
-        seen: set[str] = set()
-        # Compared with the highest fence accepted before, as a downstream system that refuses stale fences does:
-        # each acceptance it would refuse counts.
-        highest: tuple[float, int, str] | None = None
-        for ack in acks:
-            if ack[2] in seen:  # a retried claim recognising its own token: the same acceptance
-                continue
-            seen.add(ack[2])
-            if highest is not None and ack[1] <= highest[1]:
-                bad.append(f"{job}: fence {ack[1]} accepted at {ack[0]:.3f} s after fence {highest[1]} "
-                           f"at {highest[0]:.3f} s")  # fmt: skip
-            else:
-                highest = ack
+        # Each acceptance against the highest fence of those surely accepted before it, as a downstream system
+        # that refuses stale fences would see them: each one it would refuse counts.
+        done = sorted(acks, key=lambda ack: ack[1])
+        highest: tuple[tuple[float, int], tuple[float, int], int, str] | None = None
+        before = 0
+        for ack in sorted(acks, key=lambda ack: ack[0]):
+            while before < len(done) and done[before][1] < ack[0]:
+                if highest is None or done[before][2] > highest[2]:
+                    highest = done[before]
+                before += 1
+            if highest is not None and ack[2] <= highest[2]:
+                sent_at = f" (sent at {ack[0][0]:.3f} s)" if ack[0][0] != ack[1][0] else ""
+                bad.append(f"{job}: fence {ack[2]} accepted at {ack[1][0]:.3f} s{sent_at} after fence {highest[2]} "
+                           f"at {highest[1][0]:.3f} s")  # fmt: skip
     return Verdict("P6", "invalid" if bad else "valid", bad[0] if bad else "", len(bad))

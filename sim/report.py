@@ -47,14 +47,16 @@ CHECKER_NAMES = {
 CHECKER_RULES = {
     "P1": "A slot runs at most once. Under lease a later attempt, begun after the earlier one stopped short (a crash, "
     "a lost lease), is a retry, not a duplicate.",
-    "P2": "Every slot due while some instance was healthy runs to its end. A slot that lease skips because the "
-    "job's previous run still holds its lease (skipped-overlap, its overlap protection) counts as missed.",
+    "P2": "Every slot due while some instance was healthy, from the slot through the time a slot is given to run "
+    "(three leases, the jitter, the work and 5 s), runs to its end. A slot that lease skips because the job's "
+    "previous run still holds its lease (skipped-overlap, its overlap protection) counts as missed.",
     "P3": "Two runs of a job never execute at once (a job may allow it: none here does).",
     "P4": "Lease only: two holders of one run's lease (two tokens) never execute at once.",
-    "P5": "A claim the store acknowledged and then lost (a failover, a restart) is not won again by another "
-    "instance. Judged where a store fault lost writes; elsewhere it holds.",
-    "P6": "The fences of a job's runs grow in the order their claims were acknowledged (claim-only strategies: "
-    "scheduled runs only, as documented).",
+    "P5": "A claim the store acknowledged and then lost (a failover, a restart) is not won again, by another "
+    "instance or by a new claim of its own. Judged where a store fault lost writes; elsewhere it holds.",
+    "P6": "The fences of a job's runs grow in the order the store accepted their claims, where that order is "
+    "known: a claim answered before another was sent was accepted first (claim-only strategies: scheduled runs "
+    "only, as documented).",
     "lateness": "Each run starts within its job's jitter_ms + max_late_ms (catch_up_ms under lease, if larger) "
     "+ 1 s of its slot.",
 }
@@ -459,7 +461,8 @@ def render(results: Results, figure: Callable[[str, bytes], str]) -> str:
         "",
         *how,
         "Each run is judged by the checkers P1–P6 and lateness, each valid, invalid or not judged (the run gave it",
-        "nothing to judge); a cell shows the checkers violated and in how many runs"
+        "nothing to judge, or for P2 a run was still going at the end); a cell shows the checkers violated and in "
+        "how many runs"
         + (
             ", with the 95% Wilson interval of the violation rate, and on which servers."
             if results.mode == "live"

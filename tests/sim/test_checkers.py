@@ -176,6 +176,16 @@ def test_two_holders_of_the_same_attempt_at_once_break_lease_safety() -> None:
     assert "b attempt 1 [41.000 .. 44.000]" in verdict.witness
 
 
+def test_a_holder_still_going_at_the_end_is_named_so_in_the_witness() -> None:
+    # The zombie's claim was acknowledged; it has no margin only because its work had not ended.
+    zombie = _execution("a", 40, 40, 99)
+    zombie.cut_by_end = True
+    backup = _execution("b", 40, 44, 45, attempt=2)
+    verdict = _judge([*_every_slot(skip=40), zombie, backup], [_ack(zombie, 40.0), _ack(backup, 44.0)]).verdicts["P4"]
+    assert verdict.status == "invalid"
+    assert "(a: still going at the end; b's lease ran out at" in verdict.witness
+
+
 def test_the_same_attempt_won_again_after_the_first_had_stopped_is_not_a_lease_violation() -> None:
     a, b = _execution("a", 40, 40, 41, completed=False), _execution("b", 40, 44, 45)
     assert _judge([*_every_slot(skip=40), a, b]).verdicts["P4"].status == "valid"
@@ -351,6 +361,29 @@ def test_a_retried_claim_recognising_its_own_token_is_one_acceptance() -> None:
     assert _judge(_every_slot(), events).verdicts["P6"].status == "valid"
 
 
+def test_fences_are_judged_in_the_order_the_store_surely_accepted_them() -> None:
+    """The store accepts a claim between its first send and the answer its sender reads. a's claim, sent at 40 s,
+    took fence 4, and a read the answer at 47 s (it was paused); b's claim, sent at 45 s, took fence 5 and was
+    answered at once. The store may well have accepted a's first: its lower fence, read later, is no fault. Had a
+    read the answer at 44 s, before b's send, a's claim was accepted first, and its fence must be the lower."""
+    a, b = _execution("a", 40, 47, 48), _execution("b", 40, 45, 46)
+
+    def p6(a_answered: float, a_fence: int) -> Verdict:
+        events = [
+            Event(40.0, "invoke", "a", "claim", "tick", a.run, a.token),
+            Event(45.0, "invoke", "b", "claim", "tick", b.run, b.token),
+            _ack(b, 45.0, value="won attempt=1 fence=5"),
+            _ack(a, a_answered, value=f"won attempt=1 fence={a_fence}"),
+        ]
+        return _judge(_every_slot(), sorted(events, key=lambda event: event.t)).verdicts["P6"]
+
+    assert p6(a_answered=47.0, a_fence=4).status == "valid"
+    assert p6(a_answered=44.0, a_fence=4).status == "valid"
+    stale = p6(a_answered=44.0, a_fence=6)
+    assert stale.status == "invalid"
+    assert stale.witness == "tick: fence 5 accepted at 45.000 s after fence 6 at 44.000 s"
+
+
 def test_a_claim_whose_outcome_is_unknown_is_no_acceptance() -> None:
     # The store may or may not have run it: only acknowledged claims are judged (P5, P6, the margins).
     a = _execution("a", 40, 40, 41)
@@ -407,9 +440,11 @@ def test_lateness_is_each_runs_first_start_and_a_late_duplicate_does_not_count()
     assert judgement.verdicts["P1"].status == "invalid"
 
 
-def test_a_slot_due_before_the_run_began_is_not_judged_late() -> None:
-    # An instance whose clock is behind runs the slot of -10 s at 5 s: no one could have run it on time.
-    before = _execution("a", -10, 5, 6)
+@pytest.mark.parametrize("slot_s", [-10, 0])
+def test_a_slot_due_before_the_run_began_or_as_it_began_is_not_judged_late(slot_s: int) -> None:
+    # An instance whose clock is behind runs the slot of -10 s (or of 0 s) at 5 s: no one could have run it on
+    # time. The instances start at 0 s, and a scheduler owes only the slots after its start.
+    before = _execution("a", slot_s, 5, 6)
     judgement = _judge([*_every_slot(), before])
     assert (judgement.lateness.status, judgement.lateness.figures["runs"]) == ("valid", 9)
 
