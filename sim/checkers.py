@@ -32,7 +32,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -42,7 +42,7 @@ from anarchon._job import JobOptions
 from anarchon._scheduler import DEFAULT_LEASE_MS
 from anarchon._strategies import run_id
 from sim.history import Execution, History
-from sim.scenario import JobSpec, Scenario
+from sim.scenario import InstanceSpec, JobSpec, Scenario
 from sim.world import FaultWindow
 
 STORE_FAULTS = ("failover", "store-restart")
@@ -122,12 +122,18 @@ def judge(
     names = [instance.name for instance in scenario.instances]
 
     healthy: dict[float, bool] = {}  # by slot time: every job with a slot then asks the same
+    shows = {instance.name: _when_clock_shows(scenario, instance) for instance in scenario.instances}
 
     def someone_healthy(t: float) -> bool:
-        """Whether an instance was healthy from ``t`` throughout its settling time: an outage anywhere in it, not
-        only at its ends, can leave the slot to nobody."""
+        """Whether an instance was healthy from when its clock showed the slot at ``t`` throughout the settling
+        time: an outage anywhere in it, not only at its ends, can leave the slot to nobody. By its own clock: a
+        scheduler started again after that moment owes the slot nothing, however early in true time it was."""
         if t not in healthy:
-            healthy[t] = any(not any(w.hits(name, t, t + settle_s) for w in fault_windows) for name in names)
+            healthy[t] = any(
+                not any(w.hits(name, at, at + settle_s) for w in fault_windows)
+                for name in names
+                if (at := shows[name](t)) >= 0
+            )
         return healthy[t]
 
     judged_until = scenario.duration_s - settle_s  # later slots may not have run by the end: not judged
@@ -171,6 +177,41 @@ def judge(
         [margin for margin, _ in margins.values()],
         _lateness(scenario, strategy, first, lateness, epoch, late_margin_s),
     )
+
+
+def _when_clock_shows(scenario: Scenario, instance: InstanceSpec) -> Callable[[float], float]:
+    """The true time at which ``instance``'s clock first shows the wall time ``t`` (seconds since the run's epoch),
+    from its offset and drift and the scenario's faults that move its clock (skew, drift, late). A clock that
+    jumps over ``t`` shows it at the jump; -1 when it never shows ``t`` before the end."""
+    changes: list[tuple[float, float, float | None]] = []  # (when, the jump in seconds, the new rate or None)
+    for fault in scenario.faults:
+        if fault.instance != instance.name:
+            continue
+        if fault.kind == "skew":
+            changes.append((fault.at_s, float(fault.settings["offset_ms"]) / 1000, None))
+        elif fault.kind == "late":  # behind for its duration, then back (sim/nemesis.py)
+            delay_s = float(fault.settings["delay_ms"]) / 1000
+            changes += [(fault.at_s, -delay_s, None), (fault.at_s + fault.duration_s, delay_s, None)]
+        elif fault.kind == "drift":
+            changes.append((fault.at_s, 0.0, 1 + float(fault.settings["drift"])))
+    t, shown, rate = 0.0, instance.offset_ms / 1000, 1 + instance.drift
+    pieces = []  # (from true time, the clock then, its rate), in order
+    for at, jump, new_rate in sorted(changes, key=lambda change: change[0]):
+        pieces.append((t, shown, rate))
+        shown, t = shown + (at - t) * rate + jump, at
+        rate = rate if new_rate is None else new_rate
+    pieces.append((t, shown, rate))
+
+    def when(wall: float) -> float:
+        for index, (start, clock, speed) in enumerate(pieces):
+            if clock >= wall:  # passed before the instance started (owed nothing), or jumped over at this moment
+                return start if index else -1.0
+            end = pieces[index + 1][0] if index + 1 < len(pieces) else float("inf")
+            if (at := start + (wall - clock) / speed) < end:
+                return at
+        return -1.0
+
+    return when
 
 
 def _expected_slots(scenario: Scenario, epoch: float, start_s: float, end_s: float) -> list[tuple[str, int]]:

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from sim import report
-from sim.checkers import Judgement, Verdict, judge, percentile
+from sim.checkers import Judgement, Verdict, _when_clock_shows, judge, percentile
 from sim.history import Event, Execution, History
 from sim.live import SCALE, judge_live, scaled
 from sim.run import simulate
@@ -111,6 +111,42 @@ def test_an_instance_started_again_exactly_at_a_slot_is_not_owed_that_slot() -> 
     assert judge(_scenario(), "lease", history, restarted_at_the_slot).verdicts["P2"].status == "valid"
     restarted_before = [FaultWindow(0, 100, "crash", "b"), FaultWindow(35, 39.9, "crash", "a")]
     assert judge(_scenario(), "lease", history, restarted_before).verdicts["P2"].status == "invalid"
+
+
+@pytest.mark.parametrize(
+    ("offset_ms", "restarted_at", "owed"),
+    [(3000, 38.0, False), (3000, 36.9, True), (-2000, 41.0, True), (-2000, 42.0, False)],
+)
+def test_an_instance_owes_the_slots_its_own_clock_shows_after_its_start(
+    offset_ms: int, restarted_at: float, owed: bool
+) -> None:
+    """As above, by the instance's clock: 3 s ahead, a shows 40 s at 37 s true time, so started again at 38 s it
+    owes that slot nothing, and at 36.9 s it does; 2 s behind, it shows 40 s at 42 s, and started again at 41 s it
+    owes it."""
+    scenario = parse({
+        "name": "unit", "duration_s": 100, "scheduler": {"lease_ms": 3000},
+        "instances": [{"name": "a", "offset_ms": offset_ms}, {"name": "b"}],
+        "jobs": [{"name": "tick", "cron": "*/10 * * * * *", "work_s": 1.0}],
+    })  # fmt: skip
+    history = History(epoch_s=EPOCH_S, executions=_every_slot(skip=40))
+    windows = [FaultWindow(0, 100, "crash", "b"), FaultWindow(35, restarted_at, "crash", "a")]
+    assert judge(scenario, "lease", history, windows).verdicts["P2"].status == ("invalid" if owed else "valid")
+
+
+def test_when_a_clock_shows_a_time_follows_its_jumps_and_drift() -> None:
+    scenario = parse({
+        "name": "unit", "duration_s": 100, "scheduler": {"lease_ms": 3000},
+        "instances": [{"name": "a", "offset_ms": 1000}],
+        "jobs": [{"name": "tick", "cron": "*/10 * * * * *", "work_s": 1.0}],
+        "faults": [
+            {"at_s": 20, "kind": "drift", "instance": "a", "drift": 1.0},  # twice as fast from 20 s (clock 21 s)
+            {"at_s": 30, "kind": "skew", "instance": "a", "offset_ms": 5000},  # 41 s, then jumps to 46 s
+            {"at_s": 40, "kind": "late", "instance": "a", "delay_ms": 10_000, "duration_s": 5},  # 66 s, back to 56
+        ],  # and at 45 s (66 s again) forward to 76 s
+    })  # fmt: skip
+    shows = _when_clock_shows(scenario, scenario.instances[0])
+    walls = (0.5, 1, 11, 21, 31, 43, 50, 60, 70, 80)
+    assert [shows(t) for t in walls] == [-1, -1, 10, 20, 25, 30, 32, 37, 45, 47]
 
 
 def test_a_slot_still_going_when_the_run_ended_is_not_judged_missed() -> None:
