@@ -996,38 +996,41 @@ def test_a_claim_answered_overlap_after_an_outage_sends_the_retry_of_the_run_tha
     answered: skipped for overlap, as the unheard win holds the job's lease. That answer says the store is back,
     and the retry goes at once: the slot runs at 6 s, and the slot at 8 s runs on time."""
 
-    async def main() -> tuple[int, list[tuple[int, float]]]:
-        server = fakeredis.FakeServer()
-        ran: list[tuple[int, float]] = []
-        link = Link(adapt(fakeredis.FakeAsyncRedis(server=server)), "a")
-
-        async def work(run: RunContext) -> None:
-            ran.append((run.slot // 1000 - VIRTUAL_EPOCH_S, asyncio.get_running_loop().time()))
-
-        scheduler = Scheduler(RedisBackend(redis=link), instance_id="a", clock=SimClock(), lease_ms=30_000)
-        scheduler.add_job("tick", "*/2 * * * * *", work, max_late_ms=20_000)
-        await scheduler.start()
-        slot_s = (scheduler.clock.wall_ms() // 2000 + 1) * 2 - VIRTUAL_EPOCH_S
-        await asyncio.sleep(slot_s - asyncio.get_running_loop().time() - 0.05)
-        link.lose_replies = True
-        await asyncio.sleep(6)
-        link.heal()
-        await asyncio.sleep(3)
-        await scheduler.stop()
-        return slot_s, ran
-
-    slot_s, ran = run_virtual(main(), epoch_s=VIRTUAL_EPOCH_S, seed=1)
-    assert [slot - slot_s for slot, _ in ran] == [0, 8]
-    [(_, started_s), (_, next_started_s)] = ran
+    slot_s, ran = run_virtual(_replies_lost_around_a_slot(["tick"], then_s=3), epoch_s=VIRTUAL_EPOCH_S, seed=1)
+    assert [slot - slot_s for slot, _ in ran["tick"]] == [0, 8]
+    [(_, started_s), (_, next_started_s)] = ran["tick"]
     assert started_s - slot_s == pytest.approx(6.0, abs=0.1)  # not 7.5 s, after its backoff
     assert next_started_s - slot_s == pytest.approx(8.0, abs=0.1)
+
+
+async def _replies_lost_around_a_slot(jobs: list[str], then_s: float) -> tuple[int, dict[str, list[tuple[int, float]]]]:
+    """One instance with ``jobs`` every 2 s; its store's replies are lost for 6 s from just before a slot, then
+    ``then_s`` more pass. The slot (s), and for each job the slots it ran (s) and when each began (loop time)."""
+    link = Link(adapt(fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer())), "a")
+    ran: dict[str, list[tuple[int, float]]] = {}
+
+    async def work(run: RunContext) -> None:
+        ran.setdefault(run.job, []).append((run.slot // 1000 - VIRTUAL_EPOCH_S, asyncio.get_running_loop().time()))
+
+    scheduler = Scheduler(RedisBackend(redis=link), instance_id="a", clock=SimClock(), lease_ms=30_000)
+    for job in jobs:
+        scheduler.add_job(job, "*/2 * * * * *", work, max_late_ms=20_000)
+    await scheduler.start()
+    slot_s = (scheduler.clock.wall_ms() // 2000 + 1) * 2 - VIRTUAL_EPOCH_S
+    await asyncio.sleep(slot_s - asyncio.get_running_loop().time() - 0.05)
+    link.lose_replies = True
+    await asyncio.sleep(6)
+    link.heal()
+    await asyncio.sleep(then_s)
+    await scheduler.stop()
+    return slot_s, ran
 
 
 def test_after_an_outage_the_retries_of_many_jobs_come_forward_in_one_pass() -> None:
     """As above with 300 jobs: each job's claim of the slot at 6 s is answered skipped-overlap, and each job's retry
     goes at once. The queue is rebuilt once for the pipeline of answers, not once for each job: per job it cost a
     pass over every job's entries, and 10,000 jobs held the event loop for 3 s."""
-    jobs = 300
+    jobs = [f"tick{j}" for j in range(300)]
     rebuilt: list[int] = []
     bring_forward = Scheduler._another_run_is_live
 
@@ -1035,32 +1038,11 @@ def test_after_an_outage_the_retries_of_many_jobs_come_forward_in_one_pass() -> 
         rebuilt.append(len(names) if isinstance(names, set) else 1)
         bring_forward(self, names, *args)
 
-    async def main() -> tuple[int, dict[str, list[float]]]:
-        server = fakeredis.FakeServer()
-        started: dict[str, list[float]] = {}
-        link = Link(adapt(fakeredis.FakeAsyncRedis(server=server)), "a")
-
-        async def work(run: RunContext) -> None:
-            started.setdefault(run.job, []).append(asyncio.get_running_loop().time())
-
-        scheduler = Scheduler(RedisBackend(redis=link), instance_id="a", clock=SimClock(), lease_ms=30_000)
-        for j in range(jobs):
-            scheduler.add_job(f"tick{j}", "*/2 * * * * *", work, max_late_ms=20_000)
-        await scheduler.start()
-        slot_s = (scheduler.clock.wall_ms() // 2000 + 1) * 2 - VIRTUAL_EPOCH_S
-        await asyncio.sleep(slot_s - asyncio.get_running_loop().time() - 0.05)
-        link.lose_replies = True
-        await asyncio.sleep(6)
-        link.heal()
-        await asyncio.sleep(1)
-        await scheduler.stop()
-        return slot_s, started
-
     with unittest.mock.patch.object(Scheduler, "_another_run_is_live", counted):
-        slot_s, started = run_virtual(main(), epoch_s=VIRTUAL_EPOCH_S, seed=1)
-    assert len(started) == jobs
-    assert all(len(runs) == 1 and runs[0] - slot_s == pytest.approx(6.0, abs=0.2) for runs in started.values())
-    assert rebuilt == [jobs]
+        slot_s, ran = run_virtual(_replies_lost_around_a_slot(jobs, then_s=1), epoch_s=VIRTUAL_EPOCH_S, seed=1)
+    assert sorted(ran) == sorted(jobs)
+    assert all(runs == [(slot_s, pytest.approx(slot_s + 6.0, abs=0.2))] for runs in ran.values())  # at 6 s, once
+    assert rebuilt == [len(jobs)]
 
 
 def test_a_catch_up_claims_no_slot_that_left_catch_up_ms_meanwhile() -> None:
