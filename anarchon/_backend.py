@@ -316,7 +316,7 @@ def _connection_spec(option: str, value: object) -> str | dict[str, Any] | Conne
 _URL_RULE = "redis://[user:password@]host[:port][/db][?option=value], rediss://… (TLS) or unix://path"
 _VALUE_RULES = {
     "port": "1..65535",
-    "db": "0 or more",
+    "db": "0..2147483647 (below the server's `databases` setting, 16 by default)",
     "socket_timeout": "a finite number of seconds above 0",
     "socket_connect_timeout": "a finite number of seconds above 0",
 }
@@ -329,7 +329,7 @@ def _value_problem(key: str, value: object) -> str | None:
     if key == "port":
         ok = 1 <= value <= 65_535
     elif key == "db":
-        ok = value >= 0
+        ok = 0 <= value <= 2**31 - 1  # what the server's SELECT reads
     else:
         ok = value > 0 and is_finite(value)
     return None if ok else f"{shown(value)} is out of range"

@@ -140,7 +140,10 @@ def is_finite(value: int | float) -> bool:
 
 
 def shown(value: object) -> str:
-    """A value for an error message, cut short: a number of 400 digits is not read in full."""
+    """A value for an error message, cut short: a number of 400 digits is not read in full (and one of over 4,300
+    digits cannot even be written as text)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        return f"an integer of about {int(value.bit_length() * math.log10(2)) + 1} digits"
     text = repr(value)
     return text if len(text) <= 24 else f"{text[:20]}… ({len(text)} characters)"
 
@@ -152,5 +155,5 @@ def check_int(option: str, value: object, low: int, high: int, high_is: str = ""
     if isinstance(value, bool) or not isinstance(value, int):
         raise ConfigTypeError(option, f"must be an integer, got {type(value).__name__}", allowed)
     if not low <= value <= high:
-        raise ConfigError(option, f"{value} is out of range", allowed)
+        raise ConfigError(option, f"{shown(value)} is out of range", allowed)
     return value

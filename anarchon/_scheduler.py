@@ -699,6 +699,11 @@ class Scheduler(Generic[M]):
         cuts the jobs short at once, and their runs are handed back: within a deadline such as a container's grace
         period (Kubernetes: 30 s by default), give ``stop_timeout`` a few seconds less."""
         stop_timeout = _check_timeout(stop_timeout, "stop_timeout")
+        if _running_loop() is not None:
+            raise SchedulerStateError(
+                "run() runs an event loop of its own, and this thread runs one already: in async code, use "
+                "`async with scheduler:` (or await scheduler.start() and scheduler.stop())"
+            )
         asyncio.run(self._serve_until_signal(stop_timeout))
 
     async def _serve_until_signal(self, stop_timeout: float) -> None:

@@ -88,6 +88,11 @@ async def detect_server(execute: Callable[[Command], Awaitable[Reply]]) -> Serve
                 f"{info_refused.reply}: the client speaks RESP3 (HELLO 3), which this server (before Redis 6) does "
                 "not know; create the client with protocol=2"
             ) from None
+        if "DB index is out of range" in info_refused.reply:  # the connection's SELECT, before any command
+            raise StoreReplyError(
+                f"{info_refused.reply}: the database number is beyond what the server has (its `databases` "
+                "setting; 16 by default: 0..15)"
+            ) from None
         raise StoreReplyError(
             f"{info_refused.reply} (to INFO server); {refused.reply} (to HELLO): anarchon reads the server's kind "
             "and version with either; allow this user one of them"

@@ -1251,6 +1251,17 @@ async def test_a_wrong_password_is_the_servers_answer_not_an_outage(real_target:
         await backend.stop()
 
 
+async def test_a_database_the_server_does_not_have_is_said_so(real_target: str) -> None:
+    """The connection's SELECT fails before any command: said as the database number, not as INFO's and HELLO's
+    refusal (which sends the reader to the user's permissions)."""
+    with start_server(real_target) as running:
+        for spec in ({"host": running.host, "port": running.port, "db": 16}, running.url(db=99)):
+            with pytest.raises(StoreReplyError) as caught:
+                await RedisBackend(redis=spec).start()  # type: ignore[call-overload]
+            assert "the database number is beyond what the server has" in caught.value.reply
+            assert "allow this user" not in caught.value.reply
+
+
 async def test_a_node_out_of_reach_fails_only_its_commands_of_a_batch() -> None:
     """Commands sent together (the store pipelines those that wait for a reply in flight): only the callers
     whose command went to the lost node get StoreUnavailableError; a claim among them is not taken as won."""

@@ -16,6 +16,7 @@ from anarchon import (
     ConfigTypeError,
     RedisBackend,
     Scheduler,
+    SchedulerStateError,
     SystemClock,
     UnknownOptionError,
     ValkeyBackend,
@@ -391,19 +392,36 @@ def test_hooks_sync_or_async_with_optional_parameters_are_accepted() -> None:
     assert scheduler.on_run_end is on_end
 
 
+def test_a_database_number_beyond_what_select_reads_is_refused() -> None:
+    with pytest.raises(ConfigError) as caught:
+        RedisBackend(redis={"db": 2**31})
+    assert caught.value.option == "redis.db"
+
+
+async def test_run_in_async_code_says_what_to_use_instead() -> None:
+    with pytest.raises(SchedulerStateError, match="async with scheduler"):
+        Scheduler().run()
+
+
+@pytest.mark.parametrize("digits", [401, 5001])  # 5,001: more than Python writes as text (4,300 by default)
 @pytest.mark.parametrize(
     ("make", "option"),
     [
-        (lambda: RedisBackend(redis={"socket_timeout": 10**400}), "redis.socket_timeout"),
-        (lambda: RedisBackend(redis={"socket_connect_timeout": 10**400}), "redis.socket_connect_timeout"),
-        (lambda: asyncio.run(Scheduler().stop(10**400)), "timeout"),
+        (lambda n: RedisBackend(redis={"socket_timeout": n}), "redis.socket_timeout"),
+        (lambda n: RedisBackend(redis={"socket_connect_timeout": n}), "redis.socket_connect_timeout"),
+        (lambda n: RedisBackend(redis={"port": n}), "redis.port"),
+        (lambda n: RedisBackend(strategy={"name": "script", "window_ms": n}), "strategy.window_ms"),
+        (lambda n: Scheduler(lease_ms=n), "lease_ms"),
+        (lambda n: Scheduler().add_job("a", "* * * * *", noop, jitter_ms=n), "jitter_ms"),
+        (lambda n: asyncio.run(Scheduler().stop(n)), "timeout"),
+        (lambda n: Scheduler().run(stop_timeout=n), "stop_timeout"),
     ],
 )
-def test_a_number_too_large_for_a_float_is_refused_by_name(make: Any, option: str) -> None:
+def test_a_number_too_large_for_a_float_is_refused_by_name(make: Any, option: str, digits: int) -> None:
     with pytest.raises(ConfigError) as caught:
-        make()
+        make(10 ** (digits - 1))
     assert caught.value.option == option
-    assert "(401 characters)" in str(caught.value)  # not the 401 digits
+    assert f"an integer of about {digits} digits" in str(caught.value)  # not the digits themselves
 
 
 @pytest.mark.parametrize(
