@@ -78,8 +78,11 @@ class CronSchedule:
         if not isinstance(self.expression, str):
             raise ConfigTypeError("cron", f"must be a string, got {type(self.expression).__name__}", CRON_RULE)
         fields = self.expression.split()
+        if self.expression.strip().startswith("@"):
+            raise ConfigError("cron", f"{self.expression!r}: macros such as @hourly are not supported", CRON_RULE)
         if len(fields) not in (5, 6):
-            raise ConfigError("cron", f"{self.expression!r} has {len(fields)} fields", CRON_RULE)
+            count = f"{len(fields)} field" + ("" if len(fields) == 1 else "s")
+            raise ConfigError("cron", f"{self.expression!r} has {count}", CRON_RULE)
         try:
             next(iter(CronSim(self.expression, datetime(1970, 1, 1))))  # wall times: zones aside, it parses and matches
         except CronSimError as error:

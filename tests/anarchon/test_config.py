@@ -478,6 +478,9 @@ def test_a_job_name_that_is_not_a_string_is_a_type_error(call: str) -> None:
         ("0 0 32 2 *", "is not valid (Bad day-of-month)"),
         ("0 0 * 13 *", "is not valid (Bad month)"),  # not "never matches": the month itself is out of range
         ("0 0 31 4,13 *", "is not valid (Bad month)"),
+        ("@hourly", "macros such as @hourly are not supported"),
+        ("0 9 * *", "has 4 fields"),
+        ("daily", "has 1 field;"),
     ],
 )
 def test_a_cron_of_days_its_months_do_not_have_is_said_to_never_match(cron: str, why: str) -> None:
