@@ -1134,10 +1134,10 @@ class Scheduler(Generic[M]):
         extra = {"job": name, "slot": slot, "attempt": claim.attempt}
         if claim.outcome is Outcome.RUNNING:
             again_at = now + claim.lease_ms_left + 1
-            if claim.attempt == 0:  # this clock is ahead of the store's, and another run of the job is going
-                log.info("job %s slot %d: claimed before the store's clock reached it while an earlier run is "
-                         "going; claiming again at the slot, in %d ms", name, slot, claim.lease_ms_left,
-                         extra=extra)  # fmt: skip
+            if claim.attempt == 0:  # put off: another run of the job is going (see lease_claim.lua)
+                log.info("job %s slot %d: put off by the store while another run is going (an earlier one, the "
+                         "slot not due yet by the store's clock, or a later one begun early); claiming again in %d ms",
+                         name, slot, claim.lease_ms_left, extra=extra)  # fmt: skip
                 self._due_again[name, slot] = again_at
                 self._push(again_at, name, slot, "early")
             else:

@@ -84,11 +84,14 @@ def claim(store: LeaseStore, run: str, token: str, now: int, policy: JobPolicy) 
     if r is None:
         if slot <= store.forgotten:  # trimmed long ago: a claim this late must not run it again
             return store, Claim(Outcome.DONE)
-        if other_end is not None and not run.startswith("m") and slot > now:
-            # Early by the store's clock (the caller's runs ahead): a run being live at the slot decides. The
-            # caller claims again then; meanwhile a late skip of the slot waits for it.
+        early_other = _early_other(store, run, now, policy)
+        if other_end is not None and not run.startswith("m") and (slot > now or early_other):
+            # Early by the store's clock (the caller's runs ahead): a run being live at the slot decides. Or the
+            # live run is of a later slot begun early (its instance's clock runs ahead): this one waits for its
+            # lease. The caller claims again then; meanwhile a late skip of the slot waits for it.
             kept = {s for s in store.deferred if s > now - policy.keep_ms}
-            return replace(store, deferred=tuple(sorted(kept | {slot}))), Claim(Outcome.RUNNING, 0, 0, slot - now)
+            wait = max(slot, other_end if early_other else 0) - now
+            return replace(store, deferred=tuple(sorted(kept | {slot}))), Claim(Outcome.RUNNING, 0, 0, wait)
         if other_end is not None:
             skipped = Run("skipped-overlap", 1, token, 0, 0).close("skipped-overlap", slot, now)
             # A run that ends in its claim has no finish to trim after it: the claim trims.
@@ -124,6 +127,17 @@ def _live_other(store: LeaseStore, run: str, now: int, policy: JobPolicy) -> int
         return None
     live = [o.lease_end for other, o in store.runs if other != run and o.running and o.lease_end > now]
     return max(live, default=None)
+
+
+def _early_other(store: LeaseStore, run: str, now: int, policy: JobPolicy) -> bool:
+    """When overlap is forbidden, whether one of the job's other live runs is of a scheduled slot still ahead of
+    ``now``: begun early by an instance whose clock runs ahead."""
+    if policy.overlap:
+        return False
+    return any(
+        other != run and o.running and o.lease_end > now and not other.startswith("m") and run_slot(other) > now
+        for other, o in store.runs
+    )
 
 
 def _start(

@@ -13,7 +13,8 @@
 --              run of the job holds a live one; lease_ms_left says when to try again (the caller is a backup)
 --              A scheduled run claimed before its slot by the server's clock, while another run of the job
 --              holds a live lease and overlap is forbidden, is "running" with attempt 0: lease_ms_left says when
---              to claim it again (at its slot); nothing is stored for it but its slot in "deferred".
+--              to claim it again (at its slot); nothing is stored for it but its slot in "deferred". So is one
+--              claimed while the live run is of a later slot, begun early (again when that run's lease ends).
 --   "overlap"  another run of the job holds a live lease and overlap is forbidden: recorded as skipped-overlap
 --   "done"     the run finished, was skipped, or used up its attempts (then it was recorded as interrupted),
 --              or trim has forgotten it: its slot is not after the job's "forgotten" slot (attempt and fence 0),
@@ -29,15 +30,18 @@ end
 -- The other run of the job whose lease, live at `now`, ends last, and that end (nil if none): when a claim that
 -- waits for the job's other runs can go ahead. The same whatever order SMEMBERS lists them in (sorted for an
 -- intset, hash or insertion order once a manual run id joined; ties go to the greater run id).
+-- Third: whether one of the live runs is of a scheduled slot still ahead of `now` (begun early, by an instance
+-- whose clock runs ahead).
 local function live_other(now)
-  local latest, latest_end = nil, now
+  local latest, latest_end, early = nil, now, false
   for _, other in ipairs(redis.call('SMEMBERS', ACTIVE)) do
     local o = other ~= run and load_run(other)
+    if o and o.lease_end > now and o.manual == '0' and tonumber(o.slot) > now then early = true end
     if o and (o.lease_end > latest_end or (o.lease_end == latest_end and latest and other > latest)) then
       latest, latest_end = other, o.lease_end
     end
   end
-  if latest then return latest, latest_end end
+  if latest then return latest, latest_end, early end
   return nil
 end
 
@@ -51,20 +55,21 @@ if not r then
   end
   if not overlap_allowed and redis.call('SCARD', ACTIVE) > 0 then
     now = server_now()
-    local other, other_end = live_other(now)
-    if other and manual == '0' and tonumber(slot) > now then
+    local other, other_end, early_other = live_other(now)
+    if other and manual == '0' and (tonumber(slot) > now or early_other) then
       -- Claimed before its slot by the store's clock (the caller's clock runs ahead) while another run is live:
       -- whether one is still live when the slot comes decides, not whether one is now. The caller claims again
-      -- at the slot. Nothing is stored for the run but its slot in the job's "deferred" list (those of the
-      -- last keep_ms): a late skip of it, which would close the run its early claimant is still to claim, is
-      -- refused (lease_skip).
+      -- at the slot. Or the live run is of a later slot, begun early by an instance whose clock runs a whole
+      -- period or more ahead: this slot, due, is not skipped for it, but claimed again when its lease ends.
+      -- Nothing is stored for the run but its slot in the job's "deferred" list (those of the last keep_ms): a
+      -- late skip of it, which would close the run its early claimant is still to claim, is refused (lease_skip).
       local keep_since, deferred = now - tonumber(ARGV[8]), {}
       for other_slot in string.gmatch(redis.call('HGET', STATE, 'deferred') or '', '%d+') do
         if tonumber(other_slot) > keep_since and other_slot ~= slot then deferred[#deferred + 1] = other_slot end
       end
       deferred[#deferred + 1] = slot
       redis.call('HSET', STATE, 'deferred', table.concat(deferred, ' '))
-      return reply('running', 0, 0, tonumber(slot) - now)
+      return reply('running', 0, 0, math.max(tonumber(slot), early_other and other_end or 0) - now)
     end
     if other then
       local skipped = { status = 'skipped-overlap', attempt = 1, token = token, runner = runner, lease_end = 0,

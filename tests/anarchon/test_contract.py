@@ -607,6 +607,29 @@ async def test_a_claim_before_its_slot_waits_for_the_slot_to_decide_an_overlap(t
     assert statuses == {(now - 1_000, "ok"), (soon, "skipped-overlap"), (now - 10_000, "skipped-late")}
 
 
+async def test_a_due_slot_waits_for_a_later_slot_begun_early_instead_of_being_skipped(target: StoreTarget) -> None:
+    """An instance whose clock runs a whole period or more ahead (a clock jumped forward) won a later slot early,
+    while no run was live. The claim of the slot due now meets its run: it is not skipped for overlap (the slot
+    would be lost, as the instance ahead has passed it) but told to come again when that run's lease ends, and
+    no late skip closes it meanwhile. A run of a slot that is due holds the claims of earlier slots off as before."""
+    backend = await target.started_backend("lease")
+    policy = JobPolicy(lease_ms=60_000, late_after_ms=100, keep_ms=3_600_000)
+    now = await target.server_ms()
+    early = request(now + 600_000, "a")  # ten minutes ahead
+    won = await claim_one(backend, early, policy)
+    assert won.outcome is Outcome.WON
+    due = request(now - 1_000, "b")
+    told = await claim_one(backend, due, policy)
+    assert (told.outcome, told.attempt) == (Outcome.RUNNING, 0)
+    assert 55_000 < told.lease_ms_left <= 60_000  # when the early run's lease ends
+    late = RunRequest("sync", due.run, due.slot, "z", "e")
+    assert not await backend.strategy.skip(backend.store, late, policy, "skipped-late", "too late")
+    assert await backend.strategy.finish(backend.store, early, won, policy, record(early, won))
+    assert (await claim_one(backend, due, policy)).outcome is Outcome.WON
+    later = request(now - 500, "c")  # due, and its claim meets the run of an earlier slot that is due too
+    assert (await claim_one(backend, later, policy)).outcome is Outcome.OVERLAP
+
+
 @pytest.mark.parametrize("manual_first", [False, True])
 async def test_a_claim_that_waits_for_other_runs_waits_for_the_last_of_them(
     target: StoreTarget, manual_first: bool

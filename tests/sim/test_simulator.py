@@ -592,13 +592,23 @@ def test_lease_a_claim_put_off_to_its_slot_is_late_by_the_stores_clock_through_i
     """As above, alone, cut off from the store from 59.9 s to 65.9 s: the claim put off to the slot at 60 s fails
     four times, and goes again at 67.5 s, 7.5 s after the slot by the store's clock (max_late_ms 20 s), 22.5 s by
     the instance's: it is a claim, not a skip (which the store would refuse, the slot being put off, and no
-    instance would ever run or record it). The run of the slot at 80 s, started early, is going: skipped-overlap."""
+    instance would ever run or record it). The run of the slot at 80 s, started early (its claim came at 66 s, by
+    a clock 15.5 s ahead), is going: the slot at 60 s waits for its lease, and runs at 70 s, instead of being
+    recorded skipped-overlap."""
     outcome = _far_ahead([{"name": "a", "offset_ms": 500}], [{"at_s": 59.9, "kind": "partition", "instance": "a",
                                                                 "duration_s": 6}], 100)  # fmt: skip
-    slot_60 = [(e.t, e.op, e.value) for e in outcome.history.events if e.run == str((EPOCH_S + 60) * 1000)]
-    assert [op for _, op, _ in slot_60] == ["claim"] * 12
-    assert slot_60[-1] == (67.501, "claim", "overlap attempt=0 lease_ms=2499 fence=0")
+    slot_60 = str((EPOCH_S + 60) * 1000)
+    answered = [
+        (e.t, e.value) for e in outcome.history.events if e.run == slot_60 and e.kind == "ok" and e.op == "claim"
+    ]
+    assert answered == [  # the 4 tries between failed
+        (49.5, "running attempt=0 lease_ms=10500 fence=0"),
+        (67.501, "running attempt=0 lease_ms=2499 fence=0"),
+        (70.001, "won attempt=1 lease_ms=3000 fence=8"),
+    ]
+    assert (60, 70.001) in [(e.slot // 1000 - EPOCH_S, e.started) for e in outcome.history.executions]
     assert outcome.judgement.lateness.status == "valid"
+    assert outcome.judgement.verdicts["P2"].status == "valid"
 
 
 def _restarted_within(fault: dict[str, object]) -> Outcome:
