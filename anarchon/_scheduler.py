@@ -1727,17 +1727,15 @@ async def _wait_until(clock: Clock, tasks: Tasks, deadline: Callable[[], float],
     while (at := deadline()) > clock.monotonic():  # stop(timeout=0) waits for no timer
         moved.clear()
         timer = asyncio.ensure_future(clock.sleep(at - clock.monotonic()))
-        was_moved = asyncio.ensure_future(moved.wait())
+        moving = asyncio.ensure_future(moved.wait())
         try:
-            while (pending := {task for task in tasks() if not task.done()}) and not timer.done():
-                if was_moved.done():
-                    break
-                await asyncio.wait({*pending, timer, was_moved}, return_when=asyncio.FIRST_COMPLETED)
-            else:
-                return
+            while (pending := {task for task in tasks() if not task.done()}) and not (timer.done() or moved.is_set()):
+                await asyncio.wait({*pending, timer, moving}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             timer.cancel()
-            was_moved.cancel()
+            moving.cancel()
+        if not moved.is_set():  # all ended, or the deadline came
+            return
 
 
 async def _end_by(tasks: Tasks, at: float) -> tuple[int, set[asyncio.Task[Any]]]:

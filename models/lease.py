@@ -80,11 +80,13 @@ class LeaseStore:
 def claim(store: LeaseStore, run: str, token: str, now: int, policy: JobPolicy) -> tuple[LeaseStore, Claim]:
     slot = run_slot(run)
     r = store.run(run)
-    other_end = _live_other(store, run, now, policy)
+    live = _live_others(store, run, now, policy)
+    other_end = max((o.lease_end for _, o in live), default=None)  # when the last of them ends
     if r is None:
         if slot <= store.forgotten:  # trimmed long ago: a claim this late must not run it again
             return store, Claim(Outcome.DONE)
-        early_other = _early_other(store, run, now, policy)
+        # One of them of a scheduled slot still ahead of now: begun early by an instance whose clock runs ahead.
+        early_other = any(not other.startswith("m") and run_slot(other) > now for other, _ in live)
         if other_end is not None and not run.startswith("m") and (slot > now or early_other):
             # Early by the store's clock (the caller's runs ahead): a run being live at the slot decides. Or the
             # live run is of a later slot begun early (its instance's clock runs ahead): this one waits for its
@@ -121,23 +123,11 @@ def claim(store: LeaseStore, run: str, token: str, now: int, policy: JobPolicy) 
     return _start(store, run, token, now, policy, r.attempt + 1)
 
 
-def _live_other(store: LeaseStore, run: str, now: int, policy: JobPolicy) -> int | None:
-    """When overlap is forbidden, the latest lease end of the job's other live runs (None if none)."""
+def _live_others(store: LeaseStore, run: str, now: int, policy: JobPolicy) -> list[tuple[str, Run]]:
+    """When overlap is forbidden, the job's other runs whose lease is live at ``now`` (none when it is allowed)."""
     if policy.overlap:
-        return None
-    live = [o.lease_end for other, o in store.runs if other != run and o.running and o.lease_end > now]
-    return max(live, default=None)
-
-
-def _early_other(store: LeaseStore, run: str, now: int, policy: JobPolicy) -> bool:
-    """When overlap is forbidden, whether one of the job's other live runs is of a scheduled slot still ahead of
-    ``now``: begun early by an instance whose clock runs ahead."""
-    if policy.overlap:
-        return False
-    return any(
-        other != run and o.running and o.lease_end > now and not other.startswith("m") and run_slot(other) > now
-        for other, o in store.runs
-    )
+        return []
+    return [(other, o) for other, o in store.runs if other != run and o.running and o.lease_end > now]
 
 
 def _start(

@@ -486,7 +486,8 @@ def _fencing(history: History, manual_ordered: bool) -> Verdict:
     was surely accepted before another when its answer came before the other's first send. Places in the history
     (true time, then the order events were recorded: one event loop records them as they happen) order them."""
     sent: dict[str, tuple[float, int]] = {}
-    accepted: dict[str, list[tuple[tuple[float, int], tuple[float, int], int, str]]] = defaultdict(list)
+    # By job: (first send, acceptance, fence), each place in the history as (true time, index)
+    accepted: dict[str, list[tuple[tuple[float, int], tuple[float, int], int]]] = defaultdict(list)
     seen: set[str] = set()  # a retried claim recognising its own token: the same acceptance
     for index, event in enumerate(history.events):
         if event.op != "claim":
@@ -498,13 +499,13 @@ def _fencing(history: History, manual_ordered: bool) -> Verdict:
             if event.run.startswith("m") and not manual_ordered:
                 continue
             fence = int(event.value.split("fence=")[1])
-            accepted[event.job].append((sent.get(event.token, (event.t, index)), (event.t, index), fence, event.token))
+            accepted[event.job].append((sent.get(event.token, (event.t, index)), (event.t, index), fence))
     bad = []
     for job, acks in sorted(accepted.items()):
         # Each acceptance against the highest fence of those surely accepted before it, as a downstream system
         # that refuses stale fences would see them: each one it would refuse counts.
         done = sorted(acks, key=lambda ack: ack[1])
-        highest: tuple[tuple[float, int], tuple[float, int], int, str] | None = None
+        highest: tuple[tuple[float, int], tuple[float, int], int] | None = None
         before = 0
         for ack in sorted(acks, key=lambda ack: ack[0]):
             while before < len(done) and done[before][1] < ack[0]:
