@@ -31,19 +31,24 @@ CRON_RULE = 'five fields "min hour day month weekday", or six with seconds first
 # Names of the zone database that stand for the machine's own setting: instances on machines set to different
 # zones would compute different slots for one job, and each run its own.
 _MACHINE_ZONES = ("localtime", "posixrules")
+_ZONE_RULE = 'an IANA name like "Europe/Berlin", or ZoneInfo("Europe/Berlin")'
 
 
 def load_timezone(name: object) -> ZoneInfo:
+    """The zone of a job's ``timezone`` option: an IANA name, or a ZoneInfo made from one."""
+    if isinstance(name, ZoneInfo):
+        if name.key is None:  # made from a file: other instances cannot be told which zone it is
+            raise ConfigError("timezone", "a ZoneInfo read from a file has no IANA name", _ZONE_RULE)
+        name = name.key
     if not isinstance(name, str):
-        raise ConfigTypeError("timezone", f"must be a string, got {type(name).__name__}", "an IANA name")
+        got = type(name).__name__
+        raise ConfigTypeError("timezone", f"must be a string or a ZoneInfo, got {got}", _ZONE_RULE)
     if name in _MACHINE_ZONES:
-        raise ConfigError(
-            "timezone", f"{name!r} is whatever zone each machine is set to", 'an IANA name like "Europe/Berlin"'
-        )
+        raise ConfigError("timezone", f"{name!r} is whatever zone each machine is set to", _ZONE_RULE)
     try:
         return ZoneInfo(name)
     except (ZoneInfoNotFoundError, ValueError, OSError) as error:  # OSError: a folder of the database, a long name
-        raise ConfigError("timezone", f"unknown time zone {name!r}", 'an IANA name like "Europe/Berlin"') from error
+        raise ConfigError("timezone", f"unknown time zone {name!r}", _ZONE_RULE) from error
 
 
 def _valid_in_some_month(fields: list[str]) -> bool:

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Literal, TypeAlias
+from zoneinfo import ZoneInfo
 
 from ._config import check_int
 from ._context import RunContext
@@ -32,7 +33,7 @@ class JobOptions:
     catch_up_ms: int = 0
     jitter_ms: int = 0
     max_late_ms: int = 60_000
-    timezone: str = "UTC"
+    timezone: str | ZoneInfo = "UTC"
 
     @property
     def late_after_ms(self) -> int:
@@ -48,7 +49,8 @@ class JobOptions:
         # A claim leaves some time after its slot (the dispatcher's wake-up, a round trip, a burst's other claims:
         # a few hundred ms for 10,000 runs due together); a smaller allowance would skip runs that were on time.
         check_int("max_late_ms", self.max_late_ms, 1_000, 30 * DAY_MS)
-        load_timezone(self.timezone)
+        # Kept as the zone's name: options that differ only in how the zone was given are equal, and shared.
+        object.__setattr__(self, "timezone", load_timezone(self.timezone).key)
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,6 +30,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Hashable, Iterator
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Generic, Literal, TypeAlias, TypeVar, cast, overload
+from zoneinfo import ZoneInfo
 
 from ._backend import ClaimOnly, Leased, M, RedisBackend
 from ._clock import Clock, SystemClock
@@ -327,7 +328,7 @@ class Scheduler(Generic[M]):
         catch_up_ms: int = 0,
         jitter_ms: int = 0,
         max_late_ms: int = 60_000,
-        timezone: str = "UTC",
+        timezone: str | ZoneInfo = "UTC",
     ) -> Callable[[F], F]: ...
 
     @overload
@@ -338,7 +339,7 @@ class Scheduler(Generic[M]):
         *,
         jitter_ms: int = 0,
         max_late_ms: int = 60_000,
-        timezone: str = "UTC",
+        timezone: str | ZoneInfo = "UTC",
     ) -> Callable[[F], F]: ...
 
     def job(self, name: str, cron: str, **options: Any) -> Callable[[F], F]:
@@ -362,7 +363,7 @@ class Scheduler(Generic[M]):
         catch_up_ms: int = 0,
         jitter_ms: int = 0,
         max_late_ms: int = 60_000,
-        timezone: str = "UTC",
+        timezone: str | ZoneInfo = "UTC",
     ) -> None: ...
 
     @overload
@@ -374,17 +375,17 @@ class Scheduler(Generic[M]):
         *,
         jitter_ms: int = 0,
         max_late_ms: int = 60_000,
-        timezone: str = "UTC",
+        timezone: str | ZoneInfo = "UTC",
     ) -> None: ...
 
     def add_job(self, name: str, cron: str, func: JobFunction, **options: Any) -> None:
         """Register ``func`` to run on the cron schedule, once per slot across all instances.
 
         Options: ``jitter_ms`` (claim up to this much after the slot, at random), ``max_late_ms`` (skip a run
-        whose claim would come later than this after its slot), ``timezone`` (IANA name for the cron fields);
-        lease strategy only: ``overlap`` (allow a run to start while the previous one is still going),
-        ``max_attempts`` (attempts per run, counting backups' takeovers), ``catch_up_ms`` (at start, or when
-        added to a started scheduler, run the slots of this last period that no instance ran).
+        whose claim would come later than this after its slot), ``timezone`` (the zone the cron fields are read
+        in: an IANA name or a ZoneInfo); lease strategy only: ``overlap`` (allow a run to start while the previous
+        one is still going), ``max_attempts`` (attempts per run, counting backups' takeovers), ``catch_up_ms`` (at
+        start, or when added to a started scheduler, run the slots of this last period that no instance ran).
 
         On a started scheduler it may be called from any thread (a sync app beside :meth:`run_in_thread`).
         """

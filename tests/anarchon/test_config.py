@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import datetime
 import re
 import socket
+import zoneinfo
+from pathlib import Path
 from typing import Any
 
 import fakeredis
@@ -76,6 +79,18 @@ def noop() -> None:
     pass
 
 
+def _zone_read_from_file() -> zoneinfo.ZoneInfo:
+    """Europe/Berlin as a ZoneInfo read from its file: it has no key, the name other instances would need."""
+    for folder in zoneinfo.TZPATH:
+        if (path := Path(folder, "Europe", "Berlin")).exists():
+            with path.open("rb") as file:
+                return zoneinfo.ZoneInfo.from_file(file)
+    import tzdata  # type: ignore[import-untyped]  # where the system has no zone files, the package holds them
+
+    with (Path(tzdata.__file__).parent / "zoneinfo" / "Europe" / "Berlin").open("rb") as file:
+        return zoneinfo.ZoneInfo.from_file(file)
+
+
 @pytest.mark.parametrize(
     ("name", "cron", "func", "options", "option"),
     [
@@ -87,6 +102,8 @@ def noop() -> None:
         ("a", "* * * * *", noop, {"timezone": "Mars/Olympus"}, "timezone"),
         ("a", "* * * * *", noop, {"timezone": "localtime"}, "timezone"),  # each machine's own zone
         ("a", "* * * * *", noop, {"timezone": "posixrules"}, "timezone"),
+        ("a", "* * * * *", noop, {"timezone": _zone_read_from_file()}, "timezone"),  # no name
+        ("a", "* * * * *", noop, {"timezone": datetime.UTC}, "timezone"),  # not a ZoneInfo
         ("a", "* * * * *", noop, {"jitter_ms": -1}, "jitter_ms"),
         ("a", "* * * * *", noop, {"max_late_ms": 10**12}, "max_late_ms"),
         ("a", "* * * * *", noop, {"max_late_ms": 0}, "max_late_ms"),

@@ -25,6 +25,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import datetime
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import fakeredis
 import pytest
@@ -631,8 +632,10 @@ def test_a_lone_instance_whose_clock_is_set_back_runs_every_slot_after(case: str
     assert [t for t in ran if t > set_right] == list(range(set_right // 60 * 60 + 60, set_right + 240, 60))
 
 
-def test_a_run_is_told_its_scheduled_time_in_the_job_s_time_zone() -> None:
-    """A job at 09:30 in Europe/Berlin (08:30 UTC in January) sees 09:30 there: the time its cron fields name."""
+@pytest.mark.parametrize("zone", ["Europe/Berlin", ZoneInfo("Europe/Berlin")], ids=["name", "zoneinfo"])
+def test_a_run_is_told_its_scheduled_time_in_the_job_s_time_zone(zone: str | ZoneInfo) -> None:
+    """A job at 09:30 in Europe/Berlin (08:30 UTC in January) sees 09:30 there: the time its cron fields name,
+    whether the zone is given by its name or as a ZoneInfo."""
 
     async def main() -> list[datetime]:
         scheduler = _virtual_instance(fakeredis.FakeServer(), "a")
@@ -642,7 +645,7 @@ def test_a_run_is_told_its_scheduled_time_in_the_job_s_time_zone() -> None:
             seen.append(run.scheduled_at)
             assert run.scheduled_at.timestamp() * 1000 == run.slot
 
-        scheduler.add_job("report", "30 9 * * *", report, timezone="Europe/Berlin")
+        scheduler.add_job("report", "30 9 * * *", report, timezone=zone)
         scheduler.add_job("utc", "30 8 * * *", report)
         await _run_for([scheduler], 3600)
         return seen

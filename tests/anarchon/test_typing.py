@@ -13,6 +13,8 @@ import pytest
 from mypy import api
 
 SNIPPETS = """
+from zoneinfo import ZoneInfo
+
 from anarchon import RedisBackend, RunContext, Scheduler, ValkeyBackend
 
 async def job(run: RunContext) -> None: ...
@@ -29,7 +31,7 @@ scheduler = Scheduler(backend=lease, lease_ms=30_000, heartbeat_ms=10_000)
 scheduler.add_job("sync", "*/5 * * * *", job, max_attempts=3, catch_up_ms=3_600_000, overlap=False)
 scheduler.add_job("tick", "*/10 * * * * *", sync_job, jitter_ms=5, timezone="Europe/Berlin")
 claim_only = Scheduler(backend=idmp, history_size=10)
-claim_only.add_job("a", "* * * * *", job, jitter_ms=5, max_late_ms=10_000)
+claim_only.add_job("a", "* * * * *", job, jitter_ms=5, max_late_ms=10_000, timezone=ZoneInfo("Asia/Tokyo"))
 Scheduler(valkey_lease, lease_ms=1000)
 
 @scheduler.job("deco", "* * * * *", max_attempts=2)
@@ -50,6 +52,7 @@ claim_only.add_job("c", "* * * * *", job, catch_up_ms=1)  # error
 claim_only.add_job("d", "* * * * *", job, overlap=True)  # error
 claim_only.job("e", "* * * * *", overlap=True)  # error
 scheduler.add_job("f", "* * * * *", 42)  # error
+scheduler.add_job("g", "* * * * *", job, timezone=3600)  # error
 """
 
 
