@@ -85,6 +85,10 @@ class LeaseKeeper:
                 # runs held before the keeper's thread gets to run would each send it another wake-up.
                 self._sleeping_until = -float("inf")
 
+    def holds(self, token: str) -> bool:
+        """Whether the run's lease is still kept: not released, and not lost."""
+        return token in self._held
+
     def release(self, token: str) -> bool:
         """Stop keeping a run; False if it was no longer kept (released meanwhile: its job ended, and a heartbeat
         refused meanwhile means nothing was lost)."""

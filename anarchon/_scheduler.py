@@ -126,6 +126,7 @@ class _Running:
     thread: concurrent.futures.Future[object] | None = None  # a sync job's call on its thread
     cancels: int = 0  # the cancellations interrupt() sent the task, not yet withdrawn
     in_hook: bool = False  # whether on_run_start or on_run_end is running
+    ended: bool = False  # the job has ended (its result may not be recorded yet)
 
     @property
     def in_user_code(self) -> bool:
@@ -170,6 +171,7 @@ class _Running:
             self.task.uncancel()
             self.cancels -= 1
         self.task = None
+        self.ended = True
 
 
 class Scheduler(Generic[M]):
@@ -1363,14 +1365,18 @@ class Scheduler(Generic[M]):
                     leaving = error.__cause__
         finally:
             running.job_ended()
-            if self._keeper is not None:
-                self._keeper.release(request.token)
             self._running.pop(request.token, None)  # gone if it ignored a stop's cancellation
         thread_runs_on = running.thread_runs_on  # read once: the message and the hand-back must agree
         if thread_runs_on:
             message = f"{message}; its function still runs on its thread (a sync function cannot be cancelled)"
         record = self._local_record(request, status, message, attempt=claim.attempt, fence=claim.fence, started=started)
-        record = await self._end(request, claim, record, extra, hand_back_allowed=not thread_runs_on)
+        try:
+            record = await self._end(request, claim, record, extra, hand_back_allowed=not thread_runs_on)
+        finally:
+            # Heartbeats go on until the store has the result: a result held up by a short outage must still find
+            # the lease live when the store answers again, or a backup takes the run over and runs it again.
+            if self._keeper is not None:
+                self._keeper.release(request.token)
         log.info("job %s slot %d attempt %d: %s", job.name, request.slot, claim.attempt, status, extra=extra)
         if self.on_run_end is not None:
             await self._hook(self.on_run_end, context, record, running=running)
@@ -1426,33 +1432,35 @@ class Scheduler(Generic[M]):
 
     async def _finish(self, request: RunRequest, claim: Claim, record: RunRecord, extra: dict[str, Any]) -> None:
         """Record how an attempt ended. While the store cannot be reached, try again every second, for as long as
-        the attempt's lease could last: a result that reaches the store before the lease runs out keeps a backup
-        from running the run again. Trying again is safe, the store takes a result only from the current attempt.
-        Once stop() has begun, only for as long as it waits for runs."""
+        the attempt's lease could last and, beyond, while its heartbeats keep it: a result that reaches the store
+        before the lease runs out keeps a backup from running the run again. Trying again is safe, the store
+        takes a result only from the current attempt. Once stop() has begun, only for as long as it waits for
+        runs."""
         job, slot, attempt = request.job, request.slot, claim.attempt
         give_up = self.clock.monotonic() + self.lease_ms / 1000
-        tried = False
+        tries = 0
         while True:
+            tries += 1
             try:
                 accepted = await self.backend.strategy.finish(
                     self.backend.store, request, claim, self._policies[job], record
                 )
             except StoreError as error:
                 unreachable = isinstance(error, StoreUnavailableError)
+                retry_at = self.clock.monotonic() + FINISH_RETRY_S
+                lease_kept = retry_at < give_up or (self._keeper is not None and self._keeper.holds(request.token))
                 # While stop() waits for runs, their results are tried again too, until it stops waiting.
-                retry_until = give_up if self._started else min(give_up, self._stop_deadline)
-                if not (unreachable and self.clock.monotonic() + FINISH_RETRY_S < retry_until):
+                if not (unreachable and lease_kept and (self._started or retry_at < self._stop_deadline)):
                     log.warning("job %s slot %d: could not record the result: %s", job, slot, error, extra=extra)
                     return
                 log.warning(
                     "job %s slot %d: could not record the result (%s); retrying in %.1f s", job, slot, error,
                     FINISH_RETRY_S, extra=extra,
                 )  # fmt: skip
-                tried = True
                 await self.clock.sleep(FINISH_RETRY_S)
                 continue
             if not accepted:
-                why = "an earlier try recorded it, or the lease was lost" if tried else "lease lost"
+                why = "an earlier try recorded it, or the lease was lost" if tries > 1 else "lease lost"
                 log.warning(
                     "job %s slot %d attempt %d: the store refused the result (%s)", job, slot, attempt, why, extra=extra
                 )
@@ -1532,6 +1540,10 @@ class Scheduler(Generic[M]):
 
     def _lose(self, running: _Running, reason: str) -> None:
         request = running.request
+        if running.ended:  # its result is on its way to the store, which takes it if no backup has taken over
+            log.info("job %s slot %d: the lease ended before the store had the run's result: %s", request.job,
+                     request.slot, reason, extra={"job": request.job, "slot": request.slot})  # fmt: skip
+            return
         log.warning(
             "job %s slot %d: lease lost: %s",
             request.job,

@@ -205,6 +205,26 @@ def test_a_zombie_still_paused_when_the_simulation_ends_is_judged_as_running(pau
     )
 
 
+@pytest.mark.parametrize(("cut_s", "taken_over"), [(2.5, False), (6.0, True)])
+def test_a_run_that_ends_while_its_winner_is_cut_off_is_not_run_again(cut_s: float, taken_over: bool) -> None:
+    """The winner of the slot at 40 s (4.5 s of work, 3 s lease) is cut off from the store at 44.2 s and its job
+    ends at 44.5 s. Its heartbeats go on until the store has the result, so after a cut shorter than the lease
+    the result finds the lease still live (the result used to be given up on at 47.5 s, 0.2 s before the link
+    healed, and a backup ran the slot again at 47 s). A winner cut off for longer than its lease loses the run
+    to a backup, as documented."""
+    scenario = parse({
+        "name": "cut-at-finish", "duration_s": 60, "scheduler": {"lease_ms": 3000, "heartbeat_ms": 1000},
+        "instances": [{"name": n} for n in "abc"],
+        "jobs": [{"name": "tick", "cron": "*/10 * * * * *", "work_s": 4.5}],
+        "faults": [{"at_s": 44.2, "kind": "partition", "instance": "winner", "duration_s": cut_s}],
+    })  # fmt: skip
+    outcome = simulate(scenario, "lease", 1)
+    slot = int((EPOCH_S + 40) * 1000)
+    attempts = [e for e in outcome.history.executions if e.slot == slot]
+    assert [(e.attempt, e.completed) for e in attempts] == [(1, True), (2, True)][: 1 + taken_over]
+    assert outcome.judgement.checks["P1"].status == ("invalid" if taken_over else "valid")
+
+
 @pytest.mark.parametrize("crash_at_s", [None, 45])
 def test_a_process_told_to_stop_while_paused_acts_on_it_at_the_resume(crash_at_s: int | None) -> None:
     """The winner of the slot at 40 s is paused past its lease from 41 s to 51 s, and a deploy stops it at 42 s.
