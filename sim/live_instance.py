@@ -23,6 +23,7 @@ from typing import Any
 from anarchon import RedisBackend, RunContext, Scheduler, SystemClock, ValkeyBackend
 from sim.history import Event, History, RecordingStrategy
 from sim.scenario import load
+from sim.vtime import Sleepers
 
 
 class SkewedClock(SystemClock):
@@ -38,6 +39,7 @@ class SkewedClock(SystemClock):
         self.drift = drift
         self._gained_s = 0.0  # what the drift had added by _since (machine monotonic seconds)
         self._since = time.monotonic()
+        self._sleepers = Sleepers()
 
     def state(self) -> dict[str, float]:
         return {"offset_ms": self.offset_ms, "drift": self.drift, "gained_s": self._gained_s, "since": self._since}
@@ -46,6 +48,7 @@ class SkewedClock(SystemClock):
         """Go on from another copy's :meth:`state`."""
         self.offset_ms, self.drift = state["offset_ms"], state["drift"]
         self._gained_s, self._since = state["gained_s"], state["since"]
+        self._sleepers.wake()
 
     def _gain_s(self) -> float:
         return self._gained_s + (time.monotonic() - self._since) * self.drift
@@ -53,6 +56,7 @@ class SkewedClock(SystemClock):
     def set_drift(self, drift: float) -> None:
         self._gained_s, self._since = self._gain_s(), time.monotonic()
         self.drift = drift
+        self._sleepers.wake()
 
     def wall_ms(self) -> int:
         return super().wall_ms() + int(self.offset_ms + self._gain_s() * 1000)
@@ -61,12 +65,12 @@ class SkewedClock(SystemClock):
         return super().monotonic() + self._gain_s()
 
     async def sleep(self, seconds: float) -> None:
-        """Until this clock has run ``seconds``. A drift change meanwhile counts from the end of the sleep begun
-        at the old rate (what is left is slept at the new one), as in virtual mode."""
+        """Until this clock has run ``seconds``: a drift change meanwhile ends the part slept at the old rate, and
+        what is left is slept at the new one, as in virtual mode."""
         left = max(0.0, seconds)
         until = self.monotonic() + left
         while left > 0:
-            await super().sleep(left / (1 + self.drift))
+            await self._sleepers.sleep(left / (1 + self.drift))
             left = until - self.monotonic()
 
 

@@ -65,6 +65,38 @@ class VirtualLoop(asyncio.SelectorEventLoop):
             self._now += seconds
 
 
+class Sleepers:
+    """Sleeps of a clock whose rate can change: a drift change ends them (:meth:`wake`), so that each works out
+    again how long is left at the new rate. An OS timer fires when the clock it counts on reaches its moment,
+    however that clock's rate changed meanwhile; a sleep left to end at the old rate would oversleep a clock
+    made faster (a heartbeat sent late, a lease lost that was not). Woken in the order they began: the
+    simulation stays deterministic."""
+
+    def __init__(self) -> None:
+        self._waiting: dict[asyncio.Future[None], None] = {}
+
+    async def sleep(self, seconds: float) -> None:
+        """Sleep ``seconds`` of the loop's time, or until :meth:`wake`."""
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[None] = loop.create_future()
+        timer = loop.call_later(seconds, _end_sleep, waiter)
+        self._waiting[waiter] = None
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+            del self._waiting[waiter]
+
+    def wake(self) -> None:
+        for waiter in self._waiting:
+            _end_sleep(waiter)
+
+
+def _end_sleep(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
 def run_virtual(
     main: Coroutine[Any, Any, T], *, epoch_s: float, seed: int, store_ahead_s: Callable[[], float] = lambda: 0.0
 ) -> T:

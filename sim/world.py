@@ -28,6 +28,7 @@ from sim.idmp import IdmpConnection, IdmpState
 from sim.links import Link
 from sim.replica import Dataset, Entry, KeyState, ReplicatedConnection, Replication
 from sim.scenario import FaultSpec, InstanceSpec, JobSpec, Scenario
+from sim.vtime import Sleepers
 
 EPOCH_S = 1_800_000_000  # 2027-01-15T08:00:00Z: simulations start at a fixed, round moment
 STORE_VERSION = (7, 0)
@@ -75,6 +76,7 @@ class SimClock:
         self._base_local = 0.0  # the instance's own seconds at true time _base_true
         self._base_true = 0.0
         self._changes = 0  # pauses and drift changes so far: a sleep that saw one works out the rest
+        self._sleepers = Sleepers()
 
     @staticmethod
     def true_s() -> float:
@@ -90,6 +92,7 @@ class SimClock:
     def set_drift(self, drift: float) -> None:
         self._rebase()
         self.drift = drift
+        self._sleepers.wake()
 
     def pause(self) -> None:
         self._changes += 1  # a sleep falling due in the pause waits for the resume
@@ -113,7 +116,7 @@ class SimClock:
             # At least a microsecond of true time: a sleep whose length rounds away would leave the loop's time,
             # and the instance's clock with it, where they were, and a caller that sleeps until a moment of its
             # clock would ask again for ever (one whose clock runs 6 times as fast did).
-            await asyncio.sleep(max(left / (1 + self.drift), MIN_SLEEP_S))
+            await self._sleepers.sleep(max(left / (1 + self.drift), MIN_SLEEP_S))
             if self._changes == changes:
                 return
             await self.gate()

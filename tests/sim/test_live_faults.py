@@ -445,3 +445,24 @@ def test_live_mode_refuses_the_faults_it_cannot_make_real_servers_do(
     else:
         with pytest.raises(ScenarioError, match=refusal):
             live.scaled(scenario)
+
+
+async def test_a_sleep_over_a_drift_change_to_a_faster_clock_ends_when_that_clock_reaches_its_end() -> None:
+    """3 s on a clock that runs ten times as fast from d s in (0.1, later on a busy machine): d s, then (3 - d) / 10
+    s, about 0.4 s in all. A sleep left to end at the old rate would end at 3 s, 2.6 s late by that clock: a
+    heartbeat sent that late loses a lease that was not lost."""
+    clock = SkewedClock()
+    began, clock_began = time.monotonic(), clock.monotonic()
+    changed: list[float] = []
+
+    async def speed_up() -> None:
+        await asyncio.sleep(0.1)
+        clock.set_drift(9.0)
+        changed.append(time.monotonic() - began)
+
+    speeding = asyncio.ensure_future(speed_up())
+    await clock.sleep(3.0)
+    await speeding
+    assert changed[0] < 1.0, "the change came late: the sleep's end is too near to judge"
+    assert clock.monotonic() - clock_began >= 3.0
+    assert time.monotonic() - began < 2.0

@@ -301,6 +301,30 @@ def test_clock_faults_are_history_entries_and_move_the_clock_without_a_jump() ->
     assert starts[0] == (pytest.approx(10 + 10 / 1.5), "b")
 
 
+@pytest.mark.parametrize(("drift", "ends_at_s"), [(1.0, 6.0), (-0.5, 18.0)])
+def test_a_sleep_over_a_drift_change_ends_when_the_instance_clock_reaches_its_end(
+    drift: float, ends_at_s: float
+) -> None:
+    """10 s on an instance clock whose rate changes at 2 s: the 8 s left take 4 s at twice the speed, 16 s at
+    half. A sleep left to end at the old rate ended at 10 s (18 s by the faster clock): a heartbeat keeper that
+    slept so lost a lease it held, and a backup ran the job beside it."""
+
+    async def main() -> float:
+        clock = SimClock()
+
+        async def change() -> None:
+            await asyncio.sleep(2)
+            clock.set_drift(drift)
+
+        changing = asyncio.ensure_future(change())
+        await clock.sleep(10)
+        await changing
+        assert clock.monotonic() == pytest.approx(10)
+        return asyncio.get_running_loop().time()
+
+    assert run_virtual(main(), epoch_s=EPOCH_S, seed=1) == pytest.approx(ends_at_s)
+
+
 @pytest.mark.parametrize("drift", [2.0, 5.0])
 def test_a_clock_running_several_times_as_fast_does_not_stall_virtual_time(drift: float) -> None:
     """A sleep until a moment of such a clock ended a rounding error short of it; the heartbeat keeper asked for
