@@ -316,6 +316,7 @@ class Scheduler(Generic[M]):
         self._job_threads: concurrent.futures.ThreadPoolExecutor | None = None  # made for the first sync run
         self._started = False
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop of the last start()
+        self._started_in = os.getpid()  # the process of the last start(): its loop, tasks and connections are there
 
     # --- jobs ----------------------------------------------------------------------------------------------
 
@@ -480,6 +481,7 @@ class Scheduler(Generic[M]):
                 )
             await asyncio.wait([self._stopping])  # how it ended was the stop's caller's to hear
         if self._started or (self._starting is not None and not self._starting.is_set()):
+            _check_same_process(self._started_in)
             raise SchedulerStateError("the scheduler is already started")
         if self.backend.scheduler is not None:
             raise SchedulerStateError(
@@ -491,6 +493,7 @@ class Scheduler(Generic[M]):
             self._name(self._default_id())
         starting = self._starting = asyncio.Event()
         self._loop = asyncio.get_running_loop()
+        self._started_in = os.getpid()
         self.backend.scheduler = self
         try:
             try:
@@ -702,6 +705,11 @@ class Scheduler(Generic[M]):
         cuts the jobs short at once, and their runs are handed back: within a deadline such as a container's grace
         period (Kubernetes: 30 s by default), give ``stop_timeout`` a few seconds less."""
         stop_timeout = _check_timeout(stop_timeout, "stop_timeout")
+        if threading.current_thread() is not threading.main_thread():
+            raise SchedulerStateError(
+                "run() stops the scheduler on SIGINT and SIGTERM, which only the main thread can handle: call it "
+                "there, or use run_in_thread() and stop the scheduler from the app's own shutdown"
+            )
         if _running_loop() is not None:
             raise SchedulerStateError(
                 "run() runs an event loop of its own, and this thread runs one already: in async code, use "
@@ -748,6 +756,8 @@ class Scheduler(Generic[M]):
         loop = self._loop
         starting = self._starting is not None and not self._starting.is_set()
         live = self._started or starting or self._stopping is not None
+        if live:
+            _check_same_process(self._started_in)
         if not live or loop is None or _running_loop() is loop:
             return None
         if not loop.is_running():
@@ -1605,6 +1615,7 @@ class SchedulerThread:
 
     def __init__(self, scheduler: Scheduler[Any]) -> None:
         self.scheduler = scheduler
+        self._process = os.getpid()
         self._loop = asyncio.new_event_loop()
         self._lock = threading.Lock()  # orders calls and stop(): none reaches a loop that is ending
         self._stopping = False
@@ -1625,6 +1636,9 @@ class SchedulerThread:
 
     def _call(self, coroutine: Coroutine[Any, Any, S]) -> S:
         self._check_caller(coroutine)
+        if os.getpid() != self._process:
+            coroutine.close()
+            _check_same_process(self._process)
         with self._lock:
             if self._stopping:
                 coroutine.close()
@@ -1654,6 +1668,7 @@ class SchedulerThread:
         """Stop the scheduler (see :meth:`Scheduler.stop`) and end its thread. Calling it again, from any thread,
         returns once it has stopped; with a timeout that ends sooner, it cuts the running jobs short by then."""
         self._check_caller()
+        _check_same_process(self._process)
         caller = _RUN_OF.get()
         if getattr(_on_job_thread, "active", False) and caller is not None and caller[0] is self.scheduler:
             raise SchedulerStateError(
@@ -1721,6 +1736,20 @@ def _stopped_at_exit(thread: SchedulerThread) -> None:
 def _stop_running_threads() -> None:
     for thread in list(_RUNNING_THREADS):
         thread.stop()
+
+
+# A process forked from one running schedulers has none of their threads (a child of a gunicorn master started
+# with --preload, or a multiprocessing "fork" worker): its exit must not wait for them.
+os.register_at_fork(after_in_child=_RUNNING_THREADS.clear)
+
+
+def _check_same_process(started_in: int) -> None:
+    if os.getpid() != started_in:
+        raise SchedulerStateError(
+            f"the scheduler was started in process {started_in}, and this process is a fork of it: the "
+            "scheduler's event loop, threads and connections stayed there. Build and start a scheduler in each "
+            "process after the fork (in a gunicorn worker's post_fork hook, say), or start it in one process only"
+        )
 
 
 async def _cancel_the_rest() -> None:

@@ -15,6 +15,7 @@ import json
 import logging
 import math
 import multiprocessing
+import os
 import random
 import sys
 import threading
@@ -935,6 +936,64 @@ def test_a_scheduler_built_before_a_fork_draws_other_tokens_in_each_process(seed
         worker.join(10)
     assert len({instance_id for instance_id, _ in drawn}) == 2
     assert len({token for _, token in drawn}) == 2
+
+
+def _use_the_parents_scheduler(thread: SchedulerThread, said: Any) -> None:
+    answers = []
+    for call in (
+        lambda: thread.history("tick"),
+        lambda: thread.run_now("tick"),
+        lambda: asyncio.run(thread.scheduler.history("tick")),
+        lambda: asyncio.run(thread.scheduler.start()),
+        thread.stop,
+    ):
+        try:
+            call()
+            answers.append("answered")
+        except SchedulerStateError as error:
+            answers.append(str(error))
+    said.put(answers)
+
+
+@pytest.mark.filterwarnings("ignore:.*fork:DeprecationWarning")  # Python 3.12+ warns of a fork beside threads
+def test_a_process_forked_from_one_running_a_scheduler_thread_is_told_so_and_exits() -> None:
+    """A worker forked after run_in_thread() (gunicorn --preload, a multiprocessing "fork" worker) has none of the
+    scheduler's threads: its calls used to wait for them for ever, and so did its exit, which stopped them. Now
+    each call says why it cannot be served, and the worker exits."""
+    scheduler = Scheduler(RedisBackend(redis=fakeredis.FakeAsyncRedis()))
+    scheduler.add_job("tick", "0 0 1 1 *", lambda: None)
+    thread = scheduler.run_in_thread()
+    fork = multiprocessing.get_context("fork")
+    said = fork.Queue()
+    child = fork.Process(target=_use_the_parents_scheduler, args=(thread, said))
+    try:
+        child.start()
+        child.join(30)
+        assert child.exitcode == 0
+        answers = said.get(timeout=5)
+    finally:
+        child.kill()
+        thread.stop()
+    assert len(answers) == 5
+    assert all(f"started in process {os.getpid()}, and this process is a fork of it" in a for a in answers), answers
+
+
+def test_run_off_the_main_thread_is_refused_instead_of_ignoring_signals() -> None:
+    """run() stops on SIGINT and SIGTERM, which only the main thread can handle: off it, it blocked for ever."""
+    scheduler = Scheduler(RedisBackend(redis=fakeredis.FakeAsyncRedis()))
+    refused: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            scheduler.run()
+        except SchedulerStateError as error:
+            refused.append(error)
+
+    runner = threading.Thread(target=run, daemon=True)
+    runner.start()
+    runner.join(10)
+    assert not runner.is_alive()
+    assert "only the main thread" in str(refused[0])
 
 
 def test_a_won_run_whose_late_retry_is_a_skip_is_taken_over_by_the_instance_standing_by(
