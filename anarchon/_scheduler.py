@@ -388,7 +388,7 @@ class Scheduler(Generic[M]):
         whose claim would come later than this after its slot), ``timezone`` (the zone the cron fields are read
         in: an IANA name or a ZoneInfo); lease strategy only: ``overlap`` (allow a run to start while the previous
         one is still going), ``max_attempts`` (attempts per run, counting backups' takeovers), ``catch_up_ms`` (at
-        start, or when added to a started scheduler, run the slots of this last period that no instance ran).
+        start, or when added to a started scheduler, run the slots of this last period that no instance claimed).
 
         On a started scheduler it may be called from any thread (a sync app beside :meth:`run_in_thread`).
         """
@@ -1219,7 +1219,8 @@ class Scheduler(Generic[M]):
                          extra=extra)  # fmt: skip
 
     async def _catch_up(self, job: Job, now: int) -> None:
-        """Run, one after another, the slots of the last ``catch_up_ms`` that no instance ran.
+        """Run, one after another, the slots of the last ``catch_up_ms`` that no instance claimed (one recorded
+        skipped was decided: the claim is answered done).
 
         Each claim is sent only while its slot is still within ``catch_up_ms`` by the clock of that moment: the
         store keeps a finished run's state about that long (``keep_ms``), and a claim that came later, after a
