@@ -474,6 +474,7 @@ class Scheduler(Generic[M]):
         """Connect, check the store and the strategy, catch up missed runs (lease), and start scheduling. Called
         while a stop goes on (one whose caller gave up waiting), it waits for the stop to end, then starts."""
         if self._stopping is not None:
+            _check_same_process(self._started_in)  # the stop is the parent process's: it never ends here
             if (caller := _RUN_OF.get()) is not None and caller[0] is self and caller[1].in_user_code:
                 raise SchedulerStateError(
                     "start() called by a job or hook of the scheduler while it stops would wait for that job's run "
@@ -1320,6 +1321,8 @@ class Scheduler(Generic[M]):
             return await self._attempt(job, request, claim, claim_sent, running)
         finally:
             _RUN_OF.reset(entered)
+            if self._keeper is not None:  # however the attempt ended (its task cancelled from outside, too)
+                self._keeper.release(request.token)
 
     async def _attempt(
         self, job: Job, request: RunRequest, claim: Claim, claim_sent: float, running: _Running
@@ -1443,12 +1446,13 @@ class Scheduler(Generic[M]):
 
     async def _finish(self, request: RunRequest, claim: Claim, record: RunRecord, extra: dict[str, Any]) -> None:
         """Record how an attempt ended. While the store cannot be reached, try again every second, for as long as
-        the attempt's lease could last and, beyond, while its heartbeats keep it: a result that reaches the store
-        before the lease runs out keeps a backup from running the run again. Trying again is safe, the store
-        takes a result only from the current attempt. Once stop() has begun, only for as long as it waits for
-        runs."""
+        the attempt's lease could last and, while its heartbeats keep it, up to a lease more: a result that
+        reaches the store before the lease runs out keeps a backup from running the run again. Trying again is
+        safe, the store takes a result only from the current attempt. Once stop() has begun, only for as long as
+        it waits for runs."""
         job, slot, attempt = request.job, request.slot, claim.attempt
         give_up = self.clock.monotonic() + self.lease_ms / 1000
+        kept_until = give_up + self.lease_ms / 1000  # a result that keeps failing must not hold the run for ever
         tries = 0
         while True:
             tries += 1
@@ -1459,7 +1463,9 @@ class Scheduler(Generic[M]):
             except StoreError as error:
                 unreachable = isinstance(error, StoreUnavailableError)
                 retry_at = self.clock.monotonic() + FINISH_RETRY_S
-                lease_kept = retry_at < give_up or (self._keeper is not None and self._keeper.holds(request.token))
+                lease_kept = retry_at < give_up or (
+                    retry_at < kept_until and self._keeper is not None and self._keeper.holds(request.token)
+                )
                 # While stop() waits for runs, their results are tried again too, until it stops waiting.
                 if not (unreachable and lease_kept and (self._started or retry_at < self._stop_deadline)):
                     log.warning("job %s slot %d: could not record the result: %s", job, slot, error, extra=extra)

@@ -394,6 +394,10 @@ async def _run_for(schedulers: list[Scheduler[Any]], seconds: float) -> None:
         await scheduler.stop()
 
 
+async def idle() -> None:
+    pass
+
+
 def _virtual_instance(server: fakeredis.FakeServer, name: str, **options: Any) -> Scheduler[Any]:
     """An instance for a test in virtual time (``run_virtual``), on the embedded store ``server``. Its jobs should
     be coroutines: waiting for a sync job's thread lets virtual time jump on."""
@@ -784,8 +788,8 @@ def test_a_claim_on_its_way_as_the_clock_is_set_back_is_retried_after_what_it_ha
         clock = SimClock()
         clock.offset_ms = 3_600_000
         scheduler = Scheduler(RedisBackend(redis=link), instance_id="a", clock=clock)
-        scheduler.add_job("x", "*/10 * * * * *", lambda: None)
-        scheduler.add_job("y", "* * * * * *", lambda: None)  # the dispatcher wakes every second
+        scheduler.add_job("x", "*/10 * * * * *", idle)  # coroutines: a sync job's thread lets virtual time jump on
+        scheduler.add_job("y", "* * * * * *", idle)  # the dispatcher wakes every second
         await scheduler.start()
         await asyncio.sleep(9.8)
         link.armed = True  # the claims of the slot at 10 s take 3 s, then fail
@@ -976,6 +980,53 @@ def test_a_process_forked_from_one_running_a_scheduler_thread_is_told_so_and_exi
         thread.stop()
     assert len(answers) == 5
     assert all(f"started in process {os.getpid()}, and this process is a fork of it" in a for a in answers), answers
+
+
+def _start_the_parents_scheduler(scheduler: Scheduler[Any], said: Any) -> None:
+    try:
+        asyncio.run(scheduler.start())
+        said.put("started")
+    except SchedulerStateError as error:
+        said.put(str(error))
+
+
+@pytest.mark.filterwarnings("ignore:.*fork:DeprecationWarning")  # Python 3.12+ warns of a fork beside threads
+def test_a_process_forked_while_the_scheduler_stops_is_told_so_by_start() -> None:
+    """Forked while the parent's scheduler waited for a job to stop, the child's start() waited for that stop,
+    which runs in the parent only: for ever."""
+    release, running = threading.Event(), threading.Event()
+
+    async def slow() -> None:
+        running.set()
+        await asyncio.to_thread(release.wait, 20)
+
+    scheduler = Scheduler(RedisBackend(redis=fakeredis.FakeAsyncRedis()))
+    scheduler.add_job("slow", "0 0 1 1 *", slow)
+    thread = scheduler.run_in_thread()
+    runner = threading.Thread(target=thread.run_now, args=("slow",))
+    stopper = threading.Thread(target=thread.stop, args=(20,))
+    fork = multiprocessing.get_context("fork")
+    said = fork.Queue()
+    child = fork.Process(target=_start_the_parents_scheduler, args=(scheduler, said))
+    try:
+        runner.start()
+        assert running.wait(10)
+        stopper.start()
+        for _ in range(1000):
+            if scheduler._stopping is not None:
+                break
+            time.sleep(0.01)
+        assert scheduler._stopping is not None
+        child.start()
+        child.join(30)
+        assert child.exitcode == 0
+        answer = said.get(timeout=5)
+    finally:
+        child.kill()
+        release.set()
+        stopper.join(30)
+        runner.join(30)
+    assert "this process is a fork of it" in answer
 
 
 def test_run_off_the_main_thread_is_refused_instead_of_ignoring_signals() -> None:
@@ -1541,6 +1592,75 @@ def test_a_run_is_said_handed_back_only_when_the_store_took_it_back(taken_over: 
         ]
     else:
         assert ended == ["the scheduler stopped: handed back for attempt 2"]
+
+
+def test_a_result_the_store_keeps_refusing_for_want_of_a_connection_is_given_up_two_leases_on() -> None:
+    """The store takes heartbeats (on their own connection) but not the run's result, as when the app's other
+    uses hold every connection of a pool it shares with the scheduler. The result is tried while the lease
+    could last and, heartbeats keeping it, a lease more: then given up, and the lease let go, so that a backup
+    takes the run over. Tried for as long as heartbeats kept the lease, it held the job, and every later slot
+    was skipped-overlap, until stop()."""
+
+    async def main() -> tuple[float, bool]:
+        scheduler = _virtual_instance(fakeredis.FakeServer(), "a", lease_ms=3000, heartbeat_ms=1000)
+        scheduler.add_job("job", "0 0 1 1 *", idle)
+
+        async def refused(*args: Any) -> bool:
+            raise StoreUnavailableError("store unavailable: Too many connections")
+
+        scheduler.backend.strategy.finish = refused  # type: ignore[method-assign]
+        async with scheduler:
+            began = asyncio.get_running_loop().time()
+            await asyncio.wait_for(scheduler.run_now("job"), 60)
+            took = asyncio.get_running_loop().time() - began
+            assert scheduler._keeper is not None
+            held = bool(scheduler._keeper._held)
+            await scheduler.stop(timeout=1)
+        return took, held
+
+    took, held = run_virtual(main(), epoch_s=VIRTUAL_EPOCH_S, seed=1)
+    assert 3 <= took <= 7  # tries at 0, 1, ... 5 s (lease 3 s, and 3 s more while heartbeats keep it)
+    assert not held
+
+
+@pytest.mark.parametrize("cancelled_by", ["itself", "another task"])
+def test_a_run_whose_task_is_cancelled_from_outside_lets_its_lease_go(cancelled_by: str) -> None:
+    """A run's task cancelled by something other than the scheduler (the job itself, another task of the app)
+    ends its attempt: its lease must not be kept. Kept by heartbeats, it held the job: every later slot was
+    skipped-overlap on every instance until stop()."""
+
+    async def main() -> list[tuple[int, str]]:
+        server = fakeredis.FakeServer()
+        first = asyncio.Event()
+        victims: list[asyncio.Task[Any]] = []
+
+        async def work(run: RunContext) -> None:
+            if not first.is_set():
+                first.set()
+                task = asyncio.current_task()
+                assert task is not None
+                if cancelled_by == "itself":
+                    task.cancel()
+                else:
+                    victims.append(task)
+                await asyncio.sleep(1)
+
+        schedulers = [_virtual_instance(server, name, lease_ms=3000, heartbeat_ms=1000) for name in "ab"]
+        for scheduler in schedulers:
+            scheduler.add_job("job", "*/10 * * * * *", work)
+            await scheduler.start()
+        await first.wait()
+        for victim in victims:
+            victim.cancel()
+        await asyncio.sleep(60)
+        history = await schedulers[1].history("job", 20)
+        for scheduler in schedulers:
+            await scheduler.stop()
+        return [(record.slot, record.status) for record in history]
+
+    history = run_virtual(main(), epoch_s=VIRTUAL_EPOCH_S, seed=1)
+    assert [status for _, status in history].count("ok") >= 5
+    assert "skipped-overlap" not in [status for _, status in history]
 
 
 def test_a_result_is_sent_again_while_stop_waits_for_its_run() -> None:
