@@ -942,6 +942,20 @@ def test_a_scheduler_built_before_a_fork_draws_other_tokens_in_each_process(seed
     assert len({token for _, token in drawn}) == 2
 
 
+def _what_a_fork_says(target: Callable[..., None], *args: Any) -> Any:
+    """What ``target(*args, said)``, run in a forked child that must exit within 30 s, put on ``said``."""
+    fork = multiprocessing.get_context("fork")
+    said = fork.Queue()
+    child = fork.Process(target=target, args=(*args, said))
+    try:
+        child.start()
+        child.join(30)
+        assert child.exitcode == 0
+        return said.get(timeout=5)
+    finally:
+        child.kill()
+
+
 def _use_the_parents_scheduler(thread: SchedulerThread, said: Any) -> None:
     answers = []
     for call in (
@@ -967,16 +981,9 @@ def test_a_process_forked_from_one_running_a_scheduler_thread_is_told_so_and_exi
     scheduler = Scheduler(RedisBackend(redis=fakeredis.FakeAsyncRedis()))
     scheduler.add_job("tick", "0 0 1 1 *", lambda: None)
     thread = scheduler.run_in_thread()
-    fork = multiprocessing.get_context("fork")
-    said = fork.Queue()
-    child = fork.Process(target=_use_the_parents_scheduler, args=(thread, said))
     try:
-        child.start()
-        child.join(30)
-        assert child.exitcode == 0
-        answers = said.get(timeout=5)
+        answers = _what_a_fork_says(_use_the_parents_scheduler, thread)
     finally:
-        child.kill()
         thread.stop()
     assert len(answers) == 5
     assert all(f"started in process {os.getpid()}, and this process is a fork of it" in a for a in answers), answers
@@ -1005,9 +1012,6 @@ def test_a_process_forked_while_the_scheduler_stops_is_told_so_by_start() -> Non
     thread = scheduler.run_in_thread()
     runner = threading.Thread(target=thread.run_now, args=("slow",))
     stopper = threading.Thread(target=thread.stop, args=(20,))
-    fork = multiprocessing.get_context("fork")
-    said = fork.Queue()
-    child = fork.Process(target=_start_the_parents_scheduler, args=(scheduler, said))
     try:
         runner.start()
         assert running.wait(10)
@@ -1017,12 +1021,8 @@ def test_a_process_forked_while_the_scheduler_stops_is_told_so_by_start() -> Non
                 break
             time.sleep(0.01)
         assert scheduler._stopping is not None
-        child.start()
-        child.join(30)
-        assert child.exitcode == 0
-        answer = said.get(timeout=5)
+        answer = _what_a_fork_says(_start_the_parents_scheduler, scheduler)
     finally:
-        child.kill()
         release.set()
         stopper.join(30)
         runner.join(30)
