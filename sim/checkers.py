@@ -151,7 +151,9 @@ def judge(
     )
     verdicts = {
         "P1": _no_duplicate(strategy, by_slot, epoch),
-        "P2": _no_missed(by_slot, expected, epoch, _overlapped(history), nothing_to_judge),
+        "P2": _no_missed(
+            by_slot, expected, epoch, _overlapped(history), _attempts(scenario, strategy), nothing_to_judge
+        ),
         "P3": _no_overlap(scenario, runs + [e for e in history.executions if e.manual], epoch),
         "P4": _lease_safety(strategy, by_slot, epoch, margins),
         "P5": _no_lost_ack(strategy, history, fault_windows),
@@ -257,11 +259,19 @@ def _overlapped(history: History) -> set[tuple[str, str]]:
             if e.kind == "ok" and e.op == "claim" and e.value.startswith("overlap")}  # fmt: skip
 
 
+def _attempts(scenario: Scenario, strategy: str) -> dict[str, int]:
+    """Each job's max_attempts under lease (the claim-only strategies make one attempt, and have no backups)."""
+    if strategy != "lease":
+        return {}
+    return {job.name: int(job.options.get("max_attempts", JobOptions().max_attempts)) for job in scenario.jobs}
+
+
 def _no_missed(
     by_slot: dict[tuple[str, int], list[Execution]],
     expected: list[tuple[str, int]],
     epoch: float,
     overlapped: set[tuple[str, str]],
+    attempts: dict[str, int],
     nothing_to_judge: str,
 ) -> Verdict:
     if not expected:
@@ -272,6 +282,8 @@ def _no_missed(
         how = "; ".join(_describe(e) for e in tried) if tried else "never started"
         if (job, run_id(slot)) in overlapped:
             how += " (skipped-overlap: an earlier run of the job held its lease)"
+        elif tried and max(e.attempt for e in tried) >= attempts.get(job, math.inf):
+            how += f" (its max_attempts, {attempts[job]}, were used up: the store recorded it interrupted)"
         return f"{job} slot at {true_s(slot, epoch):.0f} s: {how}"
 
     unfinished = [(job, slot) for job, slot in expected if not any(e.completed for e in by_slot.get((job, slot), []))]

@@ -849,6 +849,23 @@ def test_a_slot_nobody_finished_is_missed_unless_every_instance_was_down() -> No
     assert _verdicts(_every_slot(skip=40), down)["P2"] == "valid"
 
 
+@pytest.mark.parametrize(("max_attempts", "used_up"), [(1, True), (3, False)])
+def test_a_slot_missed_because_its_attempts_were_used_up_says_so(max_attempts: int, used_up: bool) -> None:
+    """The winner of the slot at 20 s crashes during its work. With max_attempts 1 nobody takes the run over:
+    P2's witness says the attempts were used up (a reader took it for a lost slot). With 3, a backup runs it."""
+    scenario = parse({
+        "name": "attempts", "duration_s": 60, "scheduler": {"lease_ms": 3000, "heartbeat_ms": 1000},
+        "instances": [{"name": n} for n in "abc"],
+        "jobs": [{"name": "tick", "cron": "*/20 * * * * *", "work_s": 5.0, "max_attempts": max_attempts}],
+        "faults": [{"at_s": 22, "kind": "crash", "instance": "winner"}],
+    })  # fmt: skip
+    p2 = simulate(scenario, "lease", 1).judgement.checks["P2"]
+    assert p2.status == ("invalid" if used_up else "valid")
+    if used_up:
+        assert p2.witness.startswith("tick slot at 20 s: ")
+        assert p2.witness.endswith("(its max_attempts, 1, were used up: the store recorded it interrupted)")
+
+
 def test_a_slot_is_judged_missed_only_once_its_jittered_claim_could_have_run() -> None:
     # Claims come up to 20 s after their slot: the slot at 90 s of a 110 s run may not start before the end.
     scenario = parse({
