@@ -473,8 +473,9 @@ class Scheduler(Generic[M]):
     async def start(self) -> None:
         """Connect, check the store and the strategy, catch up missed runs (lease), and start scheduling. Called
         while a stop goes on (one whose caller gave up waiting), it waits for the stop to end, then starts."""
+        if self._is_live():  # in a fork's copy, the loop, the tasks and the stop to wait for are the parent's
+            _check_same_process(self._started_in)
         if self._stopping is not None:
-            _check_same_process(self._started_in)  # the stop is the parent process's: it never ends here
             if (caller := _RUN_OF.get()) is not None and caller[0] is self and caller[1].in_user_code:
                 raise SchedulerStateError(
                     "start() called by a job or hook of the scheduler while it stops would wait for that job's run "
@@ -482,7 +483,6 @@ class Scheduler(Generic[M]):
                 )
             await asyncio.wait([self._stopping])  # how it ended was the stop's caller's to hear
         if self._started or (self._starting is not None and not self._starting.is_set()):
-            _check_same_process(self._started_in)
             raise SchedulerStateError("the scheduler is already started")
         if self.backend.scheduler is not None:
             raise SchedulerStateError(
@@ -750,16 +750,20 @@ class Scheduler(Generic[M]):
 
     # --- manual runs and history ---------------------------------------------------------------------------
 
+    def _is_live(self) -> bool:
+        """Starting, started or stopping: the scheduler's tasks and connection exist, on its loop."""
+        starting = self._starting is not None and not self._starting.is_set()
+        return self._started or starting or self._stopping is not None
+
     def _own_loop_elsewhere(self, method: str) -> asyncio.AbstractEventLoop | None:
         """The loop the scheduler started on, when the caller runs on another (an app's second loop or thread)
         while the scheduler is starting, started or stopping: its tasks and connection belong to its loop, so
         such a call is sent there. None otherwise."""
+        if not self._is_live():
+            return None
+        _check_same_process(self._started_in)
         loop = self._loop
-        starting = self._starting is not None and not self._starting.is_set()
-        live = self._started or starting or self._stopping is not None
-        if live:
-            _check_same_process(self._started_in)
-        if not live or loop is None or _running_loop() is loop:
+        if loop is None or _running_loop() is loop:
             return None
         if not loop.is_running():
             raise SchedulerStateError(
@@ -1384,13 +1388,12 @@ class Scheduler(Generic[M]):
         if thread_runs_on:
             message = f"{message}; its function still runs on its thread (a sync function cannot be cancelled)"
         record = self._local_record(request, status, message, attempt=claim.attempt, fence=claim.fence, started=started)
-        try:
-            record = await self._end(request, claim, record, extra, hand_back_allowed=not thread_runs_on)
-        finally:
-            # Heartbeats go on until the store has the result: a result held up by a short outage must still find
-            # the lease live when the store answers again, or a backup takes the run over and runs it again.
-            if self._keeper is not None:
-                self._keeper.release(request.token)
+        record = await self._end(request, claim, record, extra, hand_back_allowed=not thread_runs_on)
+        # Heartbeats went on until the store had the result: a result held up by a short outage must still find the
+        # lease live when the store answers again, or a backup takes the run over and runs it again. Let go before
+        # the end hook (_execute lets go on every other way out).
+        if self._keeper is not None:
+            self._keeper.release(request.token)
         log.info("job %s slot %d attempt %d: %s", job.name, request.slot, claim.attempt, status, extra=extra)
         if self.on_run_end is not None:
             await self._hook(self.on_run_end, context, record, running=running)
@@ -1453,9 +1456,8 @@ class Scheduler(Generic[M]):
         job, slot, attempt = request.job, request.slot, claim.attempt
         give_up = self.clock.monotonic() + self.lease_ms / 1000
         kept_until = give_up + self.lease_ms / 1000  # a result that keeps failing must not hold the run for ever
-        tries = 0
+        tried = False
         while True:
-            tries += 1
             try:
                 accepted = await self.backend.strategy.finish(
                     self.backend.store, request, claim, self._policies[job], record
@@ -1474,10 +1476,11 @@ class Scheduler(Generic[M]):
                     "job %s slot %d: could not record the result (%s); retrying in %.1f s", job, slot, error,
                     FINISH_RETRY_S, extra=extra,
                 )  # fmt: skip
+                tried = True
                 await self.clock.sleep(FINISH_RETRY_S)
                 continue
             if not accepted:
-                why = "an earlier try recorded it, or the lease was lost" if tries > 1 else "lease lost"
+                why = "an earlier try recorded it, or the lease was lost" if tried else "lease lost"
                 log.warning(
                     "job %s slot %d attempt %d: the store refused the result (%s)", job, slot, attempt, why, extra=extra
                 )
@@ -1643,9 +1646,6 @@ class SchedulerThread:
 
     def _call(self, coroutine: Coroutine[Any, Any, S]) -> S:
         self._check_caller(coroutine)
-        if os.getpid() != self._process:
-            coroutine.close()
-            _check_same_process(self._process)
         with self._lock:
             if self._stopping:
                 coroutine.close()
@@ -1657,13 +1657,18 @@ class SchedulerThread:
             raise SchedulerStateError("the scheduler's thread stopped before the call ended") from None
 
     def _check_caller(self, coroutine: Coroutine[Any, Any, object] | None = None) -> None:
-        """A job or hook on the scheduler's own loop would wait here for that loop, which it holds: for ever."""
-        if threading.current_thread() is self._thread:
+        """A job or hook on the scheduler's own loop would wait here for that loop, which it holds: for ever. So
+        would a process forked from this one, which has no such thread."""
+        try:
+            _check_same_process(self._process)
+            if threading.current_thread() is self._thread:
+                raise SchedulerStateError(
+                    "called from the scheduler's own thread (a job or hook): await the scheduler's method instead"
+                )
+        except SchedulerStateError:
             if coroutine is not None:
                 coroutine.close()
-            raise SchedulerStateError(
-                "called from the scheduler's own thread (a job or hook): await the scheduler's method instead"
-            )
+            raise
 
     def run_now(self, name: str) -> RunRecord:
         return self._call(self.scheduler.run_now(name))
@@ -1675,7 +1680,6 @@ class SchedulerThread:
         """Stop the scheduler (see :meth:`Scheduler.stop`) and end its thread. Calling it again, from any thread,
         returns once it has stopped; with a timeout that ends sooner, it cuts the running jobs short by then."""
         self._check_caller()
-        _check_same_process(self._process)
         caller = _RUN_OF.get()
         if getattr(_on_job_thread, "active", False) and caller is not None and caller[0] is self.scheduler:
             raise SchedulerStateError(
