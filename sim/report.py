@@ -49,16 +49,19 @@ CHECKER_RULES = {
     "a lost lease), is a retry, not a duplicate.",
     "P2": "Every slot due while some instance was healthy, from the slot through the time a slot is given to run "
     "(three leases, the jitter, the work and 5 s), runs to its end. A slot that lease skips because the job's "
-    "previous run still holds its lease (skipped-overlap, its overlap protection) counts as missed.",
-    "P3": "Two runs of a job never execute at once (a job may allow it: none here does).",
+    "previous run still holds its lease (skipped-overlap, its overlap protection) counts as missed. A run_now is "
+    "not a slot: one that lease skips for overlap is not judged here.",
+    "P3": "Two runs of a job never execute at once (a job may allow it: none here does); the rates count each "
+    "overlapping pair.",
     "P4": "Lease only: two holders of one run's lease (two tokens) never execute at once.",
     "P5": "A claim the store acknowledged and then lost (a failover, a restart) is not won again, by another "
     "instance or by a new claim of its own. Judged where a store fault lost writes; elsewhere it holds.",
     "P6": "The fences of a job's runs grow in the order the store accepted their claims, where that order is "
     "known: a claim answered before another was sent was accepted first (claim-only strategies: scheduled runs "
     "only, as documented).",
-    "lateness": "Each run starts within its job's jitter_ms + max_late_ms (catch_up_ms under lease, if larger) "
-    "+ 1 s of its slot.",
+    "lateness": "Each run starts no later than its job's jitter_ms + max_late_ms (catch_up_ms under lease, if "
+    "larger) + 1 s after its slot: 61 s with the defaults, 6 s in late-claim. A run that starts early (a clock "
+    "ahead) is not judged: the lateness table shows how early.",
 }
 RATE_CHECKERS = ("P1", "P2", "P3", "P5")
 COLOURS = {"lease": "#1b6ca8", "stream-id": "#d1495b", "script": "#edae49", "idmp": "#66a182"}
@@ -526,7 +529,7 @@ def render(results: Results, figure: Callable[[str, bytes], str]) -> str:
         "",
         *_head(
             "strategy",
-            "runs",
+            "job runs",
             *(f"{p} ({_ms(results)})" for p in ("min", "p50", "p99", "max")),
             "simulations with a late run",
         ),

@@ -106,7 +106,7 @@ def test_a_live_report_gives_its_times_in_live_ms() -> None:
         results = report.Results(mode, 1, ["redis-7"] if mode == "live" else [], [zombie])
         results.add(simulate(zombie, "lease", 1), "redis-7" if mode == "live" else "")
         text = "\n".join(_render(results))
-        assert f"| strategy | runs | min ({unit}) | p50 ({unit}) | p99 ({unit}) | max ({unit}) |" in text
+        assert f"| strategy | job runs | min ({unit}) | p50 ({unit}) | p99 ({unit}) | max ({unit}) |" in text
         assert re.search(rf"worked past their lease; min -?\d+ {unit}, p50 -?\d+ {unit}\.", text)
 
 
