@@ -54,6 +54,17 @@ def parse_info(text: str) -> ServerInfo:
     return ServerInfo("redis", _version(fields.get("redis_version", "0")))
 
 
+def _info_text(reply: Reply) -> str:
+    """INFO's answer as its text. A ``send`` client that returns what its own client made of the reply may hand back
+    the fields parsed into a map (redis-py does, given the command name as a string), which decode() flattens to
+    [field, value, …]: read back as the text's lines."""
+    if isinstance(reply, list) and reply and len(reply) % 2 == 0:
+        first = reply[0]
+        if isinstance(first, str) and ":" not in first and "\n" not in first:
+            return "\n".join(f"{field}:{value}" for field, value in zip(reply[::2], reply[1::2], strict=True))
+    return as_text(reply)
+
+
 def parse_hello(reply: Reply) -> ServerInfo:
     """Read ``HELLO``'s answer: server, its name, version, its version… (a flat array in RESP2 and once decoded;
     cluster clients send it to one node)."""
@@ -70,7 +81,7 @@ async def detect_server(execute: Callable[[Command], Awaitable[Reply]]) -> Serve
     which locked-down users lack, or it was renamed away), from ``HELLO`` without arguments (Redis 6.2 and later,
     Valkey), which answers as INFO would and leaves the connection's protocol as it is."""
     try:
-        return parse_info(as_text(await execute(["INFO", "server"])))
+        return parse_info(_info_text(await execute(["INFO", "server"])))
     except StoreReplyError as refused:
         if refused.reply.startswith(("WRONGPASS", "NOAUTH")) or "password" in refused.reply.lower():
             # Refused as the connection opened, before any command: HELLO would be refused the same way.
@@ -435,7 +446,12 @@ class Store:
         await self._kept_many([("SCRIPT", "LOAD", script.source) for script in scripts])
 
     async def server_info(self) -> ServerInfo:
-        return await self.connection.server_info()
+        try:
+            return await self.connection.server_info()
+        except StoreError:
+            raise
+        except Exception as error:  # e.g. what answered is no Redis: its client cannot read the reply
+            raise _unknown_outcome(error) from error
 
     async def close(self) -> None:
         """Deliver what is on its way, fail what still waits (nothing is sent after this), close an owned

@@ -1100,6 +1100,49 @@ async def test_send_clients_errors_are_read_by_their_server_error_code(
         assert caught.value is answer
 
 
+async def test_a_send_client_whose_client_parses_info_is_told_the_server(real_server: ServerUnderTest) -> None:
+    """A ``send`` client that passes the command name on as a string: redis-py then parses INFO into a map of its
+    fields. The server's kind and version are read from that too (the version was taken as 0, and idmp refused on
+    Redis 8.6)."""
+    running = real_server.running
+    client = redis.asyncio.Redis(host=running.host, port=running.port, protocol=2)
+
+    class Parsing:
+        async def send(self, command: str, args: list[str]) -> Any:
+            return await client.execute_command(command, *args)
+
+    assert isinstance(await client.execute_command("INFO", "server"), dict)
+    backend = RedisBackend(redis=Parsing(), prefix="parsing:")
+    try:
+        await backend.start(["sync"])
+        assert str(backend.server) == f"{'Valkey' if running.is_valkey else 'Redis'} {running.version}"
+        await backend.stop()
+    finally:
+        await client.aclose()
+
+
+async def test_an_address_that_is_no_redis_fails_start_with_a_store_error() -> None:
+    """What answers at the URL is not Redis (an HTTP server): redis-py cannot read its reply. start() raises a
+    StoreUnavailableError saying so, not the client's own exception."""
+
+    async def http(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(100)
+        writer.write(b"<html>400 Bad Request</html>\r\n")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(http, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    scheduler = Scheduler(RedisBackend(redis=f"redis://127.0.0.1:{port}/0"))
+    scheduler.add_job("sync", "* * * * *", lambda: None)
+    try:
+        with pytest.raises(StoreUnavailableError, match="the store client failed: InvalidResponse"):
+            await scheduler.start()
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
 class _OneNodeDown:
     """The store seam of a cluster that lost one primary: commands on keys of ``down:`` come back unavailable, in
     their places in a batch, while the others are answered."""
