@@ -1204,12 +1204,21 @@ class Scheduler(Generic[M]):
                 self._push(again_at, name, slot, "backup")
         elif claim.forgotten:  # a backup that was cut off or paused for longer than keep_ms
             log.info("job %s slot %d: not run: %s", name, slot, FORGOTTEN, extra=extra)
+        elif claim.given_up:
+            self._say_given_up(name, slot, claim)
         elif claim.outcome is Outcome.OVERLAP:  # a slot that will not run: as visible as a late one
             log.info("job %s slot %d: skipped-overlap: an earlier run of the job is still going", name, slot,
                      extra=extra)  # fmt: skip
         else:
             log.debug("job %s slot %d: %s", name, slot, claim.outcome.value, extra=extra)
         return claim.outcome in (Outcome.RUNNING, Outcome.OVERLAP)
+
+    def _say_given_up(self, name: str, slot: int, claim: Claim) -> None:
+        """This instance's claim gave the run up (it is logged once, by the one instance whose claim did): a run
+        that will not run to its end, as visible as a skipped one."""
+        log.warning("job %s slot %d: given up: attempt %d ended unfinished (its lease ran out, or it was handed back) "
+                    "and the job's max_attempts (%d) are used up; recorded interrupted", name, slot, claim.attempt,
+                    self._policies[name].max_attempts, extra={"job": name, "slot": slot})  # fmt: skip
 
     def _another_run_is_live(self, jobs: set[str], now: int, queued_before: int) -> None:
         """The store answered claims of ``jobs`` that another run of each is live. That run may be one this instance
@@ -1301,6 +1310,8 @@ class Scheduler(Generic[M]):
                     await self._execute(job, request, claim, sent)
                 elif claim.forgotten:  # only with a longer catch_up_ms than another instance's trim allows for
                     log.info("job %s: slot %d not caught up: %s", job.name, slot, FORGOTTEN)
+                elif claim.given_up:
+                    self._say_given_up(job.name, slot, claim)
                 elif claim.outcome is Outcome.OVERLAP:  # recorded as skipped-overlap: as visible as the dispatcher's
                     log.info("job %s: slot %d not caught up: skipped-overlap: an earlier run of the job is still going",
                              job.name, slot)  # fmt: skip

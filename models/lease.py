@@ -117,7 +117,7 @@ def claim(store: LeaseStore, run: str, token: str, now: int, policy: JobPolicy) 
         return store, Claim(Outcome.RUNNING, r.attempt, r.fence, r.lease_end - now)
     if r.attempt >= policy.max_attempts:
         interrupted = r.close("interrupted", slot, now)
-        return trim(store.put(run, interrupted), now, policy), Claim(Outcome.DONE, r.attempt, r.fence)
+        return trim(store.put(run, interrupted), now, policy), Claim(Outcome.DONE, r.attempt, r.fence, given_up=True)
     if other_end is not None:  # a takeover would run beside another live run: the backup waits for its lease
         return store, Claim(Outcome.RUNNING, r.attempt, r.fence, other_end - now)
     return _start(store, run, token, now, policy, r.attempt + 1)

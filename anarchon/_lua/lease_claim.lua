@@ -4,7 +4,8 @@
 -- ARGV[2]  token of this attempt     ARGV[3] runner (instance id)
 -- ARGV[4]  lease_ms                  ARGV[5] max_attempts          ARGV[6] overlap allowed: "1" or "0"
 -- ARGV[7]  history_size              ARGV[8] keep_ms               ARGV[9] history_ttl_ms ("0": none)
--- returns "<answer> <attempt> <fence> <lease_ms_left>" (one string: a client reads it faster than an array)
+-- returns "<answer> <attempt> <fence> <lease_ms_left>" (one string: a client reads it faster than an array), and
+--   " given-up" after a "done" when this claim gave the run up: its attempts were used up (recorded interrupted)
 --   "won"      the caller runs it: a new attempt was stored (or the caller's own token already holds it,
 --              when a claim whose reply was lost is retried: its lease renewed, with the next fence if it ran
 --              out and other runs took fences meanwhile); lease_ms_left is its lease. Such a retry whose lease
@@ -125,7 +126,7 @@ else
   if r.attempt >= max_attempts then
     close_run(run, r, 'interrupted', now, '"' .. ended .. '; no attempts left"')
     trim(now, tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9]))
-    return reply('done', r.attempt, r.fence, 0)
+    return reply('done', r.attempt, r.fence, 0) .. ' given-up'
   end
   local live_end = live_other_end()
   if live_end then -- taking the run over now would run it beside another one: wait for that one's lease

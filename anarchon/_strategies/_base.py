@@ -33,6 +33,7 @@ class Claim(NamedTuple):
     attempt: int = 0
     fence: int = 0
     lease_ms_left: int = 0  # lease: how long the holder's lease lasts from the server's point of view
+    given_up: bool = False  # lease, "done": this claim gave the run up, its attempts used up (recorded interrupted)
 
     @property
     def forgotten(self) -> bool:

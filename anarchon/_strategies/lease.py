@@ -35,8 +35,8 @@ def _trim_args(policy: JobPolicy) -> tuple[int, int, int]:
 def _parse_claim(reply: Reply | StoreError) -> Claim | StoreError:
     if isinstance(reply, StoreError):
         return reply
-    answer, attempt, fence, left = as_text(reply).split(" ")
-    return Claim(OUTCOMES[answer], int(attempt), int(fence), max(0, int(left)))
+    answer, attempt, fence, left, *given_up = as_text(reply).split(" ")
+    return Claim(OUTCOMES[answer], int(attempt), int(fence), max(0, int(left)), bool(given_up))
 
 
 class LeaseStrategy:

@@ -193,7 +193,10 @@ async def test_a_released_run_with_no_attempts_left_is_closed_by_the_next_claim(
     first = request(SLOT, "first")
     await claim_one(backend, first, policy)
     assert await backend.strategy.release(backend.store, first)
-    assert (await claim_one(backend, request(SLOT, "backup"), policy)).outcome is Outcome.DONE
+    closing = await claim_one(backend, request(SLOT, "backup"), policy)
+    assert (closing.outcome, closing.attempt, closing.given_up) == (Outcome.DONE, 1, True)
+    later = await claim_one(backend, request(SLOT, "later"), policy)
+    assert (later.outcome, later.given_up) == (Outcome.DONE, False)  # said by the claim that gave it up alone
     [entry] = await backend.strategy.history(backend.store, "sync", 10)
     assert (entry.attempt, entry.status, entry.token) == (1, "interrupted", "first")
     assert entry.message == "handed back; no attempts left"

@@ -357,6 +357,44 @@ async def test_a_backup_reruns_the_slot_of_a_winner_cut_off_mid_run(target: Stor
     assert [(r.attempt, r.status) for r in history] == [(2, "ok"), (1, "interrupted")]
 
 
+async def test_a_run_given_up_after_its_last_attempt_is_logged_once(
+    fake_target: StoreTarget, caplog: pytest.LogCaptureFixture
+) -> None:
+    """max_attempts=1, the winner cut off mid-run: once its lease has ended, the claim of the backup that finds it
+    gives the run up, recorded interrupted. That instance says so at WARNING, once; the others, whose claims find
+    the run closed, say nothing of it (a run that will never run to its end was seen in no log)."""
+    caplog.set_level(logging.INFO, logger="anarchon")
+    ledger, links, schedulers = Ledger(), {}, []
+    started = asyncio.Event()
+
+    async def mark(run: RunContext) -> None:
+        started.set()
+
+    cron = second_from_now(2)
+    for i in range(3):
+        backend, links[f"i{i}"] = fake_target.linked_backend("lease", name=f"i{i}")
+        scheduler = Scheduler(backend, instance_id=f"i{i}", lease_ms=2_000, heartbeat_ms=500)
+        scheduler.add_job("long", cron, ledger.job(f"i{i}", seconds=3, before=mark), max_attempts=1)
+        schedulers.append(scheduler)
+    await asyncio.gather(*(s.start() for s in schedulers))
+    try:
+        await asyncio.wait_for(started.wait(), 5)
+        [winner] = ledger.executions
+        links[winner.instance].cut()
+        await eventually(lambda: any("given up" in r.getMessage() for r in caplog.records), cap_s=6)
+        await asyncio.sleep(1)  # every backup has asked by now
+        links[winner.instance].heal()
+        history = await schedulers[(int(winner.instance[1]) + 1) % 3].history("long")
+    finally:
+        await asyncio.gather(*(s.stop() for s in schedulers))
+    [said] = [r for r in caplog.records if "given up" in r.getMessage()]
+    assert said.levelno == logging.WARNING
+    assert said.getMessage().startswith(f"job long slot {winner.slot}: given up: attempt 1 ended unfinished")
+    assert len(ledger.executions) == 1
+    [record] = history
+    assert (record.attempt, record.status, record.message) == (1, "interrupted", "lease expired; no attempts left")
+
+
 async def test_catch_up_runs_the_slots_missed_while_every_instance_was_down(target: StoreTarget) -> None:
     ledger = Ledger()
 

@@ -101,8 +101,11 @@ class FenceMap:
 
 
 def assert_same_claim(expected: Claim, real: Claim, slack_ms: int, fences: FenceMap | None = None) -> None:
-    """Outcome and attempt exactly; the fence exactly, or through ``fences``; lease ms left within the slack."""
-    assert (real.outcome, real.attempt) == (expected.outcome, expected.attempt), f"store {real}, model {expected}"
+    """Outcome, attempt and whether it gave the run up exactly; the fence exactly, or through ``fences``; lease ms
+    left within the slack."""
+    assert (real.outcome, real.attempt, real.given_up) == (expected.outcome, expected.attempt, expected.given_up), (
+        f"store {real}, model {expected}"
+    )
     if fences is not None and real.outcome is Outcome.WON:
         fences.check(expected.fence, real.fence)
     else:
