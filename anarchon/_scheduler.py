@@ -117,40 +117,6 @@ Kind: TypeAlias = Literal["scheduled", "backup", "retry", "early"]
 _Due: TypeAlias = tuple[int, int, str, int, Kind, int, str | None]  # at_ms, seq, job, slot, kind, failures, token
 
 
-# Answers that another instance has taken the run: it holds the lease (attempt 0 is a claim put off by the store
-# instead), it is done, or (claim-only) another claim came first.
-_TAKEN = frozenset((Outcome.RUNNING, Outcome.DONE, Outcome.LOST))
-
-
-class _Sweep:
-    """The pipelines of a burst of claims, handed to the claim lanes in turn, in the jobs' order from the point
-    this instance picked. The other instances sweep the same runs from points of their own: a pipeline that comes
-    back mostly taken by others has met one of their sweeps, which goes on ahead of it. Then this sweep jumps to
-    the middle of the pipelines left, and the ones it passes over go last (their claims only make this instance a
-    backup of runs others hold). The runs are all won sooner than when each instance trails the sweep it met."""
-
-    __slots__ = ("cursor", "jumps", "left")
-
-    def __init__(self, pipelines: list[list[_Due]]) -> None:
-        self.left = pipelines
-        self.cursor = 0  # the next pipeline to hand out
-        self.jumps = 0
-
-    def take(self) -> tuple[list[_Due], int] | None:
-        """The next pipeline, with how many jumps were made before it was taken; None once all were."""
-        if not self.left:
-            return None
-        self.cursor %= len(self.left)
-        return self.left.pop(self.cursor), self.jumps
-
-    def taken_elsewhere(self, jumps: int) -> None:
-        """A pipeline taken after ``jumps`` jumps was mostly taken by others: jump, unless the sweep has already
-        jumped since it was taken (the other lane's pipeline met the same sweep, or one further on)."""
-        if jumps == self.jumps and self.left:
-            self.jumps += 1
-            self.cursor += len(self.left) // 2
-
-
 @dataclass(slots=True)
 class _Running:
     context: RunContext
@@ -1086,8 +1052,11 @@ class Scheduler(Generic[M]):
             # contending for the same runs, pipeline after pipeline: every run is won sooner.
             start = self.random.randint(0, len(batch) - 1)
             batch = batch[start:] + batch[:start]
-        sweep = _Sweep([batch[first : first + CLAIM_BATCH] for first in range(0, len(batch), CLAIM_BATCH)])
-        parts = [asyncio.ensure_future(self._claim_lane(sweep)) for _ in range(min(CLAIM_LANES, len(sweep.left)))]
+        lanes = asyncio.Semaphore(CLAIM_LANES)
+        parts = [
+            asyncio.ensure_future(self._claim_part(batch[first : first + CLAIM_BATCH], lanes))
+            for first in range(0, len(batch), CLAIM_BATCH)
+        ]
         try:
             for first in range(0, len(due), CLAIM_BATCH):
                 # The first pipelines leave before any next slot is worked out; the rest of that work is done
@@ -1125,37 +1094,27 @@ class Scheduler(Generic[M]):
             )  # fmt: skip
         self._schedule_next(job, resume_after)
 
-    async def _claim_lane(self, sweep: _Sweep) -> None:
-        """Claim pipelines of the sweep one after another; one mostly taken by others moves the sweep on."""
-        while (taken := sweep.take()) is not None:
-            part, jumps = taken
-            if await self._claim_part(part) * 2 > len(part):
-                sweep.taken_elsewhere(jumps)
-
-    async def _claim_part(self, part: list[_Due]) -> int:
-        """Claim the runs of one pipeline; how many of them other instances had taken (won, or already done)."""
-        if not self._started:  # stop() began before it was sent: a claim won now would not run
-            self._hand_back_unsent(part)
-            return 0
+    async def _claim_part(self, part: list[_Due], lanes: asyncio.Semaphore) -> None:
         strategy, store = self.backend.strategy, self.backend.store
-        requests = [self._request(entry) for entry in part]
-        sent, sent_ms = self.clock.monotonic(), self.clock.wall_ms()
-        try:
-            claims = await strategy.claim(store, [(request, self._policies[request.job]) for request in requests])
-        except StoreError as error:
-            claims = [error] * len(part)
-        except Exception as error:  # an answer anarchon cannot read: retried, and the dispatcher goes on
-            log.exception("claims of %d runs failed", len(part))
-            claims = [StoreUnavailableError(f"the claim failed: {type(error).__name__}: {error}")] * len(part)
-        queued_before, live_elsewhere, taken = self._seq, set(), 0
+        async with lanes:
+            if not self._started:  # stop() began before it was sent: a claim won now would not run
+                self._hand_back_unsent(part)
+                return
+            requests = [self._request(entry) for entry in part]
+            sent, sent_ms = self.clock.monotonic(), self.clock.wall_ms()
+            try:
+                claims = await strategy.claim(store, [(request, self._policies[request.job]) for request in requests])
+            except StoreError as error:
+                claims = [error] * len(part)
+            except Exception as error:  # an answer anarchon cannot read: retried, and the dispatcher goes on
+                log.exception("claims of %d runs failed", len(part))
+                claims = [StoreUnavailableError(f"the claim failed: {type(error).__name__}: {error}")] * len(part)
+        queued_before, live_elsewhere = self._seq, set()
         for entry, request, claim in zip(part, requests, claims, strict=True):
             if self._settle(entry, request, claim, sent_ms, sent) and entry[2] in self._retrying:
                 live_elsewhere.add(entry[2])
-            if isinstance(claim, Claim) and claim.outcome in _TAKEN:
-                taken += claim.attempt > 0 or claim.outcome is not Outcome.RUNNING
         if live_elsewhere:
             self._another_run_is_live(live_elsewhere, sent_ms, queued_before)
-        return taken
 
     def _request(self, entry: _Due) -> RunRequest:
         _, _, job, slot, _, _, token = entry

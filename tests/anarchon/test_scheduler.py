@@ -2451,55 +2451,6 @@ async def test_each_instance_claims_a_burst_from_a_point_of_its_own(
     assert max(runs.values()) == 1
 
 
-class _FromTheFirst(random.Random):
-    """Picks the lowest of a range: a burst's claims start at its first job."""
-
-    def randint(self, a: int, b: int) -> int:
-        return a
-
-
-async def test_a_burst_that_meets_runs_another_instance_took_jumps_ahead(
-    fake_target: StoreTarget, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """100 runs due together, pipelines of 10 claimed from job0 on, two at a time; another instance has taken
-    job0–job29 already. Once a pipeline comes back taken, the sweep jumps ahead to runs it wins, instead of
-    trailing the other instance's through job20–job29 first. It still claims every run once (where another holds
-    the lease it stands by as a backup), and every run runs once."""
-    monkeypatch.setattr(scheduler_module, "CLAIM_BATCH", 10)
-    ledger = Ledger()
-    other = Scheduler(fake_target.backend("lease"), instance_id="other")
-    mine = Scheduler(fake_target.backend("lease"), instance_id="mine", random=_FromTheFirst())
-    for scheduler in (other, mine):
-        for j in range(100):
-            scheduler.add_job(f"job{j}", "0 0 1 1 *", ledger.job(scheduler.instance_id))
-    pipelines: list[list[str]] = []
-    claim = mine.backend.strategy.claim
-
-    async def recorded(store: Any, requests: Any) -> Any:
-        pipelines.append([request.job for request, _ in requests])
-        return await claim(store, requests)
-
-    monkeypatch.setattr(mine.backend.strategy, "claim", recorded)
-    await asyncio.gather(other.start(), mine.start())
-    try:
-        slot = mine.clock.wall_ms() - 10
-        for j in range(30):
-            other._push(slot, f"job{j}", slot, "scheduled")
-        other._wake()
-        await eventually(lambda: len(ledger.of()) == 30, 5)
-        for j in range(100):
-            mine._push(slot, f"job{j}", slot, "scheduled")
-        mine._wake()
-        await eventually(lambda: len(ledger.of()) == 100, 5)
-    finally:
-        await asyncio.gather(other.stop(), mine.stop())
-    assert pipelines[:2] == [[f"job{j}" for j in range(k, k + 10)] for k in (0, 10)]
-    assert all(int(job[3:]) >= 30 for job in pipelines[2]), pipelines  # not job20–job29, behind the other's
-    assert sorted(job for pipeline in pipelines for job in pipeline) == sorted(f"job{j}" for j in range(100))
-    assert Counter(e.job for e in ledger.of()) == Counter({f"job{j}": 1 for j in range(100)})
-    assert {e.job for e in ledger.of() if e.instance == "mine"} == {f"job{j}" for j in range(30, 100)}
-
-
 async def test_stop_waits_for_claim_pipelines_in_flight(monkeypatch: pytest.MonkeyPatch) -> None:
     """stop() during a burst, at any point of its claims: no run starts after stop() returned, even when a
     pipeline swallows its cancellation (as asyncio.wait_for can in Python 3.11) and settles anyway."""
