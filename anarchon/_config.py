@@ -145,7 +145,8 @@ def shown(value: object) -> str:
     if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
         return f"an integer of about {int(value.bit_length() * math.log10(2)) + 1} digits"
     text = repr(value)
-    return text if len(text) <= 24 else f"{text[:20]}… ({len(text)} characters)"
+    # A string's own length, without the quotes and escapes of its repr
+    return text if len(text) <= 24 else f"{text[:20]}… ({len(value if isinstance(value, str) else text)} characters)"
 
 
 def check_int(option: str, value: object, low: int, high: int, high_is: str = "") -> int:

@@ -415,6 +415,15 @@ def test_a_database_number_beyond_what_select_reads_is_refused() -> None:
     assert caught.value.option == "redis.db"
 
 
+@pytest.mark.parametrize("database", ["-1", "first"])
+def test_a_url_whose_database_is_no_database_number_says_which_are(database: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        RedisBackend(redis=f"redis://cache:6379/{database}")
+    assert caught.value.option == "redis"
+    assert f"the URL's database {database!r} is not a database number" in str(caught.value)
+    assert caught.value.allowed.startswith("db ")
+
+
 async def test_run_in_async_code_says_what_to_use_instead() -> None:
     with pytest.raises(SchedulerStateError, match="async with scheduler"):
         Scheduler().run()
@@ -468,7 +477,7 @@ def test_a_long_bad_job_name_is_cut_short_in_the_error() -> None:
         Scheduler().add_job(name, "0 9 * * *", noop)
     assert caught.value.option == "name"
     assert len(str(caught.value)) < 400, str(caught.value)
-    assert "(3509 characters)" in str(caught.value)
+    assert f"({len(name)} characters)" in str(caught.value)  # the name's, without the quotes
 
 
 def test_a_lease_only_option_of_a_job_on_another_strategy_names_the_job() -> None:
