@@ -364,7 +364,9 @@ def _check_url(option: str, url: str) -> None:
     if parts.scheme != "unix":  # what redis-py reads silently as something else: port 0 as 6379, database 0
         database = unquote(parts.path).strip("/")
         if database and not database.isdigit():
-            raise ConfigError(option, f"the URL's database {database!r} is not a database number", f"db {_VALUE_RULES['db']}")
+            raise ConfigError(
+                option, f"the URL's database {database!r} is not a database number", f"db {_VALUE_RULES['db']}"
+            )
         if parts.port == 0:
             raise ConfigError(option, "the URL's port: 0 is out of range", f"port {_VALUE_RULES['port']}")
     if str(pool.connection_kwargs.get("protocol", 2)) != "2":
