@@ -93,12 +93,17 @@ FORGOTTEN = (
     "the store's history no longer reaches back to this run (it ended more than keep_ms ago, or this clock is far "
     "behind the store's)"
 )
-FINISH_RETRY_S = 1.0  # a result the store could not take is sent again this often, while the lease lasts
+# A result the store could not take is sent again after FINISH_RETRY_MIN_S, then after twice as long each time, up
+# to FINISH_RETRY_S, while the lease lasts. The first try again comes soon: until the store has the result, the run
+# holds the job's lease, and the job's next slot (a second away, for some jobs) would be skipped for overlap.
+FINISH_RETRY_MIN_S = 0.1
+FINISH_RETRY_S = 1.0
 # Runs due together are claimed in pipelines of CLAIM_BATCH, CLAIM_LANES of them in flight at a time: the runs
 # of the first pipelines start while the store answers the next ones (instead of every run waiting for the
 # last answer), and the store has the next pipeline at hand when it has answered one.
 CLAIM_BATCH = 1_000
 CLAIM_LANES = 2
+SAID_RUNS = 10  # the runs a line of the log names, of a pipeline's claims that failed
 # Sync jobs run on threads of the scheduler's own, up to this many at once. asyncio's default pool (min(32,
 # CPUs + 4) threads) also serves DNS lookups, sync store clients and the heartbeat thread's shutdown: jobs there
 # would wait behind each other with their leases kept, and stop() behind them.
@@ -115,6 +120,7 @@ Kind: TypeAlias = Literal["scheduled", "backup", "retry", "early"]
 # A plain tuple of numbers and strings: the heap compares them in C, and the garbage collector stops tracking
 # them, however many thousand backups wait in the queue.
 _Due: TypeAlias = tuple[int, int, str, int, Kind, int, str | None]  # at_ms, seq, job, slot, kind, failures, token
+_Failed: TypeAlias = tuple[str, int, StoreError, float]  # a claim that failed: job, slot, error, retry delay
 
 
 @dataclass(slots=True)
@@ -290,6 +296,8 @@ class Scheduler(Generic[M]):
         self._due_again: dict[tuple[str, int], int] = {}
         # The jobs with a claim queued to be sent again after a store error (see _another_run_is_live).
         self._retrying: set[str] = set()
+        # Since when (monotonic) claims to each store node have failed, until one of its pipelines is answered.
+        self._failing_since: dict[Hashable, float] = {}
         self._seq = 0
         # When scheduling began (monotonic): at start, or for a job added later, then (see _plan_after_step_back).
         self._started_at: float | None = None
@@ -678,6 +686,7 @@ class Scheduler(Generic[M]):
         self._stepped_back_ms = 0
         self._due_again = {}
         self._retrying = set()
+        self._failing_since = {}
         self._dispatcher = None
         if self._job_threads is not None:  # a sync job cancelled above may still run: its thread ends with it
             self._job_threads.shutdown(wait=False)
@@ -1110,11 +1119,34 @@ class Scheduler(Generic[M]):
                 log.exception("claims of %d runs failed", len(part))
                 claims = [StoreUnavailableError(f"the claim failed: {type(error).__name__}: {error}")] * len(part)
         queued_before, live_elsewhere = self._seq, set()
+        failed: list[_Failed] = []
         for entry, request, claim in zip(part, requests, claims, strict=True):
-            if self._settle(entry, request, claim, sent_ms, sent) and entry[2] in self._retrying:
+            if self._settle(entry, request, claim, sent_ms, sent, failed) and entry[2] in self._retrying:
                 live_elsewhere.add(entry[2])
         if live_elsewhere:
             self._another_run_is_live(live_elsewhere, sent_ms, queued_before)
+        self._say_failed_claims(failed, part, sent)
+
+    def _say_failed_claims(self, failed: list[_Failed], part: list[_Due], sent: float) -> None:
+        """One line in the log for the claims of a pipeline that failed (a store that is out of reach fails every
+        job's claim, again at each retry: a line each would flood the log), and one when a pipeline to that node
+        is answered again."""
+        node = self.backend.lane(part[0][2])
+        if not failed:
+            since = self._failing_since.pop(node, None)
+            if since is not None:
+                log.info("claims reach the store again%s, after %.1f s of failures",
+                         f" (node {node})" if node is not None else "", self.clock.monotonic() - since)  # fmt: skip
+            return
+        self._failing_since.setdefault(node, sent)
+        if len(failed) == 1:
+            [(name, slot, error, delay_s)] = failed
+            log.warning("job %s: claim of slot %d failed (%s); retrying in %.1f s", name, slot, error, delay_s,
+                        extra={"job": name, "slot": slot})  # fmt: skip
+            return
+        named = ", ".join(f"job {name} slot {slot} in {delay_s:.1f} s" for name, slot, _, delay_s in failed[:SAID_RUNS])
+        more = f", and {len(failed) - SAID_RUNS} more" if len(failed) > SAID_RUNS else ""
+        log.warning("claims of %d runs failed (%s); retrying: %s%s", len(failed), failed[0][2], named, more)
 
     def _request(self, entry: _Due) -> RunRequest:
         _, _, job, slot, _, _, token = entry
@@ -1122,8 +1154,17 @@ class Scheduler(Generic[M]):
             return RunRequest(job, run_id(slot), slot, self._token(), self.instance_id)
         return RunRequest(job, run_id(slot), slot, token, self.instance_id, retry=True)
 
-    def _settle(self, entry: _Due, request: RunRequest, claim: Claim | StoreError, now: int, sent: float) -> bool:
-        """Act on one claim's answer; True when the store answered that another run of the job is live."""
+    def _settle(
+        self,
+        entry: _Due,
+        request: RunRequest,
+        claim: Claim | StoreError,
+        now: int,
+        sent: float,
+        failed: list[_Failed],
+    ) -> bool:
+        """Act on one claim's answer; True when the store answered that another run of the job is live. A claim
+        that failed and is sent again goes into ``failed`` (name, slot, error, delay), for the log."""
         _, _, name, slot, kind, failures, _ = entry
         if isinstance(claim, StoreError):
             if not self._started:  # stop() began: it is not sent again
@@ -1133,10 +1174,7 @@ class Scheduler(Generic[M]):
                     self._spawn(self._release_unanswered(request), "anarchon-hand-back")
                 return False
             delay_s = min(RETRY_MAX_S, RETRY_MIN_S * 2 ** min(failures, 16))  # a backup may fail for hours
-            log.warning(
-                "job %s: claim of slot %d failed (%s); retrying in %.1f s", name, slot, claim, delay_s,
-                extra={"job": name, "slot": slot},
-            )  # fmt: skip
+            failed.append((name, slot, claim, delay_s))
             retry_kind: Kind = kind if kind in ("backup", "early") else "retry"
             self._push(now + int(delay_s * 1000), name, slot, retry_kind, failures + 1, request.token)
             self._retrying.add(name)
@@ -1459,15 +1497,15 @@ class Scheduler(Generic[M]):
         return released
 
     async def _finish(self, request: RunRequest, claim: Claim, record: RunRecord, extra: dict[str, Any]) -> None:
-        """Record how an attempt ended. While the store cannot be reached, try again every second, for as long as
-        the attempt's lease could last and, while its heartbeats keep it, up to a lease more: a result that
+        """Record how an attempt ended. While the store cannot be reached, try again (soon, then every second), for
+        as long as the attempt's lease could last and, while its heartbeats keep it, up to a lease more: a result that
         reaches the store before the lease runs out keeps a backup from running the run again. Trying again is
         safe, the store takes a result only from the current attempt. Once stop() has begun, only for as long as
         it waits for runs."""
         job, slot, attempt = request.job, request.slot, claim.attempt
         give_up = self.clock.monotonic() + self.lease_ms / 1000
         kept_until = give_up + self.lease_ms / 1000  # a result that keeps failing must not hold the run for ever
-        tried = False
+        tried = 0
         while True:
             try:
                 accepted = await self.backend.strategy.finish(
@@ -1475,7 +1513,8 @@ class Scheduler(Generic[M]):
                 )
             except StoreError as error:
                 unreachable = isinstance(error, StoreUnavailableError)
-                retry_at = self.clock.monotonic() + FINISH_RETRY_S
+                delay_s = min(FINISH_RETRY_S, FINISH_RETRY_MIN_S * 2 ** min(tried, 8))
+                retry_at = self.clock.monotonic() + delay_s
                 lease_kept = retry_at < give_up or (
                     retry_at < kept_until and self._keeper is not None and self._keeper.holds(request.token)
                 )
@@ -1485,10 +1524,10 @@ class Scheduler(Generic[M]):
                     return
                 log.warning(
                     "job %s slot %d: could not record the result (%s); retrying in %.1f s", job, slot, error,
-                    FINISH_RETRY_S, extra=extra,
+                    delay_s, extra=extra,
                 )  # fmt: skip
-                tried = True
-                await self.clock.sleep(FINISH_RETRY_S)
+                tried += 1
+                await self.clock.sleep(delay_s)
                 continue
             if not accepted:
                 why = "an earlier try recorded it, or the lease was lost" if tried else "lease lost"

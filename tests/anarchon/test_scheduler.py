@@ -17,6 +17,7 @@ import math
 import multiprocessing
 import os
 import random
+import re
 import sys
 import threading
 import time
@@ -56,7 +57,7 @@ from anarchon._scheduler import SchedulerThread
 from anarchon._store import Command, Connection, Reply
 from anarchon._strategies import Claim, JobPolicy, Outcome, RunRequest, run_id
 from anarchon._strategies._claim_only import TRIM_STREAM
-from anarchon._strategies.lease import CLAIM
+from anarchon._strategies.lease import CLAIM, FINISH
 from sim.fakestore import EmbeddedConnection
 from sim.links import Link, NotSent
 from sim.live import supported
@@ -68,6 +69,7 @@ from tests.anarchon.support import StoreTarget
 from tests.support import (
     Execution,
     Ledger,
+    Recording,
     backend_for,
     close_client,
     eventually,
@@ -393,6 +395,72 @@ async def test_a_run_given_up_after_its_last_attempt_is_logged_once(
     assert len(ledger.executions) == 1
     [record] = history
     assert (record.attempt, record.status, record.message) == (1, "interrupted", "lease expired; no attempts left")
+
+
+class _FirstFinishFails(Recording):
+    """The store does not take the first result sent (a client timeout on a loaded machine): it fails unanswered."""
+
+    failed = False
+
+    async def execute(self, command: Command) -> Reply:
+        if command[0] == "EVALSHA" and command[1] == FINISH.sha and not self.failed:
+            self.failed = True
+            raise StoreUnavailableError("store unavailable: no reply in time")
+        return await super().execute(command)
+
+
+async def test_a_result_that_failed_once_is_recorded_before_the_next_slot(fake_target: StoreTarget) -> None:
+    """A job every second whose first result the store did not take: until the store has it, the run holds the job's
+    lease, and the next slot, a second after, would be skipped for overlap. The result is sent again soon after, and
+    every slot runs."""
+    connection = _FirstFinishFails(adapt(fake_target.new_client()))
+    scheduler = Scheduler(fake_target.backend("lease", connection=connection), instance_id="a")
+    ledger = Ledger()
+    scheduler.add_job("tick", "* * * * * *", ledger.job("a"))
+    async with scheduler:
+        await eventually(lambda: len(ledger.of()) >= 4, cap_s=6)
+        history = await scheduler.history("tick")
+    assert connection.failed
+    assert {record.status for record in history} == {"ok"}, [(r.slot, r.status, r.message) for r in history]
+    slots = sorted(ledger.slots())
+    assert slots == list(range(slots[0], slots[0] + 1000 * len(slots), 1000))
+
+
+async def test_claims_that_fail_together_take_one_line_of_the_log_each_time(
+    fake_target: StoreTarget, caplog: pytest.LogCaptureFixture
+) -> None:
+    """20 jobs every second, the store out of reach for 2.5 s: each pipeline of claims that fails is one WARNING
+    naming its runs and their retry delays (not one per job, at each retry); once claims are answered again, one
+    INFO says so."""
+    caplog.set_level(logging.INFO, logger="anarchon")
+    backend, link = fake_target.linked_backend("lease")
+    scheduler = Scheduler(backend, instance_id="a")
+    ledger = Ledger()
+    for j in range(20):
+        scheduler.add_job(f"job{j:02}", "* * * * * *", ledger.job("a"))
+    async with scheduler:
+        await eventually(lambda: len(ledger.of()) >= 20, cap_s=3)
+        link.cut()
+        await asyncio.sleep(2.5)
+        link.heal()
+        await eventually(lambda: any("reach the store again" in r.getMessage() for r in caplog.records), cap_s=5)
+    failed = [r.getMessage() for r in caplog.records if "failed" in r.getMessage() and "claim" in r.getMessage()]
+    counts = []
+    for message in failed:
+        said = re.fullmatch(r"claims of (\d+) runs failed \(link: the link to the store is cut\); retrying: (.*)",
+                            message)  # fmt: skip
+        assert said, message
+        count, runs = int(said[1]), said[2]
+        assert len(re.findall(r"job job\d\d slot \d+ in \d\.\d s(?:, |$)", runs)) == min(count, 10), message
+        assert count <= 10 or runs.endswith(f", and {count - 10} more"), message
+        counts.append(count)
+    assert counts, "no failed claim was logged"
+    assert min(counts) >= 20  # a line per pipeline of every job's claims, not one per claim
+    assert "in 0.5 s" in failed[0]  # the first retry's delay, then longer ones
+    assert "in 1.0 s" in " ".join(failed[1:])
+    [back] = [r for r in caplog.records if "reach the store again" in r.getMessage()]
+    assert back.levelno == logging.INFO
+    assert re.fullmatch(r"claims reach the store again, after \d+\.\d s of failures", back.getMessage())
 
 
 async def test_catch_up_runs_the_slots_missed_while_every_instance_was_down(target: StoreTarget) -> None:
