@@ -19,6 +19,7 @@ import hashlib
 import heapq
 import inspect
 import logging
+import math
 import os
 import random
 import re
@@ -103,7 +104,10 @@ FINISH_RETRY_S = 1.0
 # last answer), and the store has the next pipeline at hand when it has answered one.
 CLAIM_BATCH = 1_000
 CLAIM_LANES = 2
-SAID_RUNS = 10  # the runs a line of the log names, of a pipeline's claims that failed
+# Claims that fail are said in the log at once, then at most once per FAILING_SAID_S (an outage fails every job's
+# claim, again at each retry: a line each would flood the log), naming up to SAID_RUNS of them.
+FAILING_SAID_S = 5.0
+SAID_RUNS = 10
 # Sync jobs run on threads of the scheduler's own, up to this many at once. asyncio's default pool (min(32,
 # CPUs + 4) threads) also serves DNS lookups, sync store clients and the heartbeat thread's shutdown: jobs there
 # would wait behind each other with their leases kept, and stop() behind them.
@@ -120,7 +124,46 @@ Kind: TypeAlias = Literal["scheduled", "backup", "retry", "early"]
 # A plain tuple of numbers and strings: the heap compares them in C, and the garbage collector stops tracking
 # them, however many thousand backups wait in the queue.
 _Due: TypeAlias = tuple[int, int, str, int, Kind, int, str | None]  # at_ms, seq, job, slot, kind, failures, token
-_Failed: TypeAlias = tuple[str, int, StoreError, float]  # a claim that failed: job, slot, error, retry delay
+_Failed: TypeAlias = tuple[str, int, StoreError, int, float]  # a claim that failed: job, slot, error, failures, delay
+
+
+class _Failing:
+    """Claims failing: since when (monotonic), how many in all, those not said yet (the first SAID_RUNS of them
+    kept to name), and the jobs whose last claim could not reach the store."""
+
+    __slots__ = ("out_of_reach", "said_at", "since", "total", "unreachable", "unsaid", "unsaid_count")
+
+    def __init__(self, since: float) -> None:
+        self.since = since
+        self.said_at = -math.inf
+        self.total = self.unsaid_count = 0
+        self.unsaid: list[_Failed] = []
+        self.out_of_reach: set[str] = set()
+        self.unreachable = False  # some claim could not reach the store (others were refused: an answer)
+
+    def add(self, failed: list[_Failed]) -> None:
+        self.total += len(failed)
+        self.unsaid_count += len(failed)
+        self.unsaid.extend(failed[: SAID_RUNS - len(self.unsaid)])
+        for name, _, error, _, _ in failed:
+            if isinstance(error, StoreUnavailableError):
+                self.out_of_reach.add(name)
+                self.unreachable = True
+
+    def say(self, now: float) -> None:
+        if self.unsaid_count == 1:
+            [(name, slot, error, _, delay_s)] = self.unsaid
+            log.warning("job %s: claim of slot %d failed (%s); retrying in %.1f s", name, slot, error, delay_s,
+                        extra={"job": name, "slot": slot})  # fmt: skip
+        elif self.unsaid:
+            named = ", ".join(f"job {name} slot {slot} (try {failures} failed; next in {delay_s:.1f} s)"
+                              for name, slot, _, failures, delay_s in self.unsaid)  # fmt: skip
+            more = f", and {self.unsaid_count - len(self.unsaid)} more" if self.unsaid_count > len(self.unsaid) else ""
+            within = f" in the last {now - self.said_at:.1f} s" if self.said_at > -math.inf else ""
+            log.warning("claims of %d runs failed%s (%s); retrying: %s%s", self.unsaid_count, within,
+                        self.unsaid[-1][2], named, more)  # fmt: skip
+        self.said_at = now
+        self.unsaid, self.unsaid_count = [], 0
 
 
 @dataclass(slots=True)
@@ -296,8 +339,7 @@ class Scheduler(Generic[M]):
         self._due_again: dict[tuple[str, int], int] = {}
         # The jobs with a claim queued to be sent again after a store error (see _another_run_is_live).
         self._retrying: set[str] = set()
-        # Since when (monotonic) claims to each store node have failed, until one of its pipelines is answered.
-        self._failing_since: dict[Hashable, float] = {}
+        self._failing: _Failing | None = None  # claims failing, until every job's is answered again
         self._seq = 0
         # When scheduling began (monotonic): at start, or for a job added later, then (see _plan_after_step_back).
         self._started_at: float | None = None
@@ -686,7 +728,7 @@ class Scheduler(Generic[M]):
         self._stepped_back_ms = 0
         self._due_again = {}
         self._retrying = set()
-        self._failing_since = {}
+        self._failing = None
         self._dispatcher = None
         if self._job_threads is not None:  # a sync job cancelled above may still run: its thread ends with it
             self._job_threads.shutdown(wait=False)
@@ -1125,28 +1167,28 @@ class Scheduler(Generic[M]):
                 live_elsewhere.add(entry[2])
         if live_elsewhere:
             self._another_run_is_live(live_elsewhere, sent_ms, queued_before)
-        self._say_failed_claims(failed, part, sent)
+        if self._started and (failed or self._failing is not None):
+            self._note_failures(failed, [entry[2] for entry, claim in zip(part, claims, strict=True)
+                                         if not isinstance(claim, StoreUnavailableError)])  # fmt: skip
 
-    def _say_failed_claims(self, failed: list[_Failed], part: list[_Due], sent: float) -> None:
-        """One line in the log for the claims of a pipeline that failed (a store that is out of reach fails every
-        job's claim, again at each retry: a line each would flood the log), and one when a pipeline to that node
-        is answered again."""
-        node = self.backend.lane(part[0][2])
-        if not failed:
-            since = self._failing_since.pop(node, None)
-            if since is not None:
-                log.info("claims reach the store again%s, after %.1f s of failures",
-                         f" (node {node})" if node is not None else "", self.clock.monotonic() - since)  # fmt: skip
-            return
-        self._failing_since.setdefault(node, sent)
-        if len(failed) == 1:
-            [(name, slot, error, delay_s)] = failed
-            log.warning("job %s: claim of slot %d failed (%s); retrying in %.1f s", name, slot, error, delay_s,
-                        extra={"job": name, "slot": slot})  # fmt: skip
-            return
-        named = ", ".join(f"job {name} slot {slot} in {delay_s:.1f} s" for name, slot, _, delay_s in failed[:SAID_RUNS])
-        more = f", and {len(failed) - SAID_RUNS} more" if len(failed) > SAID_RUNS else ""
-        log.warning("claims of %d runs failed (%s); retrying: %s%s", len(failed), failed[0][2], named, more)
+    def _note_failures(self, failed: list[_Failed], answered: list[str]) -> None:
+        """Say the claims that failed: at once, then at most once per FAILING_SAID_S, and once every job's claims
+        reach the store again (on a cluster, a node that stays down keeps its jobs' claims failing)."""
+        now = self.clock.monotonic()
+        failing = self._failing
+        if failing is None:
+            failing = self._failing = _Failing(now)
+        failing.add(failed)
+        failing.out_of_reach -= set(answered)
+        if failed and now - failing.said_at >= FAILING_SAID_S:
+            failing.say(now)
+        if not failing.out_of_reach:
+            if failing.unsaid:
+                failing.say(now)
+            if failing.unreachable:
+                log.info("claims reach the store again, after %.1f s; %d claims failed meanwhile",
+                         now - failing.since, failing.total)  # fmt: skip
+            self._failing = None
 
     def _request(self, entry: _Due) -> RunRequest:
         _, _, job, slot, _, _, token = entry
@@ -1174,7 +1216,7 @@ class Scheduler(Generic[M]):
                     self._spawn(self._release_unanswered(request), "anarchon-hand-back")
                 return False
             delay_s = min(RETRY_MAX_S, RETRY_MIN_S * 2 ** min(failures, 16))  # a backup may fail for hours
-            failed.append((name, slot, claim, delay_s))
+            failed.append((name, slot, claim, failures + 1, delay_s))
             retry_kind: Kind = kind if kind in ("backup", "early") else "retry"
             self._push(now + int(delay_s * 1000), name, slot, retry_kind, failures + 1, request.token)
             self._retrying.add(name)
@@ -1522,7 +1564,8 @@ class Scheduler(Generic[M]):
                 if not (unreachable and lease_kept and (self._started or retry_at < self._stop_deadline)):
                     log.warning("job %s slot %d: could not record the result: %s", job, slot, error, extra=extra)
                     return
-                log.warning(
+                # The first failure is a warning; the tries after it, every second while the store is away, are not.
+                (log.debug if tried else log.warning)(
                     "job %s slot %d: could not record the result (%s); retrying in %.1f s", job, slot, error,
                     delay_s, extra=extra,
                 )  # fmt: skip
@@ -1534,6 +1577,8 @@ class Scheduler(Generic[M]):
                 log.warning(
                     "job %s slot %d attempt %d: the store refused the result (%s)", job, slot, attempt, why, extra=extra
                 )
+            elif tried:
+                log.info("job %s slot %d: result recorded after %d failed tries", job, slot, tried, extra=extra)
             return
 
     async def _call(self, job: Job, context: RunContext, running: _Running) -> object:

@@ -426,41 +426,69 @@ async def test_a_result_that_failed_once_is_recorded_before_the_next_slot(fake_t
     assert slots == list(range(slots[0], slots[0] + 1000 * len(slots), 1000))
 
 
-async def test_claims_that_fail_together_take_one_line_of_the_log_each_time(
-    fake_target: StoreTarget, caplog: pytest.LogCaptureFixture
+@pytest.mark.parametrize("jitter_ms", [0, 900])
+async def test_claims_failing_through_an_outage_take_a_few_lines_of_the_log(
+    fake_target: StoreTarget, caplog: pytest.LogCaptureFixture, jitter_ms: int
 ) -> None:
-    """20 jobs every second, the store out of reach for 2.5 s: each pipeline of claims that fails is one WARNING
-    naming its runs and their retry delays (not one per job, at each retry); once claims are answered again, one
-    INFO says so."""
+    """20 jobs every second, the store out of reach for 2.5 s: the first claims that fail are said at once (one line
+    for those that failed together), the rest together, at most every 5 s and once all claims are answered again,
+    when an INFO says so: not a line per job at every retry. With jitter_ms the claims fail one at a time, and the
+    lines are as few."""
     caplog.set_level(logging.INFO, logger="anarchon")
     backend, link = fake_target.linked_backend("lease")
     scheduler = Scheduler(backend, instance_id="a")
     ledger = Ledger()
     for j in range(20):
-        scheduler.add_job(f"job{j:02}", "* * * * * *", ledger.job("a"))
+        scheduler.add_job(f"job{j:02}", "* * * * * *", ledger.job("a"), jitter_ms=jitter_ms)
     async with scheduler:
-        await eventually(lambda: len(ledger.of()) >= 20, cap_s=3)
+        await eventually(lambda: len(ledger.of()) >= 20, cap_s=4)
         link.cut()
         await asyncio.sleep(2.5)
         link.heal()
         await eventually(lambda: any("reach the store again" in r.getMessage() for r in caplog.records), cap_s=5)
-    failed = [r.getMessage() for r in caplog.records if "failed" in r.getMessage() and "claim" in r.getMessage()]
-    counts = []
-    for message in failed:
-        said = re.fullmatch(r"claims of (\d+) runs failed \(link: the link to the store is cut\); retrying: (.*)",
-                            message)  # fmt: skip
-        assert said, message
-        count, runs = int(said[1]), said[2]
-        assert len(re.findall(r"job job\d\d slot \d+ in \d\.\d s(?:, |$)", runs)) == min(count, 10), message
-        assert count <= 10 or runs.endswith(f", and {count - 10} more"), message
-        counts.append(count)
-    assert counts, "no failed claim was logged"
-    assert min(counts) >= 20  # a line per pipeline of every job's claims, not one per claim
-    assert "in 0.5 s" in failed[0]  # the first retry's delay, then longer ones
-    assert "in 1.0 s" in " ".join(failed[1:])
+    said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and "claim" in r.getMessage()]
+    assert len(said) == 2, said  # the first failures, and the rest
+    first, rest = said
+    together = re.match(r"claims of (\d+) runs failed \(link: the link to the store is cut\); retrying: ", first)
+    alone = re.fullmatch(r"job job\d\d: claim of slot \d+ failed \(link: the link to the store is cut\); retrying in "
+                         r"0\.5 s", first)  # fmt: skip
+    assert together or alone, first
+    first_count = int(together[1]) if together else 1
+    assert first_count == 20 if not jitter_ms else first_count < 5, first  # jitter spreads the claims out
+    total = re.fullmatch(r"claims of (\d+) runs failed in the last \d+\.\d s \(link: the link to the store is cut\); "
+                         r"retrying: (.*), and (\d+) more", rest)  # fmt: skip
+    assert total, rest
+    named = re.findall(r"job job\d\d slot \d+ \(try (\d+) failed; next in (\d\.\d) s\)", total[2])
+    assert len(named) == 10, rest
+    assert int(total[1]) == 10 + int(total[3])
+    assert {(tries, delay) for tries, delay in named} <= {("1", "0.5"), ("2", "1.0"), ("3", "2.0")}, rest
     [back] = [r for r in caplog.records if "reach the store again" in r.getMessage()]
     assert back.levelno == logging.INFO
-    assert re.fullmatch(r"claims reach the store again, after \d+\.\d s of failures", back.getMessage())
+    met = re.fullmatch(r"claims reach the store again, after (\d+\.\d) s; (\d+) claims failed meanwhile",
+                       back.getMessage())  # fmt: skip
+    assert met, back.getMessage()
+    assert 2.0 <= float(met[1]) < 6
+    assert int(met[2]) == first_count + int(total[1])
+
+
+async def test_a_claim_the_store_refuses_is_no_outage_in_the_log(
+    fake_target: StoreTarget, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A job whose key another program wrote (WRONGTYPE) beside a healthy one: each refused claim is a warning, and
+    no line says the store was out of reach and is back."""
+    caplog.set_level(logging.INFO, logger="anarchon")
+    await fake_target.raw("SET", "{cron:bad}:state", "not a hash")
+    scheduler = Scheduler(fake_target.backend("lease"), instance_id="a")
+    ledger = Ledger()
+    scheduler.add_job("bad", "* * * * * *", ledger.job("a"))
+    scheduler.add_job("good", "* * * * * *", ledger.job("a"))
+    async with scheduler:
+        await eventually(lambda: len(ledger.of("good")) >= 3, cap_s=5)
+    refused = [r.getMessage() for r in caplog.records if r.getMessage().startswith("job bad: claim of slot")]
+    assert refused, "the refused claims were not said"
+    assert all("WRONGTYPE" in message for message in refused), refused
+    assert not [r for r in caplog.records if "reach the store again" in r.getMessage()]
+    assert ledger.of("bad") == []
 
 
 async def test_catch_up_runs_the_slots_missed_while_every_instance_was_down(target: StoreTarget) -> None:
