@@ -27,7 +27,7 @@ import signal
 import socket
 import threading
 from collections import Counter
-from collections.abc import Awaitable, Callable, Coroutine, Hashable, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Hashable, Iterable, Iterator
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Generic, Literal, TypeAlias, TypeVar, cast, overload
@@ -1168,10 +1168,11 @@ class Scheduler(Generic[M]):
         if live_elsewhere:
             self._another_run_is_live(live_elsewhere, sent_ms, queued_before)
         if self._started and (failed or self._failing is not None):
-            self._note_failures(failed, [entry[2] for entry, claim in zip(part, claims, strict=True)
-                                         if not isinstance(claim, StoreUnavailableError)])  # fmt: skip
+            answered = (entry[2] for entry, claim in zip(part, claims, strict=True)
+                        if not isinstance(claim, StoreUnavailableError))  # fmt: skip
+            self._note_failures(failed, answered)
 
-    def _note_failures(self, failed: list[_Failed], answered: list[str]) -> None:
+    def _note_failures(self, failed: list[_Failed], answered: Iterable[str]) -> None:
         """Say the claims that failed: at once, then at most once per FAILING_SAID_S, and once every job's claims
         reach the store again (on a cluster, a node that stays down keeps its jobs' claims failing)."""
         now = self.clock.monotonic()
@@ -1179,7 +1180,7 @@ class Scheduler(Generic[M]):
         if failing is None:
             failing = self._failing = _Failing(now)
         failing.add(failed)
-        failing.out_of_reach -= set(answered)
+        failing.out_of_reach.difference_update(answered)
         if failed and now - failing.said_at >= FAILING_SAID_S:
             failing.say(now)
         if not failing.out_of_reach:

@@ -42,34 +42,32 @@ class ServerInfo:
         return f"{name} {'.'.join(map(str, self.version))}"
 
 
-def parse_info(text: str) -> ServerInfo:
-    """Read ``INFO server`` text. Valkey reports ``redis_version:7.2.4`` beside its own ``valkey_version``."""
-    fields: dict[str, str] = {}
-    for line in text.splitlines():
-        key, sep, value = line.partition(":")
-        if sep:
-            fields[key.strip()] = value.strip()
+def parse_info(reply: Reply) -> ServerInfo:
+    """Read ``INFO server``: its text, or the map of its fields that a ``send`` client may hand back (what its own
+    client made of the reply: redis-py parses it, given the command name as a string), which decode() flattens to
+    [field, value, …]. Valkey reports ``redis_version:7.2.4`` beside its own ``valkey_version``."""
+    if isinstance(reply, list) and reply and len(reply) % 2 == 0 and ":" not in str(reply[0]):
+        fields = {key: str(value) for key, value in _pairs(reply).items()}
+    else:  # the text; from a cluster client, one per node, alike (as_text takes the first)
+        fields = {}
+        for line in as_text(reply).splitlines():
+            key, sep, value = line.partition(":")
+            if sep:
+                fields[key.strip()] = value.strip()
     if "valkey_version" in fields or fields.get("server_name") == "valkey":
         return ServerInfo("valkey", _version(fields.get("valkey_version", fields.get("redis_version", "0"))))
     return ServerInfo("redis", _version(fields.get("redis_version", "0")))
 
 
-def _info_text(reply: Reply) -> str:
-    """INFO's answer as its text. A ``send`` client that returns what its own client made of the reply may hand back
-    the fields parsed into a map (redis-py does, given the command name as a string), which decode() flattens to
-    [field, value, …]: read back as the text's lines."""
-    if isinstance(reply, list) and reply and len(reply) % 2 == 0:
-        first = reply[0]
-        if isinstance(first, str) and ":" not in first and "\n" not in first:
-            return "\n".join(f"{field}:{value}" for field, value in zip(reply[::2], reply[1::2], strict=True))
-    return as_text(reply)
+def _pairs(flat: list[Reply]) -> dict[str, Reply]:
+    """A map sent flat, as RESP2 sends one (and decode() flattens RESP3's): key, value, key, value…"""
+    return {as_text(key): value for key, value in zip(flat[::2], flat[1::2], strict=True)}
 
 
 def parse_hello(reply: Reply) -> ServerInfo:
     """Read ``HELLO``'s answer: server, its name, version, its version… (a flat array in RESP2 and once decoded;
     cluster clients send it to one node)."""
-    fields = as_list(reply)
-    pairs = {as_text(key): value for key, value in zip(fields[::2], fields[1::2], strict=True)}
+    pairs = _pairs(as_list(reply))
     server, version = pairs.get("server"), pairs.get("version")
     if not isinstance(server, str) or not isinstance(version, str):
         raise StoreError(f"unexpected reply from the store to HELLO: {reply!r:.200}")
@@ -81,7 +79,7 @@ async def detect_server(execute: Callable[[Command], Awaitable[Reply]]) -> Serve
     which locked-down users lack, or it was renamed away), from ``HELLO`` without arguments (Redis 6.2 and later,
     Valkey), which answers as INFO would and leaves the connection's protocol as it is."""
     try:
-        return parse_info(_info_text(await execute(["INFO", "server"])))
+        return parse_info(await execute(["INFO", "server"]))
     except StoreReplyError as refused:
         if refused.reply.startswith(("WRONGPASS", "NOAUTH")) or "password" in refused.reply.lower():
             # Refused as the connection opened, before any command: HELLO would be refused the same way.
