@@ -252,3 +252,35 @@ def test_a_run_held_while_another_runs_beat_hangs_learns_its_lease_is_lost_at_it
 
     # The round cut short at x's deadline leaves no outcome unread either.
     assert run_virtual(main(), epoch_s=1_700_000_000, seed=1) == ({"x": 1.3}, [])
+
+
+class AnsweredLateThenHangs:
+    """The first heartbeat is answered ``delay_s`` after it is sent, extending the lease; later ones get no answer."""
+
+    def __init__(self, delay_s: float) -> None:
+        self.delay_s = delay_s
+        self.beats = 0
+
+    async def heartbeat(self, store: Store, request: RunRequest, policy: JobPolicy) -> int:
+        self.beats += 1
+        await asyncio.sleep(self.delay_s if self.beats == 1 else 3600)
+        return policy.lease_ms
+
+
+def test_a_heartbeat_answered_late_extends_the_lease_from_when_it_was_sent() -> None:
+    # Lease 1 s, heartbeat 0.3 s, 50 ms of margin. The beat sent at 0.3 s is answered at 0.9 s: the store may
+    # have renewed the lease as soon as the beat arrived, so it may end at 1.3 s, and the deadline is 1.25 s.
+    # Counted from the answer, it would be 1.85 s: the job would go on past its lease, beside a backup.
+    async def main() -> tuple[int, dict[str, float]]:
+        clock = SimClock()
+        strategy = AnsweredLateThenHangs(delay_s=0.6)
+        keeper = LeaseKeeper(cast(Strategy, strategy), cast(Store, None), clock, heartbeat_ms=300, margin_ms=50)
+        lost: dict[str, float] = {}
+        serving = asyncio.create_task(keeper.serve())
+        hold_noting_the_loss(keeper, REQUEST, 1000, lost)
+        await asyncio.sleep(3)
+        serving.cancel()
+        await asyncio.gather(serving, return_exceptions=True)
+        return strategy.beats, lost
+
+    assert run_virtual(main(), epoch_s=1_700_000_000, seed=1) == (2, {"job": 1.25})

@@ -2196,6 +2196,34 @@ async def test_a_run_cut_short_by_stop_is_taken_over_by_a_backup(fake_target: St
     assert [(r.attempt, r.status, r.runner) for r in history] == [(2, "ok", backup), (1, "interrupted", winner)]
 
 
+async def test_a_last_attempt_cut_short_by_stop_is_recorded_interrupted_not_handed_back(
+    fake_target: StoreTarget,
+) -> None:
+    """With no attempts left, a run that stop() cuts short is not handed back (no backup may take it over): it is
+    recorded interrupted at once, and history() shows it so, with no other instance to close the run."""
+    ended: list[RunRecord] = []
+    forever = asyncio.Event()
+
+    async def job(run: RunContext) -> None:
+        await forever.wait()
+
+    scheduler = Scheduler(fake_target.backend("lease"), lease_ms=1000, instance_id="a",
+                          on_run_end=lambda run, record: ended.append(record))  # fmt: skip
+    second = (now_ms() // 1000 + 2) % 60
+    scheduler.add_job("job", f"{second} * * * * *", job, max_attempts=1)
+    await scheduler.start()
+    try:
+        await eventually(lambda: bool(scheduler._running), cap_s=5)
+        await scheduler.stop(timeout=0.1)
+    finally:
+        forever.set()
+        await scheduler.stop(timeout=0.1)
+    [record] = ended
+    assert (record.attempt, record.status, record.message) == (1, "interrupted", "the scheduler stopped")
+    [stored] = await scheduler.history("job")
+    assert (stored.attempt, stored.status) == (1, "interrupted")
+
+
 @pytest.mark.parametrize("strategy", ["lease", "script"])
 async def test_a_run_won_while_stop_begins_is_handed_back_or_recorded_not_dropped(
     fake_target: StoreTarget, strategy: str
@@ -3525,6 +3553,48 @@ async def test_stop_ends_a_catch_up_that_waits_for_another_instances_lease(fake_
         await asyncio.wait_for(waiter.stop(timeout=1), 10)
         assert time.monotonic() - began < 2
     finally:
+        await holder.stop(timeout=0.5)
+
+
+async def test_a_catch_up_answered_running_claims_again_and_takes_over_a_run_handed_back(
+    fake_target: StoreTarget,
+) -> None:
+    """A catch-up claim answered "running" waits out the lease it was told of and claims again, instead of giving
+    the slot up: the holder was stopped meanwhile and handed the run back, so the waiter runs it, as attempt 2."""
+    started: list[tuple[int, int]] = []  # (slot, attempt) of each run started
+    second = asyncio.Event()
+
+    async def long_job(run: RunContext) -> None:
+        started.append((run.slot, run.attempt))
+        if len(started) == 2:
+            second.set()
+        await asyncio.sleep(60)
+
+    schedulers = [Scheduler(fake_target.backend("lease"), lease_ms=2_000, instance_id=name) for name in "ab"]
+    for scheduler in schedulers:
+        scheduler.add_job("daily", "0 0 * * *", long_job, catch_up_ms=2 * 86_400_000)
+    holder, waiter = schedulers
+    waiter_answers: list[Claim | StoreError] = []
+    claim = waiter.backend.strategy.claim
+
+    async def recorded(store: Any, requests: Any) -> list[Claim | StoreError]:
+        waiter_answers.extend(answers := await claim(store, requests))
+        return answers
+
+    await _ran_before(fake_target, "daily")
+    await holder.start()
+    try:
+        await eventually(lambda: bool(started), cap_s=5)  # the holder catches up the oldest missed slot
+        with unittest.mock.patch.object(waiter.backend.strategy, "claim", recorded):
+            await waiter.start()
+            await eventually(lambda: bool(waiter_answers), cap_s=5)
+            assert [getattr(answer, "outcome", answer) for answer in waiter_answers] == [Outcome.RUNNING]
+            await holder.stop(timeout=0)  # cut short: handed back
+            await asyncio.wait_for(second.wait(), 5)
+        [(slot, attempt), (again, takeover)] = started
+        assert (again, attempt, takeover) == (slot, 1, 2)
+    finally:
+        await waiter.stop(timeout=0.5)
         await holder.stop(timeout=0.5)
 
 

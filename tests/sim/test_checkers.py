@@ -622,3 +622,78 @@ def test_a_live_run_compresses_the_defaults_of_the_time_options_a_scenario_leave
     assert live.strategy_option("idmp") == {"name": "idmp", "duration_sec": 60}
     assert live.strategies["script"]["window_ms"] == 13_000  # set: compressed as before
     assert scenario.jobs[0].options == {"jitter_ms": 500}  # the scenario itself is left as it was
+
+
+def test_a_lease_catch_up_is_allowed_catch_up_ms_of_lateness_and_a_claim_only_run_is_not() -> None:
+    # The slot at 40 s was caught up at 60 s: 20 s late, beyond max_late_ms (5 s) but within catch_up_ms (30 s).
+    caught_up = [*_every_slot(skip=40), _execution("b", 40, 60, 61)]
+    assert _judge(caught_up, max_late_ms=5000, catch_up_ms=30_000).lateness.status == "valid"
+    assert _judge(caught_up, max_late_ms=5000, catch_up_ms=10_000).lateness.status == "invalid"
+    # catch_up_ms is a lease option: under the claim-only strategies the run is late.
+    assert _judge(caught_up, strategy="script", max_late_ms=5000, catch_up_ms=30_000).lateness.status == "invalid"
+
+
+def test_a_slot_its_clock_had_passed_before_it_started_is_not_owed_by_an_instance() -> None:
+    # a's clock is 15 s ahead: it shows 15 s as the run begins and never shows the slot at 10 s; b is down
+    # throughout. Nobody owed the slot at 10 s; the one at 20 s (shown at 5 s) a owed, and ran.
+    scenario = parse({
+        "name": "unit", "duration_s": 100, "scheduler": {"lease_ms": 3000},
+        "instances": [{"name": "a", "offset_ms": 15_000}, {"name": "b"}],
+        "jobs": [{"name": "tick", "cron": "*/10 * * * * *", "work_s": 1.0}],
+    })  # fmt: skip
+    history = History(epoch_s=EPOCH_S, executions=_every_slot(skip=10))
+    judgement = judge(scenario, "lease", history, [FaultWindow(0, 100, "crash", "b")])
+    assert judgement.verdicts["P2"].status == "valid"
+    assert judgement.slots_checked == 7  # 20 .. 80 s
+
+
+def test_a_claim_won_just_after_a_restart_at_the_same_instant_won_a_lost_claim_again() -> None:
+    # a's claim at 39 s was lost by the restart at 40 s; b won the run again on the empty store at that very instant,
+    # after the restart's entry in the history.
+    restart = Event(40.0, "fault", "nemesis", "store-restart", value="store restarted empty")
+    verdict = _p5([_won("a", 39.0), restart, _won("b", 40.0)], [FaultWindow(40.0, 40.0, "store-restart")])
+    assert verdict.status == "invalid"
+    assert verdict.witness.startswith("tick run 1800000040000: won by a at 39.000 s, won again by b at 40.000 s")
+
+
+def test_a_claim_acknowledged_again_with_its_own_token_after_a_failover_is_not_a_lost_claim() -> None:
+    # a's claim was acknowledged at 21.95 s and lost by the failover; a's retry with the same token won at 23 s.
+    # One claim, one claimant: nobody else won the run.
+    failover = [FaultWindow(21.9, 22.0, "failover")]
+    again = replace(_won("a", 23.0), value="won attempt=1 lease_ms=3000 fence=2")
+    assert _p5([_won("a", 21.95), again], failover, "script").status == "valid"
+    # Won by b instead, it is.
+    assert _p5([_won("a", 21.95), _won("b", 23.0)], failover, "script").status == "invalid"
+
+
+def test_a_retried_claim_is_judged_from_its_first_send() -> None:
+    """a's claim, sent at 40 s, went unanswered; a sent it again (the same token) at 42 s and won fence 4. b's claim,
+    sent at 41 s, won fence 5 at 41.1 s. The store may have accepted a's first try, at 40 s, before b's: no fault."""
+    a, b = _execution("a", 40, 42, 43), _execution("b", 50, 41, 42)
+    events = [
+        Event(40.0, "invoke", "a", "claim", "tick", a.run, a.token),
+        Event(41.0, "invoke", "b", "claim", "tick", b.run, b.token),
+        _ack(b, 41.1, value="won attempt=1 fence=5"),
+        Event(41.5, "info", "a", "claim", "tick", a.run, a.token, "timed out"),
+        Event(42.0, "invoke", "a", "claim", "tick", a.run, a.token),
+        _ack(a, 42.1, value="won attempt=1 fence=4"),
+    ]
+    assert _judge(_every_slot(), events).verdicts["P6"].status == "valid"
+
+
+def test_a_claim_sent_early_and_answered_late_is_judged_against_the_claims_accepted_before_its_send() -> None:
+    """x's claim, sent at 40 s, took fence 4 and was answered at 47 s; y's (sent 45 s) took 5, z's (sent 46 s) 7.
+    Only y is surely accepted before z; nothing surely before x, whose answer came last: no fault."""
+    x, y, z = _execution("a", 40, 47, 48), _execution("b", 50, 45.5, 46), _execution("c", 60, 46.5, 47)
+    events = [
+        Event(40.0, "invoke", "a", "claim", "tick", x.run, x.token),
+        Event(45.0, "invoke", "b", "claim", "tick", y.run, y.token),
+        _ack(y, 45.5, value="won attempt=1 fence=5"),
+        Event(46.0, "invoke", "c", "claim", "tick", z.run, z.token),
+        _ack(z, 46.5, value="won attempt=1 fence=7"),
+        _ack(x, 47.0, value="won attempt=1 fence=4"),
+    ]
+    assert _judge(_every_slot(), events).verdicts["P6"].status == "valid"
+    # z with fence 3 is stale: y's fence 5 was surely accepted before z's claim was sent.
+    stale = [*events[:4], _ack(z, 46.5, value="won attempt=1 fence=3"), events[5]]
+    assert _judge(_every_slot(), stale).verdicts["P6"].status == "invalid"
