@@ -665,6 +665,56 @@ class FailsTheNextBatch(BatchLink):
         return await super().execute_many(commands)
 
 
+class AnswersLateThenCut(BatchLink):
+    """Once ``armed``: the next batch reaches the store at once, its answer comes ``delay_s`` later, and then the
+    link is cut (heartbeats fail from there on)."""
+
+    armed = False
+    delay_s = 0.6
+    sent_at: float | None = None
+
+    async def execute_many(self, commands: Any) -> Any:
+        if not self.armed:
+            return await super().execute_many(commands)
+        self.armed, self.sent_at = False, asyncio.get_running_loop().time()
+        replies = await super().execute_many(commands)
+        await asyncio.sleep(self.delay_s)
+        self.cut()
+        return replies
+
+
+def test_a_winner_whose_claim_was_answered_late_counts_its_lease_from_the_claims_send() -> None:
+    """The claim reaches the store at once (its lease of 1 s ends 1 s later there) but its answer takes 0.6 s, and
+    no heartbeat gets through after it. The job must stop 0.95 s after the claim was sent (the lease less 5 % of
+    margin), before the store's lease ends and a backup may take over; counted from the answer, it would stop
+    1.55 s after, beside the backup."""
+
+    async def main() -> float:
+        server = fakeredis.FakeServer()
+        lost_at: list[float] = []
+
+        async def work(run: RunContext) -> None:
+            try:
+                await asyncio.sleep(30)
+            except asyncio.CancelledError:
+                lost_at.append(asyncio.get_running_loop().time())
+                raise
+
+        link = AnswersLateThenCut(adapt(fakeredis.FakeAsyncRedis(server=server)), "a")
+        scheduler = Scheduler(RedisBackend(redis=link), instance_id="a", clock=SimClock(), lease_ms=1000)
+        scheduler.add_job("every-10s", "*/10 * * * * *", work)
+        await scheduler.start()
+        await asyncio.sleep(9.5)
+        link.armed = True  # the claim of the slot at 10 s
+        await asyncio.sleep(5)
+        await scheduler.stop(timeout=0.1)
+        assert link.sent_at is not None
+        [lost] = lost_at
+        return round(lost - link.sent_at, 3)
+
+    assert run_virtual(main(), epoch_s=VIRTUAL_EPOCH_S, seed=1) == 0.95
+
+
 def _slots_run_through_an_outage(strategy: str, after_heal_s: float, fail_first_claim_after: bool = False) -> list[int]:
     """The slots (s) run, in order, of a job every 10 s on one instance whose store is out of reach from 5 s to
     35 s, until ``after_heal_s`` later; the first claim sent after that fails too, before it reaches the store,
