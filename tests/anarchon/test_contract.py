@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
@@ -1138,3 +1139,243 @@ async def test_a_takeover_waits_while_another_run_holds_a_live_lease(target: Sto
     assert await backend.strategy.finish(backend.store, finished, new, forbid, record(finished, new))
     taken = await claim_one(backend, request(SLOT, "backup"), forbid)
     assert (taken.outcome, taken.attempt) == (Outcome.WON, 2)
+
+
+async def test_lease_runs_skipped_for_overlap_are_trimmed_while_the_run_they_wait_for_goes_on(
+    target: StoreTarget,
+) -> None:
+    """A run that goes on for hours (it heartbeats) holds the job's lease: every slot due meanwhile is skipped for
+    overlap, in its claim, and no finish comes to trim after them. The claim trims, as a finish would: the
+    history, the slots set and the state stay about history_size runs instead of growing with every skipped slot
+    until the long run ends."""
+    backend = await target.started_backend("lease")
+    history_size = 2
+    policy = JobPolicy(lease_ms=600_000, history_size=history_size, keep_ms=0)
+    now = int(await target.server_ms())
+    long = request(now - 3_600_000, "long")
+    assert (await claim_one(backend, long, policy)).outcome is Outcome.WON
+    for i in range(1, 9):
+        skipped = await claim_one(backend, request(long.slot + i * 1000, f"next{i}"), policy)
+        assert skipped.outcome is Outcome.OVERLAP
+        await asyncio.sleep(0.002)  # each skip ends in a ms of its own: the next trim finds it past keep_ms (0)
+    statuses = [r.status for r in await backend.strategy.history(backend.store, "sync", 1000)]
+    assert set(statuses) == {"skipped-overlap"}
+    assert len(statuses) <= history_size + 1
+    assert await target.raw("ZCARD", "{cron:sync}:slots") <= history_size + 1
+    # The finished runs kept, the long run, and the fence counter, "forgotten" and "since".
+    assert await target.raw("HLEN", "{cron:sync}:state") <= history_size + 1 + 1 + 3
+
+
+async def test_lease_a_job_first_caught_up_keeps_that_moment_after_its_first_claim(target: StoreTarget) -> None:
+    """A catch-up that asked before any claim fixed the moment the job was first started; the job's first claim,
+    of a later slot, leaves it (an instance started later still catches up the slots between)."""
+    backend = await target.started_backend("lease")
+    since = backend.strategy.catch_up_since
+    assert await since(backend.store, "new", SLOT) == SLOT
+    await claim_one(backend, request(SLOT + 60_000, "a", job="new"), JobPolicy())
+    assert await since(backend.store, "new", SLOT + 120_000) == SLOT
+
+
+@pytest.fixture
+def store_clock(target: StoreTarget, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The in-process store's clock (TIME, stream ids), in ms, held where the test sets it: what a script decides
+    at the very ms a lease ends. Half a ms in, so that no rounding of the float moves it to the ms before."""
+    if not target.is_fake:
+        pytest.skip("only the in-process store's clock can be held")
+    clock = [(int(time.time()) + 1) * 1000]
+    monkeypatch.setattr(time, "time", lambda: (clock[0] + 0.5) / 1000)
+    return clock
+
+
+async def test_lease_a_retried_claim_at_the_ms_its_lease_ends_waits_for_a_run_begun_in_that_ms(
+    target: StoreTarget, store_clock: list[int]
+) -> None:
+    """At the ms a lease ends it is over (another run of the job may start: it is not live), so a retry of its
+    claim whose answer was lost then meets that run and waits, instead of renewing its lease beside it with a
+    fence below the new run's."""
+    backend = await target.started_backend("lease")
+    policy = JobPolicy(lease_ms=100)
+    now = store_clock[0]
+    first = request(now - 1_000, "a")
+    assert (await claim_one(backend, first, policy)).fence == 1
+    store_clock[0] = now + 100  # first's lease ends at this ms
+    second = await claim_one(backend, request(now - 500, "b"), policy)
+    assert (second.outcome, second.fence) == (Outcome.WON, 2)
+    retry = await claim_one(backend, first, policy)
+    assert (retry.outcome, retry.lease_ms_left) == (Outcome.RUNNING, 100)
+
+
+async def test_lease_at_the_ms_a_lease_ends_a_backup_takes_the_run_over_and_another_slot_runs(
+    target: StoreTarget, store_clock: list[int]
+) -> None:
+    """A lease is live until the ms it ends, not at it: then a backup takes the run over, and a claim of another
+    slot of the job runs instead of being skipped for overlap."""
+    backend = await target.started_backend("lease")
+    policy = JobPolicy(lease_ms=100)
+    now = store_clock[0]
+    first = request(now - 1_000, "a")
+    assert (await claim_one(backend, first, policy)).outcome is Outcome.WON
+    store_clock[0] = now + 99
+    assert (await claim_one(backend, request(now - 500, "c"), policy)).outcome is Outcome.OVERLAP
+    store_clock[0] = now + 100
+    other = await claim_one(backend, request(now - 400, "d"), JobPolicy(lease_ms=100))
+    assert other.outcome is Outcome.WON
+    assert await backend.strategy.finish(
+        backend.store, request(now - 400, "d"), other, policy, record(request(now - 400, "d"), other)
+    )
+    backup = await claim_one(backend, request(first.slot, "b"), policy)
+    assert (backup.outcome, backup.attempt) == (Outcome.WON, 2)
+
+
+async def test_a_due_slot_meeting_a_manual_run_from_a_clock_ahead_is_skipped_not_put_off(target: StoreTarget) -> None:
+    """A manual run's id carries the moment run_now was called by its instance's clock, which may be ahead of the
+    store's: the run is not a later slot begun early, and a due slot that meets it is skipped for overlap at once
+    (no instance will claim it again), not told to come again when its lease ends."""
+    backend = await target.started_backend("lease")
+    policy = JobPolicy(lease_ms=60_000)
+    now = await target.server_ms()
+    manual = RunRequest("sync", run_id(now + 600_000, "x"), now + 600_000, "m", "runner-m", manual=True)
+    assert (await claim_one(backend, manual, policy)).outcome is Outcome.WON
+    due = await claim_one(backend, request(now - 1_000, "b"), policy)
+    assert due.outcome is Outcome.OVERLAP
+
+
+async def test_lease_history_keeps_history_size_runs_at_every_trim(target: StoreTarget) -> None:
+    """Trim cuts the history down to history_size records, not below it: after each finish the latest
+    history_size runs (or all, while fewer) are there."""
+    backend = await target.started_backend("lease")
+    history_size = 3
+    policy = JobPolicy(lease_ms=60_000, history_size=history_size, keep_ms=0)
+    now = int(await target.server_ms())
+    for i in range(12):
+        req = request(now - 3_600_000 + i * 1000, "a")
+        won = await claim_one(backend, req, policy)
+        assert await backend.strategy.finish(backend.store, req, won, policy, record(req, won))
+        history = await backend.strategy.history(backend.store, "sync", 100)
+        assert len(history) >= min(i + 1, history_size), (i, len(history))
+        await asyncio.sleep(0.002)
+
+
+async def test_lease_forgotten_is_the_latest_slot_dropped_whatever_order_the_runs_ended_in(
+    target: StoreTarget,
+) -> None:
+    """Trim drops finished runs in the order they ended, which is not their slots' order (a long run of an earlier
+    slot ends after a short one of a later slot): "forgotten" is still the latest slot dropped, and a late claim
+    of any dropped run is done, not won again."""
+    backend = await target.started_backend("lease")
+    policy = JobPolicy(lease_ms=60_000, history_size=1, keep_ms=0, overlap=True)
+    now = int(await target.server_ms())
+    long, short, third = (request(now - 3_600_000 + i * 1000, t) for i, t in enumerate(("long", "short", "third")))
+    claims = {}
+    for req in (long, short, third):
+        claims[req.token] = await claim_one(backend, req, policy)
+        assert claims[req.token].outcome is Outcome.WON
+    for req in (short, long, third):  # the later slot ends first; the third finish drops the other two
+        c = claims[req.token]
+        assert await backend.strategy.finish(backend.store, req, c, policy, record(req, c))
+        await asyncio.sleep(0.002)
+    assert await target.raw("HGET", "{cron:sync}:state", "forgotten") == str(short.slot)
+    for slot in (long.slot, short.slot):
+        late = await claim_one(backend, request(slot, "late"), policy)
+        assert late.outcome is Outcome.DONE, slot
+
+
+async def test_lease_a_slot_claimed_early_twice_is_put_off_once(target: StoreTarget) -> None:
+    """Every instance whose clock runs ahead claims the slot early and is told to come again: the job's "deferred"
+    list names the slot once, however many claims put it off."""
+    backend = await target.started_backend("lease")
+    policy = JobPolicy(lease_ms=60_000, keep_ms=3_600_000)
+    now = await target.server_ms()
+    assert (await claim_one(backend, request(now - 1_000, "a"), policy)).outcome is Outcome.WON
+    for token in ("b", "c"):
+        early = await claim_one(backend, request(now + 30_000, token), policy)
+        assert (early.outcome, early.attempt) == (Outcome.RUNNING, 0)
+    assert await target.raw("HGET", "{cron:sync}:state", "deferred") == str(now + 30_000)
+
+
+async def test_lease_a_late_skip_counts_from_the_ms_after_late_after_ms_through_keep_ms(
+    target: StoreTarget, store_clock: list[int]
+) -> None:
+    """By the store's clock a run is late once more than late_after_ms past its slot, and its skip is recorded
+    through keep_ms past it inclusive (trim keeps its state until after that)."""
+    backend = await target.started_backend("lease")
+    policy = JobPolicy(late_after_ms=100, keep_ms=1_000)
+    now = store_clock[0]
+
+    async def skip(slot: int) -> bool:
+        req = RunRequest("sync", str(slot), slot, f"z{slot}", "e")
+        return await backend.strategy.skip(backend.store, req, policy, "skipped-late", "too late")
+
+    assert not await skip(now - 100)  # exactly late_after_ms: not late yet
+    assert await skip(now - 101)
+    assert await skip(now - 1_000)  # exactly keep_ms: still recorded
+    assert not await skip(now - 1_001)
+
+
+async def test_lease_trim_leaves_a_lapsed_run_to_the_backups_through_keep_ms(
+    target: StoreTarget, store_clock: list[int]
+) -> None:
+    """A run whose lease lapsed is closed as abandoned only once its lease end is more than keep_ms past: at
+    keep_ms exactly a backup may still ask, and takes it over."""
+    backend = await target.started_backend("lease")
+    policy = JobPolicy(lease_ms=100, history_size=1, keep_ms=1_000)
+    now = store_clock[0]
+    lapsed = request(now - 3_600_000, "gone")
+    await claim_one(backend, lapsed, policy)  # its lease ends at now + 100
+    store_clock[0] = now + 100 + 1_000
+    req = request(now - 7_200_000, "a")
+    won = await claim_one(backend, req, policy)
+    assert await backend.strategy.finish(backend.store, req, won, policy, record(req, won))  # trims
+    taken = await claim_one(backend, request(lapsed.slot, "backup"), policy)
+    assert (taken.outcome, taken.attempt) == (Outcome.WON, 2)
+
+
+async def test_idmp_a_deploy_that_shortens_the_duration_keeps_the_runs_of_the_longer_one(target: StoreTarget) -> None:
+    """A deploy that shortens duration_sec clears the ids the stream remembers (XCFGSET) and adds again the runs
+    of the longer, previous duration, not only those of its own: a run claimed longer ago than the new duration
+    is not won again by a claim that comes right after the deploy."""
+    if not target.supports_idmp:
+        pytest.skip(f"idmp needs Redis 8.6+; {target.name} is {target.describe}")
+    first = await target.started_backend({"name": "idmp", "duration_sec": 300, "max_size": 50})
+    assert (await claim_one(first, request(SLOT, "a"), JobPolicy())).outcome is Outcome.WON
+    await asyncio.sleep(1.2)  # the run's entry is now older than the next deploy's duration
+    shorter = await target.started_backend({"name": "idmp", "duration_sec": 1, "max_size": 50})
+    assert (await claim_one(shorter, request(SLOT, "b"), JobPolicy())).outcome is Outcome.LOST
+
+
+async def test_lease_a_run_begun_at_its_slots_very_ms_is_not_early(target: StoreTarget, store_clock: list[int]) -> None:
+    """A run claimed at the ms of its slot is on time, not begun early by a clock ahead: a due earlier slot that
+    meets it is skipped for overlap, not put off until its lease ends."""
+    backend = await target.started_backend("lease")
+    policy = JobPolicy(lease_ms=60_000)
+    now = store_clock[0]
+    assert (await claim_one(backend, request(now, "a"), policy)).outcome is Outcome.WON
+    assert (await claim_one(backend, request(now - 1_000, "b"), policy)).outcome is Outcome.OVERLAP
+
+
+async def test_lease_an_overlap_behind_two_leases_ending_together_names_the_greater_run(
+    target: StoreTarget, store_clock: list[int]
+) -> None:
+    """Two live runs whose leases end at the same ms: the skip names the greater run id, as documented."""
+    backend = await target.started_backend("lease")
+    allow = JobPolicy(lease_ms=60_000, overlap=True)
+    now = store_clock[0]
+    for slot, token in ((now - 3_000, "a"), (now - 2_000, "b")):
+        assert (await claim_one(backend, request(slot, token), allow)).outcome is Outcome.WON
+    refused = await claim_one(backend, request(now - 1_000, "c"), JobPolicy(lease_ms=60_000))
+    assert (refused.outcome, refused.lease_ms_left) == (Outcome.OVERLAP, 60_000)
+    [skipped] = [r for r in await backend.strategy.history(backend.store, "sync", 10) if r.slot == now - 1_000]
+    assert skipped.message == f"run {now - 2_000} was still running"
+
+
+async def test_claim_only_a_skip_at_exactly_late_after_ms_is_not_recorded(
+    target: StoreTarget, store_clock: list[int]
+) -> None:
+    """By the store's clock, a run exactly late_after_ms past its slot is not late yet (as the scheduler counts
+    it): no instance has passed it, and no skip is recorded; a ms later it is."""
+    backend = await target.started_backend("stream-id")
+    policy = JobPolicy(late_after_ms=100)
+    now = store_clock[0]
+    for slot, recorded in ((now - 101, True), (now - 100, False)):
+        req = RunRequest("sync", str(slot), slot, f"z{slot}", "e")
+        assert await backend.strategy.skip(backend.store, req, policy, "skipped-late", "too late") is recorded
