@@ -3582,6 +3582,19 @@ async def test_a_result_stands_when_the_history_trim_after_it_fails(fake_target:
         await backend.stop()
 
 
+async def _catching_up_a_daily_job(
+    target: StoreTarget, job: Callable[[RunContext], Awaitable[None]], lease_ms: int
+) -> tuple[Scheduler[Any], Scheduler[Any]]:
+    """Two instances, not started, of a daily job that catches up two days and has run before (so that its
+    catch-up reaches back): the one to start first catches up the oldest slot, the other then waits for it."""
+    schedulers = [Scheduler(target.backend("lease"), lease_ms=lease_ms, instance_id=name) for name in "ab"]
+    for scheduler in schedulers:
+        scheduler.add_job("daily", "0 0 * * *", job, catch_up_ms=2 * 86_400_000)
+    await _ran_before(target, "daily")
+    holder, waiter = schedulers
+    return holder, waiter
+
+
 async def test_stop_ends_a_catch_up_that_waits_for_another_instances_lease(fake_target: StoreTarget) -> None:
     started = asyncio.Event()
 
@@ -3589,11 +3602,7 @@ async def test_stop_ends_a_catch_up_that_waits_for_another_instances_lease(fake_
         started.set()
         await asyncio.sleep(60)
 
-    schedulers = [Scheduler(fake_target.backend("lease"), lease_ms=20_000, instance_id=name) for name in "ab"]
-    for scheduler in schedulers:
-        scheduler.add_job("daily", "0 0 * * *", long_job, catch_up_ms=2 * 86_400_000)
-    holder, waiter = schedulers
-    await _ran_before(fake_target, "daily")
+    holder, waiter = await _catching_up_a_daily_job(fake_target, long_job, lease_ms=20_000)
     await holder.start()
     try:
         await asyncio.wait_for(started.wait(), 5)  # the holder catches up the oldest missed slot
@@ -3620,10 +3629,7 @@ async def test_a_catch_up_answered_running_claims_again_and_takes_over_a_run_han
             second.set()
         await asyncio.sleep(60)
 
-    schedulers = [Scheduler(fake_target.backend("lease"), lease_ms=2_000, instance_id=name) for name in "ab"]
-    for scheduler in schedulers:
-        scheduler.add_job("daily", "0 0 * * *", long_job, catch_up_ms=2 * 86_400_000)
-    holder, waiter = schedulers
+    holder, waiter = await _catching_up_a_daily_job(fake_target, long_job, lease_ms=2_000)
     waiter_answers: list[Claim | StoreError] = []
     claim = waiter.backend.strategy.claim
 
@@ -3631,7 +3637,6 @@ async def test_a_catch_up_answered_running_claims_again_and_takes_over_a_run_han
         waiter_answers.extend(answers := await claim(store, requests))
         return answers
 
-    await _ran_before(fake_target, "daily")
     await holder.start()
     try:
         await eventually(lambda: bool(started), cap_s=5)  # the holder catches up the oldest missed slot
