@@ -7,12 +7,15 @@ from typing import Any
 
 import pytest
 
+from anarchon import RedisBackend, RunRecord
 from anarchon._adapters import RedisPyAsync
 from anarchon._errors import StoreReplyError
 from anarchon._store import Connection, Store
+from anarchon._strategies import Claim, JobPolicy, Outcome, RunRequest, run_id
 from anarchon._strategies.idmp import CONFIGURE
 from sim.servers.testing import ServerUnderTest
-from sim.world import SimStore
+from sim.vtime import run_virtual
+from sim.world import EPOCH_S, SimStore
 
 # (command, pause in seconds afterwards). Durations are short so that expiry can be seen in real time.
 PROGRAM: list[tuple[tuple[Any, ...], float]] = [
@@ -139,3 +142,138 @@ async def test_emulated_idmp_runs_the_configure_script_like_redis_8_6(real_serve
     ]  # fmt: skip
     assert len(expected) == 9 + 2 + 2 + 2 + 1  # the answers, two runs, copied twice, and the settings
     assert expected[-1] == "duration 300 maxsize 20"
+
+
+# The idmp strategy on the emulation: the contract tests of idmp skip on fake (fakeredis is Redis 7), so these run
+# its rules on the IDMP the simulator judges it by, on every test run.
+
+
+async def emulated_idmp(**settings: Any) -> tuple[RedisBackend[Any], Store]:
+    """A started idmp backend on an emulated Redis 8.6, and a store to read it with."""
+    sim = SimStore((8, 6))
+    backend: RedisBackend[Any] = RedisBackend(redis=sim.connection(), strategy={"name": "idmp", **settings})
+    await backend.start(["sync"])
+    return backend, Store(sim.connection(), owned=True)
+
+
+async def server_ms(store: Store) -> int:
+    seconds, micros = await store.execute("TIME")  # type: ignore[misc]
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+async def claim(backend: RedisBackend[Any], slot: int, token: str, policy: JobPolicy) -> Claim:
+    [result] = await backend.strategy.claim(backend.store, [(RunRequest("sync", run_id(slot), slot, token, token),
+                                                             policy)])  # fmt: skip
+    assert isinstance(result, Claim), result
+    return result
+
+
+async def ran(backend: RedisBackend[Any], slot: int, token: str, policy: JobPolicy) -> None:
+    """``slot`` claimed and run to the end by ``token``."""
+    won = await claim(backend, slot, token, policy)
+    assert won.outcome is Outcome.WON
+    req = RunRequest("sync", run_id(slot), slot, token, token)
+    record = RunRecord(job="sync", run=req.run, slot=slot, attempt=won.attempt, status="ok", runner=token,
+                       token=token, fence=won.fence, manual=False, started=slot, ended=slot + 1)  # fmt: skip
+    assert await backend.strategy.finish(backend.store, req, won, policy, record)
+
+
+async def test_idmp_on_the_emulation_no_late_skip_beside_a_run_whose_id_max_size_evicted() -> None:
+    """max_size 2: two later runs evict the first one's id, and a stalled instance's claim for its skip wins. The
+    run's result is there (attempt 1): no skip is recorded beside it."""
+    backend, store = await emulated_idmp(duration_sec=300, max_size=2)
+    policy = JobPolicy(late_after_ms=100)
+    slot = await server_ms(store) - 10_000
+    await ran(backend, slot, "ran", policy)
+    for later in (slot + 1000, slot + 2000):
+        assert (await claim(backend, later, f"t{later}", policy)).outcome is Outcome.WON
+    late = RunRequest("sync", run_id(slot), slot, "late", "b")
+    assert not await backend.strategy.skip(backend.store, late, policy, "skipped-late", "too late")
+    history = await backend.strategy.history(backend.store, "sync", 10)
+    assert [r.status for r in history if r.slot == slot] == ["ok"]
+    await backend.stop()
+    await store.close()
+
+
+async def test_idmp_on_the_emulation_records_a_late_skip_only_while_it_remembers_the_run() -> None:
+    backend, store = await emulated_idmp(duration_sec=120, max_size=100)
+    policy = JobPolicy(late_after_ms=100, keep_ms=1_000)
+    now = await server_ms(store)
+    for slot, recorded in ((now - 61_000, False), (now - 500, True)):  # less a minute for an early claim
+        req = RunRequest("sync", run_id(slot), slot, f"t{slot}", "b")
+        assert await backend.strategy.skip(backend.store, req, policy, "skipped-late", "too late") is recorded
+    await backend.stop()
+    await store.close()
+
+
+async def test_idmp_on_the_emulation_a_late_claim_of_a_run_whose_entry_is_gone_loses() -> None:
+    backend, store = await emulated_idmp(duration_sec=300, max_size=1000)
+    policy = JobPolicy(history_size=1)
+    first = await server_ms(store) - 60_000
+    for slot in (first, first + 1000):
+        assert (await claim(backend, slot, f"t{slot}", policy)).outcome is Outcome.WON
+    [[entry_id, _]] = await store.execute("XRANGE", "cron:sync:runs", "-", "+", "COUNT", 1)  # type: ignore[misc]
+    assert await store.execute("XDEL", "cron:sync:runs", entry_id) == 1
+    assert (await claim(backend, first, "late", policy)).outcome is Outcome.LOST
+    await backend.stop()
+    await store.close()
+
+
+async def test_idmp_on_the_emulation_keeps_as_many_runs_as_it_remembers_ids() -> None:
+    """history_size 2, max_size 200: a retried claim of a run 150 runs back (more than a stream node), its answer
+    lost, reads its entry back and wins."""
+    backend, store = await emulated_idmp(duration_sec=300, max_size=200)
+    policy = JobPolicy(history_size=2)
+    first = await server_ms(store) - 200_000
+    assert (await claim(backend, first, "mine", policy)).outcome is Outcome.WON
+    for i in range(1, 151):
+        await ran(backend, first + i * 1000, f"t{i}", policy)
+    assert (await claim(backend, first, "mine", policy)).outcome is Outcome.WON
+    await backend.stop()
+    await store.close()
+
+
+async def test_idmp_on_the_emulation_history_ttl_ms_keeps_the_runs_it_remembers() -> None:
+    """history_ttl_ms (and keep_ms) 1 s, duration_sec 300: a record's trim keeps the entry of a run claimed 1.5 s
+    before, whose retried claim (answer lost) reads it back and wins."""
+    backend, store = await emulated_idmp(duration_sec=300, max_size=100)
+    policy = JobPolicy(history_ttl_ms=1_000, keep_ms=1_000)
+    now = await server_ms(store)
+    assert (await claim(backend, now, "mine", policy)).outcome is Outcome.WON
+    await asyncio.sleep(1.5)
+    await ran(backend, await server_ms(store), "next", policy)  # its record trims what is older than 1 s
+    assert (await claim(backend, now, "mine", policy)).outcome is Outcome.WON
+    await backend.stop()
+    await store.close()
+
+
+async def test_idmp_on_the_emulation_claims_again_once_its_stream_vanished() -> None:
+    """A store restarted empty (here: the stream deleted) still runs the job: the claim makes the stream again
+    and configures it, and wins."""
+    backend, store = await emulated_idmp(duration_sec=300, max_size=100)
+    policy = JobPolicy()
+    now = await server_ms(store)
+    assert (await claim(backend, now, "a", policy)).outcome is Outcome.WON
+    assert await store.execute("DEL", "cron:sync:runs") == 1
+    assert (await claim(backend, now + 1000, "b", policy)).outcome is Outcome.WON
+    assert (await claim(backend, now + 1000, "c", policy)).outcome is Outcome.LOST
+    await backend.stop()
+    await store.close()
+
+
+def test_emulated_idmp_forgets_an_id_once_its_duration_passed() -> None:
+    """Checked on every run, not only against a Redis 8.6: an id forgotten never, the simulator would show idmp
+    (and its late claims) safer than it is."""
+
+    async def main() -> tuple[bool, bool]:
+        connection = SimStore((8, 6)).connection()
+        await connection.execute(["XADD", "s", "*", "f", "0"])  # XCFGSET needs the stream
+        await connection.execute(["XCFGSET", "s", "IDMP-DURATION", 2])
+        first = await connection.execute(["XADD", "s", "IDMP", "p", "a", "*", "f", "1"])
+        await asyncio.sleep(1.0)
+        repeat = await connection.execute(["XADD", "s", "IDMP", "p", "a", "*", "f", "2"])  # within the 2 s
+        await asyncio.sleep(1.5)
+        again = await connection.execute(["XADD", "s", "IDMP", "p", "a", "*", "f", "3"])  # 2.5 s on
+        return repeat == first, again != first
+
+    assert run_virtual(main(), epoch_s=EPOCH_S, seed=1) == (True, True)

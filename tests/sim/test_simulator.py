@@ -1161,3 +1161,79 @@ def test_a_scenario_shorter_than_the_time_each_slot_is_given_says_so_for_p2() ->
         "no slot was due in the first 0 s of the scenario (each slot is given 96 s to run: three leases, the "
         "jitter, the work and 5 s)",
     )
+
+
+@pytest.mark.parametrize("kind", ["pause", "partition"])
+def test_an_instance_struck_twice_at_once_recovers_only_when_the_last_fault_ends(kind: str) -> None:
+    """The only instance is paused (or cut off) from 5 s to 100 s, and again from 10 s to 15 s: the shorter fault's
+    end does not resume (reconnect) it. It runs nothing until 100 s, and the slots due meanwhile, too late by then
+    (max_late_ms 60 s), were missed while no instance was healthy: not judged missed."""
+    scenario = parse({
+        "name": "nested", "duration_s": 250, "instances": [{"name": "a"}],
+        "jobs": [{"name": "tick", "cron": "*/10 * * * * *", "work_s": 1.0}],
+        "faults": [
+            {"at_s": 5, "kind": kind, "instance": "a", "duration_s": 95},
+            {"at_s": 10, "kind": kind, "instance": "a", "duration_s": 5},
+        ],
+    })  # fmt: skip
+    outcome = simulate(scenario, "script", 1)
+    assert [e.started for e in outcome.history.executions if 5 < e.started < 100] == []
+    assert [e.started for e in outcome.history.executions if e.started >= 100]  # it runs again afterwards
+    assert outcome.judgement.verdicts["P2"].status == "valid"
+
+
+def test_a_promoted_replica_knows_the_idmp_ids_it_received_and_not_those_it_lacked() -> None:
+    """IDMP's ids are part of the dataset: the replica promoted 1 s behind has the first claim's id, not the
+    second's (written 0.5 s before the failover). A claim of the second run then adds an entry again (the run is
+    lost, as the claim's entry is); one of the first is a repeat."""
+
+    async def main() -> tuple[bool, object]:
+        store = SimStore((8, 6), replicated=True)
+        primary = store.connection()
+        received = await primary.execute(["XADD", "s", "IDMP", "p", "received", "*", "f", "1"])
+        await asyncio.sleep(2.0)
+        await primary.execute(["XADD", "s", "IDMP", "p", "lacked", "*", "f", "2"])
+        await asyncio.sleep(0.5)
+        store.promote(1.0)
+        promoted = store.connection()
+        again = await promoted.execute(["XADD", "s", "IDMP", "p", "received", "*", "f", "3"])
+        await promoted.execute(["XADD", "s", "IDMP", "p", "lacked", "*", "f", "4"])
+        return again == received, await promoted.execute(["XLEN", "s"])
+
+    assert run_virtual(main(), epoch_s=EPOCH_S, seed=1) == (True, 2)  # f=1 and f=4
+
+
+def test_a_failover_blames_every_claim_its_replica_lacked() -> None:
+    """Two jobs claimed in one batch each slot; 13 s behind at 22 s, the replica lacked the claims of the slots at
+    10 s and 20 s: all four, rerun by the late instance, were lost acknowledged claims."""
+    scenario = parse({
+        "name": "late-rerun-two", "duration_s": 40, "strategies": {"script": {"window_ms": 10_000}},
+        "instances": [{"name": "on-time"}, {"name": "late", "offset_ms": -15_000}],
+        "jobs": [{"name": name, "cron": "*/10 * * * * *", "work_s": 1.0, "max_late_ms": 5000}
+                 for name in ("tick", "tock")],
+        "faults": [{"at_s": 22, "kind": "failover", "lag_ms": 13_000}],
+    })  # fmt: skip
+    verdict = simulate(scenario, "script", 1).judgement.verdicts["P5"]
+    assert (verdict.status, verdict.count) == ("invalid", 4)
+
+
+def test_a_hold_that_begins_at_the_instant_of_a_claim_holds_it() -> None:
+    """A replication hold from 20 s, the very instant of the slot's claim: that claim is held with the rest, and the
+    failover loses it."""
+    outcome = _rerun_by_a_late_instance_across_a_failover(100, [{"at_s": 20, "kind": "replication-hold",
+                                                                 "duration_s": 5.0}])  # fmt: skip
+    verdict = outcome.judgement.verdicts["P5"]
+    assert (verdict.status, verdict.count) == ("invalid", 1)
+
+
+def test_the_stores_clock_follows_a_promoted_server_whose_clock_differs() -> None:
+    """A failover to a server whose clock is a minute behind: TIME (and so leases and stream ids) follows it."""
+    store = SimStore(replicated=True)
+
+    async def main() -> int:
+        before = await store.connection().execute(["TIME"])
+        store.promote(0.0, -60.0)
+        after = await store.connection().execute(["TIME"])
+        return int(after[0]) - int(before[0])  # type: ignore[index]
+
+    assert run_virtual(main(), epoch_s=EPOCH_S, seed=1, store_ahead_s=lambda: store.clock_ahead_s) == -60
