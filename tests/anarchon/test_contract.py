@@ -855,6 +855,21 @@ async def test_script_deletes_entries_older_than_its_window_and_keeps_newer_ones
     assert [int(fields[1]) for _, fields in entries] == new  # fields: slot, <slot>, token, <token>, …
 
 
+async def test_script_a_records_history_ttl_keeps_the_claims_of_its_window(target: StoreTarget) -> None:
+    """history_ttl_ms ages the history, not the claims: a record's trim leaves every entry inside window_ms, and a
+    late claim of a run claimed 1.2 s before (past the 0.3 s ttl, inside the 300 s window) loses."""
+    backend = await target.started_backend({"name": "script", "window_ms": 300_000})
+    policy = JobPolicy(history_ttl_ms=300, keep_ms=300)
+    first = int(await target.server_ms())
+    assert (await claim_one(backend, request(first, "a"), policy)).outcome is Outcome.WON
+    await asyncio.sleep(1.2)
+    later = request(int(await target.server_ms()), "b")
+    won = await claim_one(backend, later, policy)
+    # Its record ends now: the trim that follows it deletes what is older than 0.3 s, unless a claim reads it.
+    assert await backend.strategy.finish(backend.store, later, won, policy, record(later, won))
+    assert (await claim_one(backend, request(first, "late"), policy)).outcome is Outcome.LOST
+
+
 async def test_script_forgets_a_run_after_its_window(target: StoreTarget) -> None:
     backend = await target.started_backend({"name": "script", "window_ms": 100})
     first = await claim_one(backend, request(SLOT, "a"), JobPolicy())
