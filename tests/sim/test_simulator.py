@@ -11,6 +11,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from types import SimpleNamespace as Stub
 from typing import Any
 
 import fakeredis
@@ -30,7 +31,7 @@ from sim.replica import written_keys
 from sim.run import Outcome, simulate
 from sim.scenario import FaultSpec, ScenarioError, parse
 from sim.vtime import SimulationDeadlock, run_virtual
-from sim.world import EPOCH_S, FaultWindow, SimClock, SimStore
+from sim.world import EPOCH_S, FaultWindow, SimClock, SimStore, World
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -1237,3 +1238,21 @@ def test_the_stores_clock_follows_a_promoted_server_whose_clock_differs() -> Non
         return int(after[0]) - int(before[0])  # type: ignore[index]
 
     assert run_virtual(main(), epoch_s=EPOCH_S, seed=1, store_ahead_s=lambda: store.clock_ahead_s) == -60
+
+
+def test_a_fault_on_the_winner_strikes_the_instance_whose_run_started_first() -> None:
+    """ "winner": of the instances up and running a job, the one whose earliest run started first (b's at 3 s, not
+    a's at 7 s, nor c's at 1 s: c is down); with none running, the first one up."""
+
+    def run(started: float) -> Stub:
+        return Stub(started=started)
+
+    instances = {
+        "a": Stub(name="a", up=True, running_jobs={"j": run(7.0)}),
+        "b": Stub(name="b", up=True, running_jobs={"k": run(9.0), "l": run(3.0)}),
+        "c": Stub(name="c", up=False, running_jobs={"m": run(1.0)}),
+    }
+    winner = FaultSpec(10.0, "crash", {"instance": "winner"})
+    assert World._target(Stub(instances=instances), winner).name == "b"  # type: ignore[arg-type, union-attr]
+    idle = {name: Stub(name=name, up=name != "a", running_jobs={}) for name in "abc"}
+    assert World._target(Stub(instances=idle), winner).name == "b"  # type: ignore[arg-type, union-attr]
