@@ -1,18 +1,21 @@
-"""The simulator's IDMP emulation answers like a real Redis 8.6, command for command."""
+"""The simulator's IDMP emulation answers like a real Redis 8.6, command for command; and the idmp strategy's rules,
+run on it on every test run (its contract tests need a real Redis 8.6)."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
 
-from anarchon import RedisBackend, RunRecord
+from anarchon import RedisBackend, RunRecord, StoreUnavailableError
 from anarchon._adapters import RedisPyAsync
 from anarchon._errors import StoreReplyError
 from anarchon._store import Connection, Store
 from anarchon._strategies import Claim, JobPolicy, Outcome, RunRequest, run_id
 from anarchon._strategies.idmp import CONFIGURE
+from sim.links import Link
 from sim.servers.testing import ServerUnderTest
 from sim.vtime import run_virtual
 from sim.world import EPOCH_S, SimStore
@@ -277,3 +280,48 @@ def test_emulated_idmp_forgets_an_id_once_its_duration_passed() -> None:
         return repeat == first, again != first
 
     assert run_virtual(main(), epoch_s=EPOCH_S, seed=1) == (True, True)
+
+
+class FailsConfigureOnce(Link):
+    """The first configure script sent through it fails before it reaches the store."""
+
+    failed = False
+
+    def _fails(self, commands: Sequence[Any]) -> bool:
+        if self.failed or not any(CONFIGURE.sha in map(str, command) for command in commands):
+            return False
+        self.failed = True
+        return True
+
+    async def execute(self, command: Any) -> Any:
+        if self._fails([command]):
+            raise StoreUnavailableError("the connection was reset")
+        return await super().execute(command)
+
+    async def execute_many(self, commands: Any) -> Any:
+        if self._fails(commands):
+            raise StoreUnavailableError("the connection was reset")
+        return await super().execute_many(commands)
+
+
+async def test_idmp_on_the_emulation_a_configuration_that_failed_at_start_is_done_by_the_first_claim() -> None:
+    """A deploy that lowers duration_sec to 60 s, whose configuration of the stream fails at start (the store out
+    of reach a moment): its first claim configures the stream before it adds to it, as start would have."""
+    sim = SimStore((8, 6))
+    earlier = RedisBackend(redis=sim.connection(), strategy={"name": "idmp", "duration_sec": 300, "max_size": 100})
+    await earlier.start(["sync"])
+    store = Store(sim.connection(), owned=True)
+    now = await server_ms(store)
+    await ran(earlier, now - 1000, "a", JobPolicy())
+    link = FailsConfigureOnce(sim.connection())
+    backend = RedisBackend(redis=link, strategy={"name": "idmp", "duration_sec": 60, "max_size": 100})
+    await backend.start(["sync"])
+    assert link.failed
+    assert (await claim(backend, now, "b", JobPolicy())).outcome is Outcome.WON
+    info = await store.execute("XINFO", "STREAM", "cron:sync:runs")
+    assert isinstance(info, list)
+    fields = dict(zip(info[::2], info[1::2], strict=True))
+    assert (fields["idmp-duration"], fields["idmp-maxsize"]) == (60, 100)
+    for done in (earlier, backend):
+        await done.stop()
+    await store.close()
