@@ -1216,7 +1216,7 @@ class Scheduler(Generic[M]):
                 if self.backend.leases:  # it may have won: handed back, as the retries queued when stop() began
                     self._spawn(self._release_unanswered(request), "anarchon-hand-back")
                 return False
-            delay_s = min(RETRY_MAX_S, RETRY_MIN_S * 2 ** min(failures, 16))  # a backup may fail for hours
+            delay_s = _doubling(RETRY_MIN_S, RETRY_MAX_S, failures)
             failed.append((name, slot, claim, failures + 1, delay_s))
             retry_kind: Kind = kind if kind in ("backup", "early") else "retry"
             self._push(now + int(delay_s * 1000), name, slot, retry_kind, failures + 1, request.token)
@@ -1556,7 +1556,7 @@ class Scheduler(Generic[M]):
                 )
             except StoreError as error:
                 unreachable = isinstance(error, StoreUnavailableError)
-                delay_s = min(FINISH_RETRY_S, FINISH_RETRY_MIN_S * 2 ** min(tried, 8))
+                delay_s = _doubling(FINISH_RETRY_MIN_S, FINISH_RETRY_S, tried)
                 retry_at = self.clock.monotonic() + delay_s
                 lease_kept = retry_at < give_up or (
                     retry_at < kept_until and self._keeper is not None and self._keeper.holds(request.token)
@@ -1978,6 +1978,12 @@ def _naming_job(name: str) -> Iterator[None]:
         if f"job {name!r}" not in str(error):  # a long name (refused as such) is cut short, as its error cuts it
             error.args = (f"job {shown(name)}: {error}", *error.args[1:])
         raise
+
+
+def _doubling(first_s: float, most_s: float, failed: int) -> float:
+    """How long to wait after ``failed`` tries failed in a row: ``first_s``, twice as long after each failure, at
+    most ``most_s``. The exponent is capped, as a backup's claims may fail for hours."""
+    return min(most_s, first_s * 2.0 ** min(failed, 16))
 
 
 def _check_timeout(value: object, option: str = "timeout") -> float:
