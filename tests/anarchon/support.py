@@ -1,4 +1,5 @@
-"""A store under test (fake or a real server of the matrix) that makes backends on fresh connections."""
+"""A store under test (fake or a real server of the matrix) that makes backends on fresh connections; one run's
+request, claim and record, as the strategy tests make them."""
 
 from __future__ import annotations
 
@@ -7,10 +8,31 @@ from typing import Any
 import fakeredis
 import redis.asyncio
 
-from anarchon import RedisBackend, ValkeyBackend
+from anarchon import RedisBackend, RunRecord, ValkeyBackend
 from anarchon._adapters import RedisPyAsync, adapt
 from anarchon._store import Reply, Store
+from anarchon._strategies import Claim, JobPolicy, RunRequest
 from sim.links import Link
+
+SLOT = 1_700_000_000_000  # a slot long past, for runs named by a string
+
+
+def request(run: int | str, token: str, *, job: str = "sync", manual: bool = False) -> RunRequest:
+    slot = run if isinstance(run, int) else SLOT
+    return RunRequest(job, str(run), slot, token, f"runner-{token}", manual)
+
+
+async def claim_one(backend: RedisBackend[Any], req: RunRequest, policy: JobPolicy) -> Claim:
+    [result] = await backend.strategy.claim(backend.store, [(req, policy)])
+    assert isinstance(result, Claim), result
+    return result
+
+
+def record(req: RunRequest, claim: Claim, status: Any = "ok", message: str | None = None) -> RunRecord:
+    return RunRecord(
+        job=req.job, run=req.run, slot=req.slot, attempt=claim.attempt, status=status, runner=req.runner,
+        token=req.token, fence=claim.fence, manual=req.manual, started=req.slot, ended=req.slot + 1, message=message,
+    )  # fmt: skip
 
 
 class StoreTarget:

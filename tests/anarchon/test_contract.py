@@ -13,8 +13,6 @@ import pytest
 from redis.crc import key_slot
 
 from anarchon import (
-    RedisBackend,
-    RunRecord,
     StoreFormatError,
     StoreReplyError,
     StoreUnavailableError,
@@ -24,30 +22,11 @@ from anarchon._adapters import adapt
 from anarchon._store import Command, Connection, Reply, ScriptCall, ServerInfo, command_key
 from anarchon._strategies import Claim, JobPolicy, Outcome, RunRequest, run_id
 from anarchon._strategies.idmp import CONFIGURE
-from tests.anarchon.support import StoreTarget
+from tests.anarchon.support import SLOT, StoreTarget, claim_one, record, request
 from tests.support import Recording
 
 STRATEGIES = ["lease", "stream-id", "idmp", "script"]
-SLOT = 1_700_000_000_000
 OVERLAP_OK = JobPolicy(overlap=True)  # several runs of one job live at once, where a test needs that
-
-
-def request(run: int | str, token: str, *, job: str = "sync", manual: bool = False) -> RunRequest:
-    slot = run if isinstance(run, int) else SLOT
-    return RunRequest(job, str(run), slot, token, f"runner-{token}", manual)
-
-
-async def claim_one(backend: RedisBackend[Any], req: RunRequest, policy: JobPolicy) -> Claim:
-    [result] = await backend.strategy.claim(backend.store, [(req, policy)])
-    assert isinstance(result, Claim), result
-    return result
-
-
-def record(req: RunRequest, claim: Claim, status: Any = "ok", message: str | None = None) -> RunRecord:
-    return RunRecord(
-        job=req.job, run=req.run, slot=req.slot, attempt=claim.attempt, status=status, runner=req.runner,
-        token=req.token, fence=claim.fence, manual=req.manual, started=req.slot, ended=req.slot + 1, message=message,
-    )  # fmt: skip
 
 
 @pytest.fixture(autouse=True)
@@ -1318,7 +1297,7 @@ async def test_lease_a_late_skip_counts_from_the_ms_after_late_after_ms_through_
     now = store_clock[0]
 
     async def skip(slot: int) -> bool:
-        req = RunRequest("sync", str(slot), slot, f"z{slot}", "e")
+        req = request(slot, f"z{slot}")
         return await backend.strategy.skip(backend.store, req, policy, "skipped-late", "too late")
 
     assert not await skip(now - 100)  # exactly late_after_ms: not late yet
@@ -1392,5 +1371,5 @@ async def test_claim_only_a_skip_at_exactly_late_after_ms_is_not_recorded(
     policy = JobPolicy(late_after_ms=100)
     now = store_clock[0]
     for slot, recorded in ((now - 101, True), (now - 100, False)):
-        req = RunRequest("sync", str(slot), slot, f"z{slot}", "e")
+        req = request(slot, f"z{slot}")
         assert await backend.strategy.skip(backend.store, req, policy, "skipped-late", "too late") is recorded

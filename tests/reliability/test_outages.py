@@ -37,8 +37,9 @@ OUTAGE_S = 10.0
 TIMEOUT_QUERY = "?socket_timeout=2"
 LEASE_MS = 18_000  # longer than the outage: a run in progress when the store went away is still leased after it
 DURABLE = ("--appendonly", "yes", "--appendfsync", "always")
-# A claim that failed said alone ("job tick: claim of slot … failed (…); retrying in 0.5 s"), or among others
-# ("claims of 3 runs failed in the last 5.0 s (…); retrying: job tick slot … (try 3 failed; next in 2.0 s), …").
+# A claim named in the lines that say claims failed together, with its try and its delay ("claims of 3 runs
+# failed in the last 5.0 s (…); retrying: job tick slot … (try 3 failed; next in 2.0 s), …"); a claim said alone,
+# when it failed first, is not read: it is never the third try.
 RETRY = re.compile(r"job (\S+) slot (\d+) \(try (\d+) failed; next in ([\d.]+) s\)")
 
 

@@ -9,16 +9,17 @@ from typing import Any
 
 import pytest
 
-from anarchon import RedisBackend, RunRecord, StoreUnavailableError
+from anarchon import RedisBackend, StoreUnavailableError
 from anarchon._adapters import RedisPyAsync
 from anarchon._errors import StoreReplyError
 from anarchon._store import Connection, Store
-from anarchon._strategies import Claim, JobPolicy, Outcome, RunRequest, run_id
+from anarchon._strategies import JobPolicy, Outcome
 from anarchon._strategies.idmp import CONFIGURE
 from sim.links import Link
 from sim.servers.testing import ServerUnderTest
 from sim.vtime import run_virtual
 from sim.world import EPOCH_S, SimStore
+from tests.anarchon.support import claim_one, record, request
 
 # (command, pause in seconds afterwards). Durations are short so that expiry can be seen in real time.
 PROGRAM: list[tuple[tuple[Any, ...], float]] = [
@@ -164,21 +165,12 @@ async def server_ms(store: Store) -> int:
     return int(seconds) * 1000 + int(micros) // 1000
 
 
-async def claim(backend: RedisBackend[Any], slot: int, token: str, policy: JobPolicy) -> Claim:
-    [result] = await backend.strategy.claim(backend.store, [(RunRequest("sync", run_id(slot), slot, token, token),
-                                                             policy)])  # fmt: skip
-    assert isinstance(result, Claim), result
-    return result
-
-
 async def ran(backend: RedisBackend[Any], slot: int, token: str, policy: JobPolicy) -> None:
     """``slot`` claimed and run to the end by ``token``."""
-    won = await claim(backend, slot, token, policy)
+    req = request(slot, token)
+    won = await claim_one(backend, req, policy)
     assert won.outcome is Outcome.WON
-    req = RunRequest("sync", run_id(slot), slot, token, token)
-    record = RunRecord(job="sync", run=req.run, slot=slot, attempt=won.attempt, status="ok", runner=token,
-                       token=token, fence=won.fence, manual=False, started=slot, ended=slot + 1)  # fmt: skip
-    assert await backend.strategy.finish(backend.store, req, won, policy, record)
+    assert await backend.strategy.finish(backend.store, req, won, policy, record(req, won))
 
 
 async def test_idmp_on_the_emulation_no_late_skip_beside_a_run_whose_id_max_size_evicted() -> None:
@@ -189,8 +181,8 @@ async def test_idmp_on_the_emulation_no_late_skip_beside_a_run_whose_id_max_size
     slot = await server_ms(store) - 10_000
     await ran(backend, slot, "ran", policy)
     for later in (slot + 1000, slot + 2000):
-        assert (await claim(backend, later, f"t{later}", policy)).outcome is Outcome.WON
-    late = RunRequest("sync", run_id(slot), slot, "late", "b")
+        assert (await claim_one(backend, request(later, f"t{later}"), policy)).outcome is Outcome.WON
+    late = request(slot, "late")
     assert not await backend.strategy.skip(backend.store, late, policy, "skipped-late", "too late")
     history = await backend.strategy.history(backend.store, "sync", 10)
     assert [r.status for r in history if r.slot == slot] == ["ok"]
@@ -203,7 +195,7 @@ async def test_idmp_on_the_emulation_records_a_late_skip_only_while_it_remembers
     policy = JobPolicy(late_after_ms=100, keep_ms=1_000)
     now = await server_ms(store)
     for slot, recorded in ((now - 61_000, False), (now - 500, True)):  # less a minute for an early claim
-        req = RunRequest("sync", run_id(slot), slot, f"t{slot}", "b")
+        req = request(slot, f"t{slot}")
         assert await backend.strategy.skip(backend.store, req, policy, "skipped-late", "too late") is recorded
     await backend.stop()
     await store.close()
@@ -214,10 +206,10 @@ async def test_idmp_on_the_emulation_a_late_claim_of_a_run_whose_entry_is_gone_l
     policy = JobPolicy(history_size=1)
     first = await server_ms(store) - 60_000
     for slot in (first, first + 1000):
-        assert (await claim(backend, slot, f"t{slot}", policy)).outcome is Outcome.WON
+        assert (await claim_one(backend, request(slot, f"t{slot}"), policy)).outcome is Outcome.WON
     [[entry_id, _]] = await store.execute("XRANGE", "cron:sync:runs", "-", "+", "COUNT", 1)  # type: ignore[misc]
     assert await store.execute("XDEL", "cron:sync:runs", entry_id) == 1
-    assert (await claim(backend, first, "late", policy)).outcome is Outcome.LOST
+    assert (await claim_one(backend, request(first, "late"), policy)).outcome is Outcome.LOST
     await backend.stop()
     await store.close()
 
@@ -228,10 +220,10 @@ async def test_idmp_on_the_emulation_keeps_as_many_runs_as_it_remembers_ids() ->
     backend, store = await emulated_idmp(duration_sec=300, max_size=200)
     policy = JobPolicy(history_size=2)
     first = await server_ms(store) - 200_000
-    assert (await claim(backend, first, "mine", policy)).outcome is Outcome.WON
+    assert (await claim_one(backend, request(first, "mine"), policy)).outcome is Outcome.WON
     for i in range(1, 151):
         await ran(backend, first + i * 1000, f"t{i}", policy)
-    assert (await claim(backend, first, "mine", policy)).outcome is Outcome.WON
+    assert (await claim_one(backend, request(first, "mine"), policy)).outcome is Outcome.WON
     await backend.stop()
     await store.close()
 
@@ -242,10 +234,10 @@ async def test_idmp_on_the_emulation_history_ttl_ms_keeps_the_runs_it_remembers(
     backend, store = await emulated_idmp(duration_sec=300, max_size=100)
     policy = JobPolicy(history_ttl_ms=1_000, keep_ms=1_000)
     now = await server_ms(store)
-    assert (await claim(backend, now, "mine", policy)).outcome is Outcome.WON
+    assert (await claim_one(backend, request(now, "mine"), policy)).outcome is Outcome.WON
     await asyncio.sleep(1.5)
     await ran(backend, await server_ms(store), "next", policy)  # its record trims what is older than 1 s
-    assert (await claim(backend, now, "mine", policy)).outcome is Outcome.WON
+    assert (await claim_one(backend, request(now, "mine"), policy)).outcome is Outcome.WON
     await backend.stop()
     await store.close()
 
@@ -256,10 +248,10 @@ async def test_idmp_on_the_emulation_claims_again_once_its_stream_vanished() -> 
     backend, store = await emulated_idmp(duration_sec=300, max_size=100)
     policy = JobPolicy()
     now = await server_ms(store)
-    assert (await claim(backend, now, "a", policy)).outcome is Outcome.WON
+    assert (await claim_one(backend, request(now, "a"), policy)).outcome is Outcome.WON
     assert await store.execute("DEL", "cron:sync:runs") == 1
-    assert (await claim(backend, now + 1000, "b", policy)).outcome is Outcome.WON
-    assert (await claim(backend, now + 1000, "c", policy)).outcome is Outcome.LOST
+    assert (await claim_one(backend, request(now + 1000, "b"), policy)).outcome is Outcome.WON
+    assert (await claim_one(backend, request(now + 1000, "c"), policy)).outcome is Outcome.LOST
     await backend.stop()
     await store.close()
 
@@ -317,7 +309,7 @@ async def test_idmp_on_the_emulation_a_configuration_that_failed_at_start_is_don
     backend = RedisBackend(redis=link, strategy={"name": "idmp", "duration_sec": 60, "max_size": 100})
     await backend.start(["sync"])
     assert link.failed
-    assert (await claim(backend, now, "b", JobPolicy())).outcome is Outcome.WON
+    assert (await claim_one(backend, request(now, "b"), JobPolicy())).outcome is Outcome.WON
     info = await store.execute("XINFO", "STREAM", "cron:sync:runs")
     assert isinstance(info, list)
     fields = dict(zip(info[::2], info[1::2], strict=True))
