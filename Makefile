@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv servers lint typecheck pytest test report clean
+.PHONY: venv servers lint typecheck pytest pythons test report clean
 
 venv: $(STAMP)
 
@@ -28,10 +28,14 @@ typecheck: $(STAMP)
 pytest: $(STAMP)
 	$(PY) -m pytest -n 4 --dist worksteal
 
-test: servers lint typecheck pytest
+# The library on Python 3.12 and 3.13 too, where the machine has them (tools/other-pythons says which it lacks).
+pythons: servers
+	tools/other-pythons
+
+test: servers lint typecheck pytest pythons
 
 report: $(STAMP)
 	$(PY) -m sim report --out reports/latest
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) .venv-3.* .mypy_cache .ruff_cache .pytest_cache
