@@ -99,8 +99,8 @@ def claim(store: LeaseStore, run: str, token: str, now: int, policy: JobPolicy) 
             # A run that ends in its claim has no finish to trim after it: the claim trims.
             return trim(store.put(run, skipped), now, policy), Claim(Outcome.OVERLAP, 0, 0, other_end - now)
         return _start(store, run, token, now, policy, 1)
-    if not r.running:
-        return store, Claim(Outcome.DONE, r.attempt, r.fence)
+    if not r.running:  # a copy of the claim that gave the run up (its answer lost) is told so again
+        return store, Claim(Outcome.DONE, r.attempt, r.fence, given_up=r.status == "interrupted" and r.token == token)
     if r.token == token:  # a retried claim: the caller already holds the run; its lease is renewed (a heartbeat)
         if r.lease_end < 0:  # unless the caller handed the run back since: a copy of its claim came late
             return store, Claim(Outcome.DONE, r.attempt, r.fence)
@@ -116,7 +116,7 @@ def claim(store: LeaseStore, run: str, token: str, now: int, policy: JobPolicy) 
     if r.lease_end > now:
         return store, Claim(Outcome.RUNNING, r.attempt, r.fence, r.lease_end - now)
     if r.attempt >= policy.max_attempts:
-        interrupted = r.close("interrupted", slot, now)
+        interrupted = replace(r.close("interrupted", slot, now), token=token)  # the state keeps the closer's token
         return trim(store.put(run, interrupted), now, policy), Claim(Outcome.DONE, r.attempt, r.fence, given_up=True)
     if other_end is not None:  # a takeover would run beside another live run: the backup waits for its lease
         return store, Claim(Outcome.RUNNING, r.attempt, r.fence, other_end - now)

@@ -5,7 +5,8 @@
 -- ARGV[4]  lease_ms                  ARGV[5] max_attempts          ARGV[6] overlap allowed: "1" or "0"
 -- ARGV[7]  history_size              ARGV[8] keep_ms               ARGV[9] history_ttl_ms ("0": none)
 -- returns "<answer> <attempt> <fence> <lease_ms_left>" (one string: a client reads it faster than an array), and
---   " given-up" after a "done" when this claim gave the run up: its attempts were used up (recorded interrupted)
+--   " given-up" after a "done" when this claim gave the run up: its attempts were used up (recorded interrupted);
+--              also to a copy of that claim sent again (its answer was lost), so that the instance says so
 --   "won"      the caller runs it: a new attempt was stored (or the caller's own token already holds it,
 --              when a claim whose reply was lost is retried: its lease renewed, with the next fence if it ran
 --              out and other runs took fences meanwhile); lease_ms_left is its lease. Such a retry whose lease
@@ -84,7 +85,9 @@ if not r then
   attempt = 1
 else
   if r.status ~= 'running' then
-    return reply('done', r.attempt, r.fence, 0)
+    -- A copy of the claim that gave the run up (the state keeps its token), sent again after its answer was lost
+    local given_up = r.status == 'interrupted' and r.token == token
+    return reply('done', r.attempt, r.fence, 0) .. (given_up and ' given-up' or '')
   end
   now = server_now()
   -- The lease end of another run of the job that is live now (nil if none, or if overlap is allowed): a retried
@@ -125,6 +128,8 @@ else
   local ended = r.lease_end < 0 and 'handed back' or 'lease expired'
   if r.attempt >= max_attempts then
     close_run(run, r, 'interrupted', now, '"' .. ended .. '; no attempts left"')
+    r.token = token -- recorded as the attempt's; kept as this claim's, for a copy of it that may come again
+    save_run(run, r)
     trim(now, tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9]))
     return reply('done', r.attempt, r.fence, 0) .. ' given-up'
   end

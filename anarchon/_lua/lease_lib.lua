@@ -4,7 +4,8 @@
 -- The state hash holds one field per run, named by the run id, whose value is
 --   status|attempt|token|runner|lease_end|fence|slot|manual|started
 -- (one field, so a claim reads and writes a run in one command; lease_end is 0 for a run that never ran, and
--- minus the moment of the hand-back for a running one whose attempt handed it back), the job-wide counter
+-- minus the moment of the hand-back for a running one whose attempt handed it back; token is the attempt's, or
+-- for a run closed by a claim (skipped, or given up out of attempts) that claim's), the job-wide counter
 -- "fence", "since"
 -- (lease_since.lua), "forgotten": the latest slot of a run that trim dropped (see trim), and "deferred": the
 -- slots of the last keep_ms whose claims came early while another run was live and were told to come again at

@@ -182,6 +182,26 @@ async def test_a_released_run_with_no_attempts_left_is_closed_by_the_next_claim(
     assert entry.message == "handed back; no attempts left"
 
 
+async def test_a_copy_of_the_claim_that_gave_a_run_up_is_told_so_again(target: StoreTarget) -> None:
+    """The claim that gives a run up may lose its answer: its retry (the same token) hears "given up" again, so
+    that its instance says so; no other claim does, the attempt's own included. The record keeps the attempt's
+    token."""
+    backend = await target.started_backend("lease")
+    policy = JobPolicy(lease_ms=60_000, max_attempts=1)
+    first = request(SLOT, "first")
+    await claim_one(backend, first, policy)
+    assert await backend.strategy.release(backend.store, first)
+    closer = request(SLOT, "closer")
+    assert (await claim_one(backend, closer, policy)).given_up
+    again = await claim_one(backend, closer._replace(retry=True), policy)
+    assert (again.outcome, again.attempt, again.given_up) == (Outcome.DONE, 1, True)
+    for token in ("first", "other"):
+        answer = await claim_one(backend, request(SLOT, token), policy)
+        assert (answer.outcome, answer.given_up) == (Outcome.DONE, False), token
+    [entry] = await backend.strategy.history(backend.store, "sync", 10)
+    assert (entry.attempt, entry.status, entry.token) == (1, "interrupted", "first")
+
+
 async def test_catch_up_reaches_back_to_a_new_jobs_first_start_or_all_the_way_for_a_job_that_ran(
     target: StoreTarget,
 ) -> None:

@@ -397,6 +397,59 @@ async def test_a_run_given_up_after_its_last_attempt_is_logged_once(
     assert (record.attempt, record.status, record.message) == (1, "interrupted", "lease expired; no attempts left")
 
 
+class LosesTheNextReply(Link):
+    """Once ``armed``: the next command reaches the store, and its reply is lost (the outcome unknown to the
+    sender); ``lost`` is that command."""
+
+    armed = False
+    lost: Command | None = None
+
+    async def execute(self, command: Command) -> Reply:
+        if not self.armed:
+            return await super().execute(command)
+        self.armed, self.lost = False, command
+        await self.inner.execute(command)
+        raise self._lost()
+
+
+async def test_a_run_given_up_by_a_claim_whose_answer_was_lost_is_logged_by_its_retry(
+    fake_target: StoreTarget, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As above, but the answer to the backup's claim that gives the run up is lost: its retry (the same token) is
+    told that it gave the run up, and the backup says so. Told only "done", it said nothing, and neither did
+    anyone else."""
+    caplog.set_level(logging.INFO, logger="anarchon")
+    ledger, links, schedulers = Ledger(), {}, []
+    started = asyncio.Event()
+
+    async def mark(run: RunContext) -> None:
+        started.set()
+
+    cron = second_from_now(2)
+    for i in range(2):
+        links[f"i{i}"] = LosesTheNextReply(adapt(fake_target.new_client()), f"i{i}")
+        scheduler = Scheduler(fake_target.backend("lease", connection=links[f"i{i}"]), instance_id=f"i{i}",
+                              lease_ms=2_000, heartbeat_ms=500)  # fmt: skip
+        scheduler.add_job("long", cron, ledger.job(f"i{i}", seconds=3, before=mark), max_attempts=1)
+        schedulers.append(scheduler)
+    await asyncio.gather(*(s.start() for s in schedulers))
+    try:
+        await asyncio.wait_for(started.wait(), 5)
+        [winner] = ledger.executions
+        backup = links["i1" if winner.instance == "i0" else "i0"]
+        backup.armed = True  # its next command: the claim when the winner's lease ends
+        links[winner.instance].cut()
+        await eventually(lambda: any("given up" in r.getMessage() for r in caplog.records), cap_s=6)
+    finally:
+        links[winner.instance].heal()
+        await asyncio.gather(*(s.stop() for s in schedulers))
+    assert backup.lost is not None
+    assert tuple(backup.lost[:2]) == ("EVALSHA", CLAIM.sha)
+    [said] = [r for r in caplog.records if "given up" in r.getMessage()]
+    assert said.getMessage().startswith(f"job long slot {winner.slot}: given up: attempt 1 ended unfinished")
+    assert len(ledger.executions) == 1
+
+
 class _FirstFinishFails(Recording):
     """The store does not take the first result sent (a client timeout on a loaded machine): it fails unanswered."""
 
