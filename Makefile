@@ -28,7 +28,7 @@ typecheck: $(STAMP)
 pytest: $(STAMP)
 	$(PY) -m pytest -n 4 --dist worksteal
 
-# The library on Python 3.12 and 3.13 too, where the machine has them (tools/other-pythons says which it lacks).
+# The library on the other supported Pythons (3.11-3.13) the machine has (tools/other-pythons says which it lacks).
 pythons: servers
 	tools/other-pythons
 
