@@ -359,13 +359,26 @@ async def test_a_backup_reruns_the_slot_of_a_winner_cut_off_mid_run(target: Stor
     assert [(r.attempt, r.status) for r in history] == [(2, "ok"), (1, "interrupted")]
 
 
-async def test_a_run_given_up_after_its_last_attempt_is_logged_once(
-    fake_target: StoreTarget, caplog: pytest.LogCaptureFixture
-) -> None:
-    """max_attempts=1, the winner cut off mid-run: once its lease has ended, the claim of the backup that finds it
-    gives the run up, recorded interrupted. That instance says so at WARNING, once; the others, whose claims find
-    the run closed, say nothing of it (a run that will never run to its end was seen in no log)."""
-    caplog.set_level(logging.INFO, logger="anarchon")
+class LosesTheNextReply(Link):
+    """Once ``armed``: the next command reaches the store, and its reply is lost (the outcome unknown to the
+    sender); ``lost`` is that command."""
+
+    armed = False
+    lost: Command | None = None
+
+    async def execute(self, command: Command) -> Reply:
+        if not self.armed:
+            return await super().execute(command)
+        self.armed, self.lost = False, command
+        await self.inner.execute(command)
+        raise self._lost()
+
+
+async def _a_run_with_no_attempt_to_spare(
+    fake_target: StoreTarget, instances: int
+) -> tuple[Ledger, dict[str, LosesTheNextReply], list[Scheduler[Any]]]:
+    """``instances`` started schedulers, each on a link of its own, with a job "long" (3 s of work, leases of 2 s,
+    max_attempts=1) due 2 s from now; returned once one of them has started its run."""
     ledger, links, schedulers = Ledger(), {}, []
     started = asyncio.Event()
 
@@ -373,14 +386,30 @@ async def test_a_run_given_up_after_its_last_attempt_is_logged_once(
         started.set()
 
     cron = second_from_now(2)
-    for i in range(3):
-        backend, links[f"i{i}"] = fake_target.linked_backend("lease", name=f"i{i}")
-        scheduler = Scheduler(backend, instance_id=f"i{i}", lease_ms=2_000, heartbeat_ms=500)
+    for i in range(instances):
+        links[f"i{i}"] = LosesTheNextReply(adapt(fake_target.new_client()), f"i{i}")
+        scheduler = Scheduler(fake_target.backend("lease", connection=links[f"i{i}"]), instance_id=f"i{i}",
+                              lease_ms=2_000, heartbeat_ms=500)  # fmt: skip
         scheduler.add_job("long", cron, ledger.job(f"i{i}", seconds=3, before=mark), max_attempts=1)
         schedulers.append(scheduler)
     await asyncio.gather(*(s.start() for s in schedulers))
     try:
         await asyncio.wait_for(started.wait(), 5)
+    except BaseException:
+        await asyncio.gather(*(s.stop() for s in schedulers))
+        raise
+    return ledger, links, schedulers
+
+
+async def test_a_run_given_up_after_its_last_attempt_is_logged_once(
+    fake_target: StoreTarget, caplog: pytest.LogCaptureFixture
+) -> None:
+    """max_attempts=1, the winner cut off mid-run: once its lease has ended, the claim of the backup that finds it
+    gives the run up, recorded interrupted. That instance says so at WARNING, once; the others, whose claims find
+    the run closed, say nothing of it (a run that will never run to its end was seen in no log)."""
+    caplog.set_level(logging.INFO, logger="anarchon")
+    ledger, links, schedulers = await _a_run_with_no_attempt_to_spare(fake_target, 3)
+    try:
         [winner] = ledger.executions
         links[winner.instance].cut()
         await eventually(lambda: any("given up" in r.getMessage() for r in caplog.records), cap_s=6)
@@ -397,21 +426,6 @@ async def test_a_run_given_up_after_its_last_attempt_is_logged_once(
     assert (record.attempt, record.status, record.message) == (1, "interrupted", "lease expired; no attempts left")
 
 
-class LosesTheNextReply(Link):
-    """Once ``armed``: the next command reaches the store, and its reply is lost (the outcome unknown to the
-    sender); ``lost`` is that command."""
-
-    armed = False
-    lost: Command | None = None
-
-    async def execute(self, command: Command) -> Reply:
-        if not self.armed:
-            return await super().execute(command)
-        self.armed, self.lost = False, command
-        await self.inner.execute(command)
-        raise self._lost()
-
-
 async def test_a_run_given_up_by_a_claim_whose_answer_was_lost_is_logged_by_its_retry(
     fake_target: StoreTarget, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -419,22 +433,8 @@ async def test_a_run_given_up_by_a_claim_whose_answer_was_lost_is_logged_by_its_
     told that it gave the run up, and the backup says so. Told only "done", it said nothing, and neither did
     anyone else."""
     caplog.set_level(logging.INFO, logger="anarchon")
-    ledger, links, schedulers = Ledger(), {}, []
-    started = asyncio.Event()
-
-    async def mark(run: RunContext) -> None:
-        started.set()
-
-    cron = second_from_now(2)
-    for i in range(2):
-        links[f"i{i}"] = LosesTheNextReply(adapt(fake_target.new_client()), f"i{i}")
-        scheduler = Scheduler(fake_target.backend("lease", connection=links[f"i{i}"]), instance_id=f"i{i}",
-                              lease_ms=2_000, heartbeat_ms=500)  # fmt: skip
-        scheduler.add_job("long", cron, ledger.job(f"i{i}", seconds=3, before=mark), max_attempts=1)
-        schedulers.append(scheduler)
-    await asyncio.gather(*(s.start() for s in schedulers))
+    ledger, links, schedulers = await _a_run_with_no_attempt_to_spare(fake_target, 2)
     try:
-        await asyncio.wait_for(started.wait(), 5)
         [winner] = ledger.executions
         backup = links["i1" if winner.instance == "i0" else "i0"]
         backup.armed = True  # its next command: the claim when the winner's lease ends
