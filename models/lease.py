@@ -99,8 +99,13 @@ def claim(store: LeaseStore, run: str, token: str, now: int, policy: JobPolicy) 
             # A run that ends in its claim has no finish to trim after it: the claim trims.
             return trim(store.put(run, skipped), now, policy), Claim(Outcome.OVERLAP, 0, 0, other_end - now)
         return _start(store, run, token, now, policy, 1)
-    if not r.running:  # a copy of the claim that gave the run up (its answer lost) is told so again
-        return store, Claim(Outcome.DONE, r.attempt, r.fence, given_up=r.status == "interrupted" and r.token == token)
+    if not r.running:
+        if r.token == token:  # a copy of the claim that closed the run, its answer lost: told what it was told
+            if r.status == "interrupted":
+                return store, Claim(Outcome.DONE, r.attempt, r.fence, given_up=True)
+            if r.status == "skipped-overlap":
+                return store, Claim(Outcome.OVERLAP, 0, 0, 0 if other_end is None else other_end - now)
+        return store, Claim(Outcome.DONE, r.attempt, r.fence)
     if r.token == token:  # a retried claim: the caller already holds the run; its lease is renewed (a heartbeat)
         if r.lease_end < 0:  # unless the caller handed the run back since: a copy of its claim came late
             return store, Claim(Outcome.DONE, r.attempt, r.fence)

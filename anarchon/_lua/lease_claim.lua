@@ -17,7 +17,9 @@
 --              holds a live lease and overlap is forbidden, is "running" with attempt 0: lease_ms_left says when
 --              to claim it again (at its slot); nothing is stored for it but its slot in "deferred". So is one
 --              claimed while the live run is of a later slot, begun early (again when that run's lease ends).
---   "overlap"  another run of the job holds a live lease and overlap is forbidden: recorded as skipped-overlap
+--   "overlap"  another run of the job holds a live lease and overlap is forbidden: recorded as skipped-overlap;
+--              also to a copy of that claim sent again (its answer was lost), with the lease left of a run live
+--              now (0 if none)
 --   "done"     the run finished, was skipped, or used up its attempts (then it was recorded as interrupted),
 --              or trim has forgotten it: its slot is not after the job's "forgotten" slot (attempt and fence 0),
 --              or the caller's own attempt has handed it back (this is a copy of its claim that came late)
@@ -85,9 +87,23 @@ if not r then
   attempt = 1
 else
   if r.status ~= 'running' then
-    -- A copy of the claim that gave the run up (the state keeps its token), sent again after its answer was lost
-    local given_up = r.status == 'interrupted' and r.token == token
-    return reply('done', r.attempt, r.fence, 0) .. (given_up and ' given-up' or '')
+    if r.token == token then
+      -- A copy of the claim that closed the run (the state keeps its token), sent again after its answer was
+      -- lost: told what the first was told, so that its instance says it
+      if r.status == 'interrupted' then
+        return reply('done', r.attempt, r.fence, 0) .. ' given-up'
+      end
+      if r.status == 'skipped-overlap' then
+        now = server_now()
+        local left = 0
+        if not overlap_allowed then
+          local _, other_end = live_other(now)
+          if other_end then left = other_end - now end
+        end
+        return reply('overlap', 0, 0, left)
+      end
+    end
+    return reply('done', r.attempt, r.fence, 0)
   end
   now = server_now()
   -- The lease end of another run of the job that is live now (nil if none, or if overlap is allowed): a retried

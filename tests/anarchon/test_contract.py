@@ -202,6 +202,28 @@ async def test_a_copy_of_the_claim_that_gave_a_run_up_is_told_so_again(target: S
     assert (entry.attempt, entry.status, entry.token) == (1, "interrupted", "first")
 
 
+async def test_a_copy_of_the_claim_that_skipped_a_run_for_overlap_is_told_so_again(target: StoreTarget) -> None:
+    """The claim that records a run skipped-overlap may lose its answer: its retry hears "overlap" again (with the
+    lease left of the run still live, 0 once none is), so that its instance says the slot was skipped; another
+    claim hears done."""
+    backend = await target.started_backend("lease")
+    policy = JobPolicy(lease_ms=60_000)
+    earlier = request(SLOT, "earlier")
+    won = await claim_one(backend, earlier, policy)
+    skipper = request(SLOT + 60_000, "skipper")
+    first = await claim_one(backend, skipper, policy)
+    again = await claim_one(backend, skipper._replace(retry=True), policy)
+    assert first.outcome is again.outcome is Outcome.OVERLAP
+    assert 50_000 < again.lease_ms_left <= first.lease_ms_left <= 60_000
+    other = await claim_one(backend, request(SLOT + 60_000, "other"), policy)
+    assert (other.outcome, other.attempt) == (Outcome.DONE, 1)
+    assert await backend.strategy.finish(backend.store, earlier, won, policy, record(earlier, won))
+    after = await claim_one(backend, skipper._replace(retry=True), policy)
+    assert (after.outcome, after.lease_ms_left) == (Outcome.OVERLAP, 0)
+    history = await backend.strategy.history(backend.store, "sync", 10)
+    assert [(r.slot, r.status) for r in history] == [(SLOT + 60_000, "skipped-overlap"), (SLOT, "ok")]
+
+
 async def test_catch_up_reaches_back_to_a_new_jobs_first_start_or_all_the_way_for_a_job_that_ran(
     target: StoreTarget,
 ) -> None:

@@ -117,6 +117,7 @@ class LeaseMachine(StoreMachine):
         self.policy = JobPolicy()
         self.skips = 0
         self.closed = False  # the last call closed a run (and so may have trimmed others)
+        self.last_claim: tuple[str, str] | None = None  # (run, token)
 
     @initialize(
         overlap=st.booleans(),
@@ -207,7 +208,16 @@ class LeaseMachine(StoreMachine):
         self.update(model, settle=short and expected.outcome is Outcome.WON)
         real = one_claim(results)
         assert_same_claim(expected, real, self.slack_ms)
+        self.last_claim = (run, token)
         return multiple(run) if real.outcome is Outcome.WON else multiple()
+
+    # The last claim sent again with its token, as the scheduler does when the answer to the first was lost: it
+    # may have won (its lease renewed), closed the run (given up, skipped for overlap), or anything since.
+    @precondition(lambda self: self.last_claim is not None)
+    @rule(target=won, short=st.booleans())
+    def claim_again(self, short: bool) -> MultipleResults[str]:
+        assert self.last_claim is not None
+        return self.claim(*self.last_claim, short)
 
     def token_for(self, run_id: str, token: str, holder: bool) -> str:
         """``holder``: the token of the run's current attempt (as the model has it), so that heartbeats and
