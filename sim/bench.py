@@ -264,23 +264,29 @@ def burst(target: str, jobs: int, instances: int = 3) -> dict[str, Any]:
             )
             for i in range(instances)
         ]
-        for process in processes:  # each has imported what it needs
-            assert process.stdout is not None
-            if process.stdout.readline().strip() != "ready":
-                raise RuntimeError(f"a burst instance failed to start (exit code {process.wait()})")
-        # Registering the jobs and starting takes each process a moment: 0.6 s for 200 jobs on 2 busy cores.
-        due_in = 2 + jobs // 2000
-        slot_ms = math.ceil(time.time() + due_in) * 1000
-        for process in processes:
-            assert process.stdin is not None
-            process.stdin.write(f"{slot_ms}\n")
-            process.stdin.flush()
-        runs: list[tuple[str, int, float]] = []
-        for process in processes:
-            output, _ = process.communicate(timeout=due_in + 120)
-            if process.returncode:
-                raise RuntimeError(f"a burst instance exited with {process.returncode}")
-            runs.extend((job, slot, late) for job, slot, late in json.loads(output))
+        try:
+            for process in processes:  # each has imported what it needs
+                assert process.stdout is not None
+                if process.stdout.readline().strip() != "ready":
+                    raise RuntimeError(f"a burst instance failed to start (exit code {process.wait()})")
+            # Registering the jobs and starting takes each process a moment: 0.6 s for 200 jobs on 2 busy cores.
+            due_in = 2 + jobs // 2000
+            slot_ms = math.ceil(time.time() + due_in) * 1000
+            for process in processes:
+                assert process.stdin is not None
+                process.stdin.write(f"{slot_ms}\n")
+                process.stdin.flush()
+            runs: list[tuple[str, int, float]] = []
+            for process in processes:
+                output, _ = process.communicate(timeout=due_in + 120)
+                if process.returncode:
+                    raise RuntimeError(f"a burst instance exited with {process.returncode}")
+                runs.extend((job, slot, late) for job, slot, late in json.loads(output))
+        finally:
+            for process in processes:
+                if process.poll() is None:  # left behind by an error above
+                    process.kill()
+                    process.wait()
     counts = collections.Counter(job for job, slot, _ in runs if slot == slot_ms)
     lateness = [late for _, slot, late in runs if slot == slot_ms]
     return {
