@@ -35,6 +35,12 @@ def record(req: RunRequest, claim: Claim, status: Any = "ok", message: str | Non
     )  # fmt: skip
 
 
+async def server_ms(store: Store) -> int:
+    """The server's clock (TIME), in ms."""
+    seconds, micros = await store.execute("TIME")  # type: ignore[misc]
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
 class StoreTarget:
     """One store under test: `fake` (fakeredis) or a real server of the matrix."""
 
@@ -91,8 +97,7 @@ class StoreTarget:
         return reply
 
     async def server_ms(self) -> int:
-        seconds, micros = await self.raw("TIME")
-        return int(seconds) * 1000 + int(micros) // 1000
+        return await server_ms(self.admin)
 
     async def close(self) -> None:
         for backend in self._backends:

@@ -4,7 +4,8 @@ run on it on every test run (its contract tests need a real Redis 8.6)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import contextlib
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import pytest
@@ -19,7 +20,7 @@ from sim.links import Link
 from sim.servers.testing import ServerUnderTest
 from sim.vtime import run_virtual
 from sim.world import EPOCH_S, SimStore
-from tests.anarchon.support import claim_one, record, request
+from tests.anarchon.support import claim_one, record, request, server_ms
 
 # (command, pause in seconds afterwards). Durations are short so that expiry can be seen in real time.
 PROGRAM: list[tuple[tuple[Any, ...], float]] = [
@@ -152,17 +153,18 @@ async def test_emulated_idmp_runs_the_configure_script_like_redis_8_6(real_serve
 # its rules on the IDMP the simulator judges it by, on every test run.
 
 
-async def emulated_idmp(**settings: Any) -> tuple[RedisBackend[Any], Store]:
-    """A started idmp backend on an emulated Redis 8.6, and a store to read it with."""
+@contextlib.asynccontextmanager
+async def emulated_idmp(**settings: Any) -> AsyncIterator[tuple[RedisBackend[Any], Store]]:
+    """A started idmp backend on an emulated Redis 8.6, and a store to read it with; both closed after."""
     sim = SimStore((8, 6))
     backend: RedisBackend[Any] = RedisBackend(redis=sim.connection(), strategy={"name": "idmp", **settings})
     await backend.start(["sync"])
-    return backend, Store(sim.connection(), owned=True)
-
-
-async def server_ms(store: Store) -> int:
-    seconds, micros = await store.execute("TIME")  # type: ignore[misc]
-    return int(seconds) * 1000 + int(micros) // 1000
+    store = Store(sim.connection(), owned=True)
+    try:
+        yield backend, store
+    finally:
+        await backend.stop()
+        await store.close()
 
 
 async def ran(backend: RedisBackend[Any], slot: int, token: str, policy: JobPolicy) -> None:
@@ -176,84 +178,72 @@ async def ran(backend: RedisBackend[Any], slot: int, token: str, policy: JobPoli
 async def test_idmp_on_the_emulation_no_late_skip_beside_a_run_whose_id_max_size_evicted() -> None:
     """max_size 2: two later runs evict the first one's id, and a stalled instance's claim for its skip wins. The
     run's result is there (attempt 1): no skip is recorded beside it."""
-    backend, store = await emulated_idmp(duration_sec=300, max_size=2)
-    policy = JobPolicy(late_after_ms=100)
-    slot = await server_ms(store) - 10_000
-    await ran(backend, slot, "ran", policy)
-    for later in (slot + 1000, slot + 2000):
-        assert (await claim_one(backend, request(later, f"t{later}"), policy)).outcome is Outcome.WON
-    late = request(slot, "late")
-    assert not await backend.strategy.skip(backend.store, late, policy, "skipped-late", "too late")
-    history = await backend.strategy.history(backend.store, "sync", 10)
-    assert [r.status for r in history if r.slot == slot] == ["ok"]
-    await backend.stop()
-    await store.close()
+    async with emulated_idmp(duration_sec=300, max_size=2) as (backend, store):
+        policy = JobPolicy(late_after_ms=100)
+        slot = await server_ms(store) - 10_000
+        await ran(backend, slot, "ran", policy)
+        for later in (slot + 1000, slot + 2000):
+            assert (await claim_one(backend, request(later, f"t{later}"), policy)).outcome is Outcome.WON
+        late = request(slot, "late")
+        assert not await backend.strategy.skip(backend.store, late, policy, "skipped-late", "too late")
+        history = await backend.strategy.history(backend.store, "sync", 10)
+        assert [r.status for r in history if r.slot == slot] == ["ok"]
 
 
 async def test_idmp_on_the_emulation_records_a_late_skip_only_while_it_remembers_the_run() -> None:
-    backend, store = await emulated_idmp(duration_sec=120, max_size=100)
-    policy = JobPolicy(late_after_ms=100, keep_ms=1_000)
-    now = await server_ms(store)
-    for slot, recorded in ((now - 61_000, False), (now - 500, True)):  # less a minute for an early claim
-        req = request(slot, f"t{slot}")
-        assert await backend.strategy.skip(backend.store, req, policy, "skipped-late", "too late") is recorded
-    await backend.stop()
-    await store.close()
+    async with emulated_idmp(duration_sec=120, max_size=100) as (backend, store):
+        policy = JobPolicy(late_after_ms=100, keep_ms=1_000)
+        now = await server_ms(store)
+        for slot, recorded in ((now - 61_000, False), (now - 500, True)):  # less a minute for an early claim
+            req = request(slot, f"t{slot}")
+            assert await backend.strategy.skip(backend.store, req, policy, "skipped-late", "too late") is recorded
 
 
 async def test_idmp_on_the_emulation_a_late_claim_of_a_run_whose_entry_is_gone_loses() -> None:
-    backend, store = await emulated_idmp(duration_sec=300, max_size=1000)
-    policy = JobPolicy(history_size=1)
-    first = await server_ms(store) - 60_000
-    for slot in (first, first + 1000):
-        assert (await claim_one(backend, request(slot, f"t{slot}"), policy)).outcome is Outcome.WON
-    [[entry_id, _]] = await store.execute("XRANGE", "cron:sync:runs", "-", "+", "COUNT", 1)  # type: ignore[misc]
-    assert await store.execute("XDEL", "cron:sync:runs", entry_id) == 1
-    assert (await claim_one(backend, request(first, "late"), policy)).outcome is Outcome.LOST
-    await backend.stop()
-    await store.close()
+    async with emulated_idmp(duration_sec=300, max_size=1000) as (backend, store):
+        policy = JobPolicy(history_size=1)
+        first = await server_ms(store) - 60_000
+        for slot in (first, first + 1000):
+            assert (await claim_one(backend, request(slot, f"t{slot}"), policy)).outcome is Outcome.WON
+        [[entry_id, _]] = await store.execute("XRANGE", "cron:sync:runs", "-", "+", "COUNT", 1)  # type: ignore[misc]
+        assert await store.execute("XDEL", "cron:sync:runs", entry_id) == 1
+        assert (await claim_one(backend, request(first, "late"), policy)).outcome is Outcome.LOST
 
 
 async def test_idmp_on_the_emulation_keeps_as_many_runs_as_it_remembers_ids() -> None:
     """history_size 2, max_size 200: a retried claim of a run 150 runs back (more than a stream node), its answer
     lost, reads its entry back and wins."""
-    backend, store = await emulated_idmp(duration_sec=300, max_size=200)
-    policy = JobPolicy(history_size=2)
-    first = await server_ms(store) - 200_000
-    assert (await claim_one(backend, request(first, "mine"), policy)).outcome is Outcome.WON
-    for i in range(1, 151):
-        await ran(backend, first + i * 1000, f"t{i}", policy)
-    assert (await claim_one(backend, request(first, "mine"), policy)).outcome is Outcome.WON
-    await backend.stop()
-    await store.close()
+    async with emulated_idmp(duration_sec=300, max_size=200) as (backend, store):
+        policy = JobPolicy(history_size=2)
+        first = await server_ms(store) - 200_000
+        assert (await claim_one(backend, request(first, "mine"), policy)).outcome is Outcome.WON
+        for i in range(1, 151):
+            await ran(backend, first + i * 1000, f"t{i}", policy)
+        assert (await claim_one(backend, request(first, "mine"), policy)).outcome is Outcome.WON
 
 
 async def test_idmp_on_the_emulation_history_ttl_ms_keeps_the_runs_it_remembers() -> None:
     """history_ttl_ms (and keep_ms) 1 s, duration_sec 300: a record's trim keeps the entry of a run claimed 1.5 s
     before, whose retried claim (answer lost) reads it back and wins."""
-    backend, store = await emulated_idmp(duration_sec=300, max_size=100)
-    policy = JobPolicy(history_ttl_ms=1_000, keep_ms=1_000)
-    now = await server_ms(store)
-    assert (await claim_one(backend, request(now, "mine"), policy)).outcome is Outcome.WON
-    await asyncio.sleep(1.5)
-    await ran(backend, await server_ms(store), "next", policy)  # its record trims what is older than 1 s
-    assert (await claim_one(backend, request(now, "mine"), policy)).outcome is Outcome.WON
-    await backend.stop()
-    await store.close()
+    async with emulated_idmp(duration_sec=300, max_size=100) as (backend, store):
+        policy = JobPolicy(history_ttl_ms=1_000, keep_ms=1_000)
+        now = await server_ms(store)
+        assert (await claim_one(backend, request(now, "mine"), policy)).outcome is Outcome.WON
+        await asyncio.sleep(1.5)
+        await ran(backend, await server_ms(store), "next", policy)  # its record trims what is older than 1 s
+        assert (await claim_one(backend, request(now, "mine"), policy)).outcome is Outcome.WON
 
 
 async def test_idmp_on_the_emulation_claims_again_once_its_stream_vanished() -> None:
     """A store restarted empty (here: the stream deleted) still runs the job: the claim makes the stream again
     and configures it, and wins."""
-    backend, store = await emulated_idmp(duration_sec=300, max_size=100)
-    policy = JobPolicy()
-    now = await server_ms(store)
-    assert (await claim_one(backend, request(now, "a"), policy)).outcome is Outcome.WON
-    assert await store.execute("DEL", "cron:sync:runs") == 1
-    assert (await claim_one(backend, request(now + 1000, "b"), policy)).outcome is Outcome.WON
-    assert (await claim_one(backend, request(now + 1000, "c"), policy)).outcome is Outcome.LOST
-    await backend.stop()
-    await store.close()
+    async with emulated_idmp(duration_sec=300, max_size=100) as (backend, store):
+        policy = JobPolicy()
+        now = await server_ms(store)
+        assert (await claim_one(backend, request(now, "a"), policy)).outcome is Outcome.WON
+        assert await store.execute("DEL", "cron:sync:runs") == 1
+        assert (await claim_one(backend, request(now + 1000, "b"), policy)).outcome is Outcome.WON
+        assert (await claim_one(backend, request(now + 1000, "c"), policy)).outcome is Outcome.LOST
 
 
 def test_emulated_idmp_forgets_an_id_once_its_duration_passed() -> None:
