@@ -29,8 +29,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import fakeredis
-
 from anarchon import AnarchonError, RedisBackend, RunContext, Scheduler
 
 SCENARIOS_DIR = Path(__file__).resolve().parent.parent / "scenarios"
@@ -272,6 +270,15 @@ def parse(data: dict[str, Any], path: Path | None = None) -> Scenario:
     return scenario
 
 
+class _NoStore:
+    """The client of the backends built only to check settings: they send nothing. (An embedded store here would
+    bring fakeredis and numpy into every live instance process, which reads its scenario as it starts: a third
+    more time to start, which a test of restarts on a loaded machine feels.)"""
+
+    def send(self, command: str, args: list[str], /) -> Any:
+        raise NotImplementedError(f"{command} sent to a backend built to check settings")
+
+
 def _refused_settings(scenario: Scenario) -> str | None:
     """What the library refuses of the scenario's strategy, scheduler and job settings under any strategy, with the
     table it came from: said as the file is read, not as a traceback once a simulation of it runs (and a strategy's
@@ -280,7 +287,7 @@ def _refused_settings(scenario: Scenario) -> str | None:
         where = f"strategies.{strategy}"
         try:
             option: Any = scenario.strategy_option(strategy)  # a name or settings, checked by the backend
-            backend = RedisBackend(redis=fakeredis.FakeAsyncRedis(), strategy=option)
+            backend = RedisBackend(redis=_NoStore(), strategy=option)
             where = "scheduler"
             scheduler = Scheduler(backend, **scenario.scheduler_options(strategy))
             for job in scenario.jobs:
