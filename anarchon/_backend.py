@@ -241,6 +241,12 @@ class RedisBackend(Generic[M]):
         if store is not None:
             await store.close()
 
+    def drop(self) -> None:
+        """Forget the connection without closing it: the event loop it was opened on has closed, and nothing can
+        be sent or closed through it (its sockets close as it is collected). The next start() opens another."""
+        self._store = None
+        self.scheduler = None
+
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}({self._connection_option}={_describe(self._spec)}, "

@@ -198,9 +198,15 @@ class HeartbeatThread:
     def __init__(self, keeper: LeaseKeeper) -> None:
         self.keeper = keeper
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="anarchon-heartbeats", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="anarchon-heartbeats", daemon=True)
         self._thread.start()
         self.submit(keeper.serve())
+
+    def _run(self) -> None:
+        try:
+            self._loop.run_forever()
+        finally:
+            self._loop.close()
 
     def submit(self, coroutine: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop)
@@ -226,10 +232,13 @@ class HeartbeatThread:
         them for the connection to close (blocking: call it from a worker thread in async code). A thread that
         does not end by then (its event loop blocked) is left behind, logged: a daemon thread, it does not hold
         the process up, and it ends once its loop runs again."""
-        self.submit(self._shut_down(timeout / 2))
+        self.end(timeout)
         self._thread.join(timeout)
         if self._thread.is_alive():
             log.error("heartbeats: the heartbeat thread did not end within %.1f s (its event loop is blocked); left "
                       "behind", timeout)  # fmt: skip
-            return
-        self._loop.close()
+
+    def end(self, timeout: float) -> None:
+        """Stop beating, close the thread's connection (within half of ``timeout`` seconds) and end the thread,
+        without waiting for any of it."""
+        self.submit(self._shut_down(timeout / 2))

@@ -525,6 +525,7 @@ class Scheduler(Generic[M]):
         while a stop goes on (one whose caller gave up waiting), it waits for the stop to end, then starts."""
         if self._is_live():  # in a fork's copy, the loop, the tasks and the stop to wait for are the parent's
             _check_same_process(self._started_in)
+        self._forget_an_ended_loop()
         if self._stopping is not None:
             if (caller := _RUN_OF.get()) is not None and caller[0] is self and caller[1].in_user_code:
                 raise SchedulerStateError(
@@ -723,16 +724,7 @@ class Scheduler(Generic[M]):
                 )  # fmt: skip
                 del self._running[token]  # a later start does not hold its lease, nor a later stop wait for it
         self._left_running |= left
-        self._queue.clear()
-        self._claiming, self._round_of = {}, {}
-        self._stepped_back_ms = 0
-        self._due_again = {}
-        self._retrying = set()
-        self._failing = None
-        self._dispatcher = None
-        if self._job_threads is not None:  # a sync job cancelled above may still run: its thread ends with it
-            self._job_threads.shutdown(wait=False)
-            self._job_threads = None
+        self._forget_rounds()
         try:
             await self._stop_keeper()
         finally:  # a heartbeat thread that would not end leaves the connection to close all the same
@@ -741,6 +733,42 @@ class Scheduler(Generic[M]):
             finally:  # a connection that failed to close leaves the backend to the next start all the same
                 self.backend.scheduler = None
         log.info("scheduler %s stopped", self.instance_id)
+
+    def _forget_rounds(self) -> None:
+        """What the dispatcher kept of the claims due and on their way, and the threads of sync jobs (one cut
+        short may still run: its thread ends with it)."""
+        self._queue.clear()
+        self._claiming, self._round_of = {}, {}
+        self._stepped_back_ms = 0
+        self._due_again = {}
+        self._retrying = set()
+        self._failing = None
+        self._dispatcher = None
+        if self._job_threads is not None:
+            self._job_threads.shutdown(wait=False)
+            self._job_threads = None
+
+    def _forget_an_ended_loop(self) -> None:
+        """A scheduler whose event loop closed without stop() (an asyncio.run() that returned, a test's loop) runs
+        nothing: the loop cancelled its tasks as it ended. It is taken as stopped, so that it can start again on
+        another loop. Nothing can reach the store through its connection, which is dropped: the runs the loop's end
+        cut short are not handed back or recorded, and their leases run out (backups take them over, as after a
+        crash)."""
+        loop = self._loop
+        if not self._is_live() or loop is None or not loop.is_closed():
+            return
+        log.warning("scheduler %s: the event loop it started on ended without stop(), and its runs with it (their "
+                    "leases run out, and backups take them over as after a crash); it is stopped now. Await stop() "
+                    "before the loop ends", self.instance_id)  # fmt: skip
+        if self._heartbeats is not None:
+            self._heartbeats.end(STOP_GRACE_S)
+        self._keeper = self._heartbeats = None
+        self._started, self._starting, self._stopping, self._sleeper = False, None, None, None
+        for kept in (self._running, self._tasks, self._left_running, self._naps):
+            kept.clear()
+        self._runs_stopping.clear()
+        self._forget_rounds()
+        self.backend.drop()
 
     async def __aenter__(self) -> Scheduler[M]:
         await self.start()
@@ -809,12 +837,15 @@ class Scheduler(Generic[M]):
     def _own_loop_elsewhere(self, method: str) -> asyncio.AbstractEventLoop | None:
         """The loop the scheduler started on, when the caller runs on another (an app's second loop or thread)
         while the scheduler is starting, started or stopping: its tasks and connection belong to its loop, so
-        such a call is sent there. None otherwise."""
+        such a call is sent there. None otherwise, and when its loop has closed (it is stopped then)."""
         if not self._is_live():
             return None
         _check_same_process(self._started_in)
         loop = self._loop
         if loop is None or _running_loop() is loop:
+            return None
+        if loop.is_closed():
+            self._forget_an_ended_loop()
             return None
         if not loop.is_running():
             raise SchedulerStateError(

@@ -1268,6 +1268,91 @@ def test_a_process_forked_while_the_scheduler_stops_is_told_so_by_start() -> Non
     assert "this process is a fork of it" in answer
 
 
+# Its connection is dropped, not closed (its loop is gone): its sockets close as they are collected, with the
+# warning Python gives of transports left open. The test counts the server's connections instead.
+@pytest.mark.filterwarnings("ignore:unclosed:ResourceWarning", "ignore:loop is closed:ResourceWarning")
+def test_a_scheduler_whose_loop_ended_without_stop_starts_again_on_another(
+    real_server: ServerUnderTest, caplog: pytest.LogCaptureFixture
+) -> None:
+    """asyncio.run() returned (a script's, a test's) with the scheduler started and a run going: the loop cancelled
+    the scheduler's tasks as it closed. Every later start() was refused ("already started") and stop() raised, for
+    the life of the process, and its heartbeat thread and connection stayed. It is taken as stopped: stop() returns,
+    the heartbeat thread ends, start() on another loop schedules again, and the cut-short run's lease is not renewed
+    (a backup takes it over once it runs out)."""
+    scheduler = Scheduler(RedisBackend(redis=real_server.url()), instance_id="a", lease_ms=3000, heartbeat_ms=1000)
+    slots: list[int] = []
+
+    async def job(run: RunContext) -> None:
+        slots.append(run.slot)
+        await asyncio.sleep(60)
+
+    scheduler.add_job("tick", "* * * * * *", job, overlap=True)  # the cut-short run does not hold up the next
+
+    async def until_a_run_has_had_heartbeats() -> None:
+        await scheduler.start()
+        await eventually(lambda: bool(slots), 3)
+        await asyncio.sleep(1.5)
+
+    asyncio.run(until_a_run_has_had_heartbeats())
+    assert slots
+    first = slots[0]
+    heartbeat_threads = [t for t in threading.enumerate() if t.name == "anarchon-heartbeats"]
+    assert len(heartbeat_threads) == 1
+    with caplog.at_level(logging.WARNING, logger="anarchon"):
+        asyncio.run(scheduler.stop())
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [
+        "scheduler a: the event loop it started on ended without stop(), and its runs with it (their leases run out, "
+        "and backups take them over as after a crash); it is stopped now. Await stop() before the loop ends"
+    ]
+    heartbeat_threads[0].join(5)
+    assert not heartbeat_threads[0].is_alive()
+
+    async def again() -> tuple[list[tuple[Outcome, int]], list[int]]:
+        backup = RedisBackend(redis=real_server.url())
+        await backup.start(["tick"])
+        await scheduler.start()
+        try:
+            policy, request = scheduler._policies["tick"], RunRequest("tick", str(first), first, "b", "b")
+            claims: list[tuple[Outcome, int]] = []
+            for _ in range(50):  # the lease it had at the loop's end runs out within 3 s
+                [claim] = await backup.strategy.claim(backup.store, [(request, policy)])
+                assert isinstance(claim, Claim)
+                claims.append((claim.outcome, claim.attempt))
+                if claim.outcome is Outcome.WON:
+                    break
+                await asyncio.sleep(0.1)
+            await eventually(lambda: slots[-1] > first, 3)
+            return claims, slots[1:]
+        finally:
+            await scheduler.stop(0)
+            await backup.stop()
+
+    claims, later = asyncio.run(again())
+    assert claims[0][0] is Outcome.RUNNING  # the cut-short run's lease was live when the scheduler started again
+    assert claims[-1] == (Outcome.WON, 2)
+    assert later
+    assert all(slot > first for slot in later)
+    assert not [t for t in threading.enumerate() if t.name == "anarchon-heartbeats"]
+    gc.collect()
+    with contextlib.closing(redis.Redis.from_url(real_server.url(), protocol=2)) as admin:
+        for _ in range(20):  # the server sees the dropped sockets close within a moment
+            if len(clients := admin.client_list()) == 1:
+                break
+            time.sleep(0.1)
+        assert [c["name"] for c in clients] == [""], clients  # this one: none of the scheduler's is left
+
+
+def test_calls_to_a_scheduler_whose_loop_ended_without_stop_are_answered_as_by_a_stopped_one() -> None:
+    """They raised "called on another event loop … that loop no longer runs" for the life of the process."""
+    scheduler = Scheduler(RedisBackend(redis=fakeredis.FakeAsyncRedis()))
+    scheduler.add_job("tick", "0 0 1 1 *", lambda: None)
+    asyncio.run(scheduler.start())
+    scheduler.add_job("tock", "0 0 1 1 *", lambda: None)  # registered here: no loop to send it to
+    with pytest.raises(SchedulerStateError, match="run_now needs a started scheduler"):
+        asyncio.run(scheduler.run_now("tick"))
+    assert asyncio.run(scheduler.history("tock")) == []  # read through a connection of its own
+
+
 def test_run_off_the_main_thread_is_refused_instead_of_ignoring_signals() -> None:
     """run() stops on SIGINT and SIGTERM, which only the main thread can handle: off it, it blocked for ever."""
     scheduler = Scheduler(RedisBackend(redis=fakeredis.FakeAsyncRedis()))
