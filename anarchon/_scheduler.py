@@ -764,9 +764,8 @@ class Scheduler(Generic[M]):
             self._heartbeats.end(STOP_GRACE_S)
         self._keeper = self._heartbeats = None
         self._started, self._starting, self._stopping, self._sleeper = False, None, None, None
-        for kept in (self._running, self._tasks, self._left_running, self._naps):
+        for kept in (self._running, self._tasks, self._left_running, self._naps, self._runs_stopping):
             kept.clear()
-        self._runs_stopping.clear()
         self._forget_rounds()
         self.backend.drop()
 
