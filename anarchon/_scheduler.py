@@ -115,6 +115,13 @@ JOB_THREADS = 128
 STOPPED = "the scheduler stopped"  # why stop() interrupts the runs still going at its timeout
 LEASE_LOST = "lease lost"  # why the keeper interrupts a run whose lease it could not keep
 
+# Jitter and tokens need draws that differ between processes, not the OS's randomness on every draw: a system
+# call each, which took a tenth of an instance's client time in a burst of claims. One generator seeded by the OS,
+# seeded again in a forked process: one seeded before a fork (gunicorn's preload) would draw the same tokens in
+# every worker, and each would take every run for its own.
+_SEEDED_BY_THE_OS = random.Random()
+os.register_at_fork(after_in_child=_SEEDED_BY_THE_OS.seed)
+
 
 # "early": a claim the store put off to its slot (this clock runs ahead of the store's, another run is live)
 Kind: TypeAlias = Literal["scheduled", "backup", "retry", "early"]
@@ -309,7 +316,7 @@ class Scheduler(Generic[M]):
             isinstance(random, type) or not all(callable(getattr(random, m, None)) for m in methods)
         ):
             raise ConfigTypeError("random", f"got {type(random).__name__}", "a random.Random instance, or None")
-        self.random = _new_random() if random is None else random
+        self.random = _SEEDED_BY_THE_OS if random is None else random
         # A default id names this process; a process forked from it (gunicorn --preload) takes its own at start.
         self._named_by_pid = os.getpid() if instance_id is None else None
         self._name(self._default_id() if instance_id is None else instance_id)
@@ -2028,9 +2035,3 @@ def _check_timeout(value: object, option: str = "timeout") -> float:
 
 def _check_instance_id(value: object) -> str:
     return check_job_name(value, "instance_id")
-
-
-def _new_random() -> random.Random:
-    """The OS's randomness, drawn afresh each time: a seeded generator built before a fork (gunicorn's preload)
-    would draw the same tokens in every worker, and each would take every run for its own."""
-    return random.SystemRandom()

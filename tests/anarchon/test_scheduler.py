@@ -1181,6 +1181,26 @@ def test_a_scheduler_built_before_a_fork_draws_other_tokens_in_each_process(seed
     assert len({token for _, token in drawn}) == 2
 
 
+def _draw(scheduler: Scheduler[Any], drawn: Any) -> None:
+    drawn.put(scheduler.random.getrandbits(64))
+
+
+@pytest.mark.filterwarnings("ignore:.*fork:DeprecationWarning")
+def test_the_default_generator_draws_other_numbers_in_each_forked_process() -> None:
+    """Schedulers share one generator seeded by the OS: a forked process seeds it again, or every worker of a
+    pre-forking server would draw the parent's next numbers (for jitter, and tokens with a given instance_id)."""
+    scheduler = Scheduler(RedisBackend(redis=fakeredis.FakeAsyncRedis()), instance_id="same-in-every-worker")
+    fork = multiprocessing.get_context("fork")
+    drawn = fork.Queue()
+    workers = [fork.Process(target=_draw, args=(scheduler, drawn)) for _ in range(2)]
+    for worker in workers:
+        worker.start()
+    numbers = {drawn.get(timeout=10) for _ in workers}
+    for worker in workers:
+        worker.join(10)
+    assert len(numbers | {scheduler.random.getrandbits(64)}) == 3
+
+
 def _what_a_fork_says(target: Callable[..., None], *args: Any) -> Any:
     """What ``target(*args, said)``, run in a forked child that must exit within 30 s, put on ``said``."""
     fork = multiprocessing.get_context("fork")
