@@ -122,7 +122,7 @@ def judge(
     names = [instance.name for instance in scenario.instances]
 
     healthy: dict[float, bool] = {}  # by slot time: every job with a slot then asks the same
-    shows = {instance.name: _when_clock_shows(scenario, instance) for instance in scenario.instances}
+    shows = {instance.name: _when_clock_shows(instance, fault_windows) for instance in scenario.instances}
 
     def someone_healthy(t: float) -> bool:
         """Whether an instance was healthy from when its clock showed the slot at ``t`` throughout the settling
@@ -181,21 +181,23 @@ def judge(
     )
 
 
-def _when_clock_shows(scenario: Scenario, instance: InstanceSpec) -> Callable[[float], float]:
+def _when_clock_shows(instance: InstanceSpec, fault_windows: Sequence[FaultWindow]) -> Callable[[float], float]:
     """The true time at which ``instance``'s clock first shows the wall time ``t`` (seconds since the run's epoch),
-    from its offset and drift and the scenario's faults that move its clock (skew, drift, late). A clock that
-    jumps over ``t`` shows it at the jump; -1 when it never shows ``t`` before the end."""
+    from its offset and drift and the faults that moved its clock (skew, drift, late) as they struck: one aimed at
+    "winner" moved the clock of the instance it struck, one that struck nobody moved none. A clock that jumps over
+    ``t`` shows it at the jump; -1 when it never shows ``t`` before the end."""
     changes: list[tuple[float, float, float | None]] = []  # (when, the jump in seconds, the new rate or None)
-    for fault in scenario.faults:
-        if fault.instance != instance.name:
+    for window in fault_windows:
+        fault = window.fault
+        if window.instance != instance.name or fault is None:
             continue
-        if fault.kind == "skew":
-            changes.append((fault.at_s, float(fault.settings["offset_ms"]) / 1000, None))
-        elif fault.kind == "late":  # behind for its duration, then back (sim/nemesis.py)
+        if window.kind == "skew":
+            changes.append((window.start, float(fault.settings["offset_ms"]) / 1000, None))
+        elif window.kind == "late":  # behind for its duration, then back (sim/nemesis.py)
             delay_s = float(fault.settings["delay_ms"]) / 1000
-            changes += [(fault.at_s, -delay_s, None), (fault.at_s + fault.duration_s, delay_s, None)]
-        elif fault.kind == "drift":
-            changes.append((fault.at_s, 0.0, 1 + float(fault.settings["drift"])))
+            changes += [(window.start, -delay_s, None), (window.end, delay_s, None)]
+        elif window.kind == "drift":
+            changes.append((window.start, 0.0, 1 + float(fault.settings["drift"])))
     t, shown, rate = 0.0, instance.offset_ms / 1000, 1 + instance.drift
     pieces = []  # (from true time, the clock then, its rate), in order
     for at, jump, new_rate in sorted(changes, key=lambda change: change[0]):

@@ -458,7 +458,7 @@ class LiveRun:
             for strategy in self.strategies:
                 self.windows[strategy].append(FaultWindow(start, end, fault.kind))
             return
-        self.windows[target.strategy].append(FaultWindow(start, end, fault.kind, target.name))
+        self.windows[target.strategy].append(FaultWindow(start, end, fault.kind, target.name, fault=fault))
 
     def _targets(self, fault: FaultSpec) -> list[Instance | None]:
         """The fault's instance in every strategy's group. "winner", as in virtual mode: of the instances up, the

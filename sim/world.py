@@ -45,7 +45,8 @@ class FaultWindow:
     window spans the writes the promoted replica had not received: from the earliest of them to the failover;
     ``lost_writes`` is False when it had received them all (the window is then the failover's instant).
     ``lost_words``, when known, holds the arguments of the commands whose writes the store lost (a lost claim's
-    token is among them); when not (None), every claim acknowledged within the window counts as lost."""
+    token is among them); when not (None), every claim acknowledged within the window counts as lost. ``fault``
+    is the one that struck ``instance`` (its settings say how far a clock fault moved the instance's clock)."""
 
     start: float
     end: float
@@ -53,6 +54,7 @@ class FaultWindow:
     instance: str = ""
     lost_writes: bool = True
     lost_words: frozenset[str] | None = None
+    fault: FaultSpec | None = field(default=None, compare=False)
 
     def hits(self, instance: str, start: float, end: float) -> bool:
         """Whether this fault makes ``instance`` unhealthy (down, paused or cut off) at some moment from ``start``
@@ -478,7 +480,7 @@ class World:
         await nemesis.strike(self, fault, target)
 
     def fault_window(self, fault: FaultSpec, start: float, end: float, target: SimInstance) -> None:
-        self.fault_windows.append(FaultWindow(start, end, fault.kind, target.name))
+        self.fault_windows.append(FaultWindow(start, end, fault.kind, target.name, fault=fault))
 
     def _redirect(self) -> None:
         """Every instance's connection now reaches the current store (Sentinel or DNS would do this)."""

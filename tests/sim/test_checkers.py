@@ -144,9 +144,31 @@ def test_when_a_clock_shows_a_time_follows_its_jumps_and_drift() -> None:
             {"at_s": 40, "kind": "late", "instance": "a", "delay_ms": 10_000, "duration_s": 5},  # 66 s, back to 56
         ],  # and at 45 s (66 s again) forward to 76 s
     })  # fmt: skip
-    shows = _when_clock_shows(scenario, scenario.instances[0])
+    shows = _when_clock_shows(scenario.instances[0], _struck(scenario, "a"))
     walls = (0.5, 1, 11, 21, 31, 43, 50, 60, 70, 80)
     assert [shows(t) for t in walls] == [-1, -1, 10, 20, 25, 30, 32, 37, 45, 47]
+    assert _when_clock_shows(scenario.instances[0], [])(50) == 49  # the faults struck nobody: only the offset
+
+
+def _struck(scenario: Scenario, instance: str) -> list[FaultWindow]:
+    """The windows of the scenario's faults, each as it struck ``instance`` at its time."""
+    return [FaultWindow(f.at_s, f.at_s + f.duration_s, f.kind, instance, fault=f) for f in scenario.faults]
+
+
+def test_a_clock_fault_aimed_at_the_winner_moves_the_clock_of_the_instance_it_struck() -> None:
+    """a's clock, set 5 s back at 30 s by a fault aimed at "winner" that struck a, shows 40 s at 45 s true time:
+    restarted at 44 s after a crash, a owes that slot (b is down throughout), and the slot never ran."""
+    scenario = parse({
+        "name": "unit", "duration_s": 100, "scheduler": {"lease_ms": 3000},
+        "instances": [{"name": "a"}, {"name": "b"}],
+        "jobs": [{"name": "tick", "cron": "*/10 * * * * *", "work_s": 1.0}],
+        "faults": [{"at_s": 30, "kind": "skew", "instance": "winner", "offset_ms": -5000}],
+    })  # fmt: skip
+    history = History(epoch_s=EPOCH_S, executions=_every_slot(skip=40))
+    down = [FaultWindow(0, 100, "crash", "b"), FaultWindow(35, 44, "crash", "a")]
+    assert judge(scenario, "lease", history, [*down, *_struck(scenario, "a")]).verdicts["P2"].status == "invalid"
+    # Had it struck b, a's clock would have shown 40 s while it was down: the slot was owed by nobody.
+    assert judge(scenario, "lease", history, [*down, *_struck(scenario, "b")]).verdicts["P2"].status == "valid"
 
 
 def test_a_slot_still_going_when_the_run_ended_is_not_judged_missed() -> None:
