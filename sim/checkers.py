@@ -159,15 +159,15 @@ def judge(
         "P5": _no_lost_ack(strategy, history, fault_windows),
         "P6": _fencing(history, manual_ordered=strategy == "lease"),
     }
-    # When each run started: its earliest first attempt (a duplicate, attempt 1 too under the claim-only
-    # strategies or after a failover, is P1's to judge), for the slots due after the simulation began (one due
-    # before, or at its first instant, as the instances start, could not have run on time: a scheduler owes the
-    # slots after its start).
+    # When each run started: its earliest execution (a duplicate is P1's to judge), whatever its attempt: a run
+    # whose first attempt never started (its winner crashed first, or handed it back) started when a backup took
+    # it over. For the slots due after the simulation began (one due before, or at its first instant, as the
+    # instances start, could not have run on time: a scheduler owes the slots after its start).
     first = sorted(
         (
-            min((e for e in executions if e.attempt == 1), key=lambda e: e.started)
+            min(executions, key=lambda e: e.started)
             for (_, slot), executions in by_slot.items()
-            if true_s(slot, epoch) > 0 and any(e.attempt == 1 for e in executions)
+            if executions and true_s(slot, epoch) > 0
         ),
         key=lambda e: e.started,
     )
@@ -390,7 +390,7 @@ def lease_margins(history: History, lease_ms: int) -> dict[tuple[str, str], tupl
 
 
 def _allowance_ms(job: JobSpec, strategy: str) -> int:
-    """How long after its slot a first attempt may start: claims come up to jitter_ms after the slot and are
+    """How long after its slot a run may start: claims come up to jitter_ms after the slot and are
     skipped beyond max_late_ms; a catch-up at start (lease only) may run a slot up to catch_up_ms late."""
     defaults = JobOptions()
     max_late = int(job.options.get("max_late_ms", defaults.max_late_ms))

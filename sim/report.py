@@ -520,7 +520,8 @@ def render(results: Results, figure: Callable[[str, bytes], str]) -> str:
         "",
         "## Lateness and lease margins",
         "",
-        "Lateness: a run's start (its earliest first attempt; a duplicate is P1's to judge) − its slot, true time.",
+        "Lateness: a run's start (its earliest execution, of any attempt: one whose first attempt never ran started",
+        "with a backup's; a duplicate is P1's to judge) − its slot, true time.",
         "A run is judged late when it starts later than its job's jitter_ms + max_late_ms (catch_up_ms under lease,",
         "if larger) + 1 s"
         + (" of scenario time (0.2 s live), as the compressed options are." if results.mode == "live" else ".")

@@ -498,6 +498,16 @@ def test_lateness_is_each_runs_first_start_and_a_late_duplicate_does_not_count()
     assert judgement.verdicts["P1"].status == "invalid"
 
 
+def test_a_run_whose_first_attempt_never_started_started_when_a_later_attempt_did() -> None:
+    """Attempt 1 was won but never ran (its winner crashed first, or handed the run back as it stopped): the run
+    started with attempt 2, 7 s after its slot, and counts in the figures and the verdict as that late."""
+    taken_over = [*_every_slot(skip=40), _execution("b", 40, 47, 48, attempt=2)]
+    judgement = _judge(taken_over, max_late_ms=5000)
+    assert (judgement.lateness.figures["runs"], judgement.lateness.figures["max_ms"]) == (9, 7000.0)
+    assert judgement.lateness.status == "invalid"
+    assert judgement.lateness.witness.startswith("late: tick slot at 40 s: b attempt 2")
+
+
 @pytest.mark.parametrize("slot_s", [-10, 0])
 def test_a_slot_due_before_the_run_began_or_as_it_began_is_not_judged_late(slot_s: int) -> None:
     # An instance whose clock is behind runs the slot of -10 s (or of 0 s) at 5 s: no one could have run it on
