@@ -1,19 +1,20 @@
 """Checkers: each reads a run's history and ledger and returns valid / invalid / unknown with a witness.
 
-P1 no duplicate: a slot is executed at most once. The one exception is a lease retry: a later attempt, begun
-   after the earlier one had stopped short of its end (a crash, a lost lease). Under the claim-only strategies,
-   which retry nothing, and for two executions of one lease attempt, a second execution is a duplicate however the
-   first ended.
+P1 no duplicate: a run (a slot's, or a manual one) is executed at most once. The one exception is a lease retry: a
+   later attempt, begun after the earlier one had stopped short of its end (a crash, a lost lease). Under the
+   claim-only strategies, which retry nothing, and for two executions of one lease attempt, a second execution is
+   a duplicate however the first ended.
 P2 no missed slot: every slot due while at least one instance was healthy (up, not paused, not cut off, then
    and throughout a settling time after) has an execution that ran to the end, judged once every fault has healed.
    A slot whose only executions were still going when the run ended may yet have run to its end: unknown.
 P3 no overlap: two runs of a job whose overlap is forbidden never execute at once in true time (a manual run is a
    run of its own, whatever its slot number; two executions of one run are P1's concern).
-P4 lease safety (lease only): no two attempts of one run (two lease holders: two tokens) execute at the same true
-   time, whatever their attempt numbers (after a failover the store can grant attempt 1 twice). Each attempt's
-   margin is reported: its lease expiry as last acknowledged (the true time the last won claim or heartbeat was
-   sent, as the scheduler counts it, plus the lease its reply granted) minus the end of its execution, its last
-   side effect; below 0, it worked past its lease. An execution still going at the run's end has no margin.
+P4 lease safety (lease only): no two attempts of one run, a manual one's too (two lease holders: two tokens),
+   execute at the same true time, whatever their attempt numbers (after a failover the store can grant attempt 1
+   twice). Each attempt's margin is reported: its lease expiry as last acknowledged (the true time the last won
+   claim or heartbeat was sent, as the scheduler counts it, plus the lease its reply granted) minus the end of its
+   execution, its last side effect; below 0, it worked past its lease. An execution still going at the run's end
+   has no margin.
 P5 no lost acknowledged claim: a run whose won claim the store lost (a restart loses every claim won before it,
    a failover those its replica had not received) is not won again by someone else after it (under lease: the
    same attempt, or an earlier one, granted again; a later attempt is a takeover of a lease the store still knew).
@@ -21,10 +22,10 @@ P6 fencing: the fences of a job's executions grow in the order their claims were
    strategies a manual run's fence comes from a stream of its own, documented as not ordered against the slots':
    those of scheduled runs only).
 At one true time, what happened first is what comes first in the history (P5, P6).
-Lateness: every run's first attempt starts (true time) within the job's allowance after its slot: jitter_ms +
-   max_late_ms (or catch_up_ms under lease, if larger: a catch-up is not told apart from a late claim) plus a
-   margin; min / p50 / p99 / max are reported. A start before the slot (an instance's clock ahead) is shown by
-   the min, not judged: every strategy names its slots by the instances' clocks.
+Lateness: every scheduled run starts (its earliest execution, true time) within the job's allowance after its
+   slot: jitter_ms + max_late_ms (or catch_up_ms under lease, if larger: a catch-up is not told apart from a late
+   claim) plus a margin; min / p50 / p99 / max are reported. A start before the slot (an instance's clock ahead)
+   is shown by the min, not judged: every strategy names its slots by the instances' clocks.
 """
 
 from __future__ import annotations
@@ -115,6 +116,10 @@ def judge(
     by_slot: dict[tuple[str, int], list[Execution]] = defaultdict(list)
     for execution in runs:
         by_slot[(execution.job, execution.slot)].append(execution)
+    # P1 and P4 judge every run, a manual one too (a run of its own, never retried by backups)
+    by_run: dict[tuple[str, int, str], list[Execution]] = defaultdict(list)
+    for execution in history.executions:
+        by_run[(execution.job, execution.slot, execution.run)].append(execution)
     lease_s = float(scenario.scheduler.get("lease_ms", DEFAULT_LEASE_MS)) / 1000
     longest = max(job.work_s for job in scenario.jobs)
     jitter_s = max(_jitter_ms(job) for job in scenario.jobs) / 1000  # a claim may come this long after its slot
@@ -150,12 +155,12 @@ def judge(
         lease_margins(history, int(scenario.scheduler.get("lease_ms", DEFAULT_LEASE_MS))) if strategy == "lease" else {}
     )
     verdicts = {
-        "P1": _no_duplicate(strategy, by_slot, epoch),
+        "P1": _no_duplicate(strategy, by_run, epoch),
         "P2": _no_missed(
             by_slot, expected, epoch, _overlapped(history), _attempts(scenario, strategy), nothing_to_judge
         ),
         "P3": _no_overlap(scenario, runs + [e for e in history.executions if e.manual], epoch),
-        "P4": _lease_safety(strategy, by_slot, epoch, margins),
+        "P4": _lease_safety(strategy, by_run, epoch, margins),
         "P5": _no_lost_ack(strategy, history, fault_windows),
         "P6": _fencing(history, manual_ordered=strategy == "lease"),
     }
@@ -237,7 +242,7 @@ def _describe(e: Execution) -> str:
     return f"{e.instance} attempt {e.attempt} [{e.started:.3f} .. {end}] {state}"
 
 
-def _no_duplicate(strategy: str, by_slot: dict[tuple[str, int], list[Execution]], epoch: float) -> Verdict:
+def _no_duplicate(strategy: str, by_run: dict[tuple[str, int, str], list[Execution]], epoch: float) -> Verdict:
     bad = []
 
     def retry(a: Execution, b: Execution) -> bool:
@@ -246,11 +251,11 @@ def _no_duplicate(strategy: str, by_slot: dict[tuple[str, int], list[Execution]]
         won twice: both are duplicates however ``a`` ended."""
         return strategy == "lease" and b.attempt > a.attempt and not a.completed and not a.overlaps(b)
 
-    for (job, slot), executions in sorted(by_slot.items()):
+    for (job, _, _), executions in sorted(by_run.items()):
         in_order = sorted(executions, key=lambda e: e.started)
         pair = next(((a, b) for a, b in itertools.combinations(in_order, 2) if not retry(a, b)), None)
         if pair is not None:
-            bad.append(f"{job} slot at {true_s(slot, epoch):.0f} s: {_describe(pair[0])}; {_describe(pair[1])}")
+            bad.append(f"{job} {_run(pair[0], epoch)}: {_describe(pair[0])}; {_describe(pair[1])}")
     return Verdict("P1", "invalid" if bad else "valid", bad[0] if bad else "", len(bad))
 
 
@@ -324,7 +329,7 @@ def _no_overlap(scenario: Scenario, executions: list[Execution], epoch: float) -
 
 def _lease_safety(
     strategy: str,
-    by_slot: dict[tuple[str, int], list[Execution]],
+    by_run: dict[tuple[str, int, str], list[Execution]],
     epoch: float,
     margins: dict[tuple[str, str], tuple[float, float]],
 ) -> Verdict:
@@ -342,10 +347,10 @@ def _lease_safety(
         return f"{e.instance}'s lease ran out at {expiry:.3f} s, {abs(margin):.0f} ms {when} it stopped"
 
     bad = []
-    for (job, slot), executions in sorted(by_slot.items()):
+    for (job, _, _), executions in sorted(by_run.items()):
         for a, b in itertools.combinations(sorted(executions, key=lambda e: e.started), 2):
             if a.token != b.token and a.overlaps(b):  # two lease holders at once, whatever their attempts
-                bad.append(f"{job} slot at {true_s(slot, epoch):.0f} s: {_describe(a)} overlaps {_describe(b)} "
+                bad.append(f"{job} {_run(a, epoch)}: {_describe(a)} overlaps {_describe(b)} "
                            f"({lease(a)}; {lease(b)})")  # fmt: skip
     values = [margin for margin, _ in margins.values()]
     figures: dict[str, float] = {"attempts": len(values), "past_lease": sum(1 for m in values if m < 0)}

@@ -516,7 +516,7 @@ class LiveRun:
                     history.events.append(Event(**{**record["event"], "t": record["event"]["t"] - self.t0}))
                 elif "start" in record:
                     s = record["start"]
-                    execution = Execution(s["instance"], s["job"], s["slot"], str(s["slot"]), s["attempt"],
+                    execution = Execution(s["instance"], s["job"], s["slot"], s["run"], s["attempt"],
                                           s["fence"], s["token"], s["manual"], s["t"] - self.t0)  # fmt: skip
                     by_token[s["token"]] = execution, s["incarnation"]
                     history.executions.append(execution)

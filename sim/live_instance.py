@@ -107,15 +107,16 @@ async def serve(config: dict[str, Any]) -> None:
         if config["valkey"]
         else RedisBackend(redis=config["url"], **options)
     )
-    backend.strategy = RecordingStrategy(backend.strategy, history, name, time.monotonic)
+    recorder = backend.strategy = RecordingStrategy(backend.strategy, history, name, time.monotonic)
     scheduler: Scheduler[Any] = Scheduler(
         backend, clock=clock, instance_id=name, **scenario.scheduler_options(strategy)
     )
 
     def work(seconds: float) -> Any:
         async def job(run: RunContext) -> None:
-            base = {"instance": name, "job": run.job, "slot": run.slot, "attempt": run.attempt, "fence": run.fence,
-                    "token": run.token, "manual": run.manual, "incarnation": config["incarnation"]}  # fmt: skip
+            base = {"instance": name, "job": run.job, "slot": run.slot, "run": recorder.runs[run.token],
+                    "attempt": run.attempt, "fence": run.fence, "token": run.token, "manual": run.manual,
+                    "incarnation": config["incarnation"]}  # fmt: skip
             history.write({"start": {**base, "t": time.monotonic()}})
             try:
                 await clock.sleep(seconds)  # the instance's seconds, as in virtual mode: a fast clock works faster

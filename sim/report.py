@@ -45,15 +45,15 @@ CHECKER_NAMES = {
 }
 # What each checker asks of a run (sim/checkers.py has the exact rules), for the reader choosing a strategy.
 CHECKER_RULES = {
-    "P1": "A slot runs at most once. Under lease a later attempt, begun after the earlier one stopped short (a crash, "
-    "a lost lease), is a retry, not a duplicate.",
+    "P1": "A slot, or a run_now, runs at most once. Under lease a later attempt, begun after the earlier one stopped "
+    "short (a crash, a lost lease), is a retry, not a duplicate.",
     "P2": "Every slot due while some instance was healthy, from the slot through the time a slot is given to run "
     "(three leases, the jitter, the work and 5 s), runs to its end. A slot that lease skips because the job's "
     "previous run still holds its lease (skipped-overlap, its overlap protection) counts as missed. A run_now is "
     "not a slot: one that lease skips for overlap is not judged here.",
     "P3": "Two runs of a job never execute at once (a job may allow it: none here does); the rates count each "
     "overlapping pair.",
-    "P4": "Lease only: two holders of one run's lease (two tokens) never execute at once.",
+    "P4": "Lease only: two holders of one run's lease (two tokens), a slot's or a run_now's, never execute at once.",
     "P5": "A claim the store acknowledged and then lost (a failover, a restart) is not won again, by another "
     "instance or by a new claim of its own. Judged where a store fault lost writes; elsewhere it holds.",
     "P6": "The fences of a job's runs grow in the order the store accepted their claims, where that order is "

@@ -72,6 +72,28 @@ def test_a_slot_run_again_after_it_had_run_to_the_end_is_a_duplicate_even_if_the
     assert _judge([*_every_slot(skip=40), stopped, retry]).verdicts["P1"].status == "valid"
 
 
+def _manual(e: Execution, tag: str = "x") -> Execution:
+    return replace(e, manual=True, run=f"m{e.slot}-{tag}")
+
+
+@pytest.mark.parametrize("strategy", ["lease", "script"])
+def test_a_manual_run_executed_twice_is_a_duplicate_and_a_slot_of_the_same_number_is_another_run(
+    strategy: str,
+) -> None:
+    """A run_now's run is a run of its own, never retried: a second execution of it is a duplicate (under lease
+    too, and two holders of its lease at once break P4), while a manual run and the scheduled run of the slot its
+    number names are two runs."""
+    once, again = _manual(_execution("a", 45, 45, 47)), _manual(_execution("b", 45, 46, 48))
+    judgement = _judge([*_every_slot(), once, again], strategy=strategy)
+    assert judgement.verdicts["P1"].status == "invalid"
+    assert judgement.verdicts["P1"].witness.startswith("tick manual run at 45 s: a attempt 1 [45.000 .. 47.000]")
+    if strategy == "lease":
+        assert judgement.verdicts["P4"].status == "invalid"
+        assert judgement.verdicts["P4"].witness.startswith("tick manual run at 45 s: a attempt 1")
+    beside_its_slot = _manual(_execution("b", 40, 40.5, 41.5))
+    assert _judge([*_every_slot(), beside_its_slot], strategy=strategy).verdicts["P1"].status == "valid"
+
+
 @pytest.mark.parametrize("strategy", ["stream-id", "idmp", "script"])
 def test_a_claim_only_slot_run_again_after_its_first_run_stopped_early_is_a_duplicate(strategy: str) -> None:
     # These strategies retry nothing: a second execution is a second winning claim (a window that forgot the

@@ -99,7 +99,7 @@ def _log(instance: Instance, *records: dict[str, Any]) -> None:
 
 
 def _started(token: str, t: float, incarnation: int = 1, instance: str = "a") -> dict[str, Any]:
-    start = {"instance": instance, "job": "tick", "slot": 0, "attempt": 1, "fence": 1, "manual": False}
+    start = {"instance": instance, "job": "tick", "slot": 0, "run": "0", "attempt": 1, "fence": 1, "manual": False}
     return {"start": {**start, "token": token, "incarnation": incarnation, "t": t}}
 
 
