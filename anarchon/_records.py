@@ -17,7 +17,8 @@ class RunRecord:
     ``slot`` is the scheduled time (epoch ms), the same on every instance; ``run`` identifies the run in the
     store (the slot for scheduled runs, ``m<ms>-<token>`` for manual ones). Times are epoch ms. In ``history()``:
     the server's clock under the lease strategy, the recording instance's clock under the claim-only strategies.
-    The record ``run_now()`` returns and ``on_run_end`` receives is the running instance's own, on its clock.
+    The record ``run_now()`` returns and ``on_run_end`` receives is the running instance's own, on its clock (a
+    ``run_now`` that lease skipped for overlap returns the store's, as ``history()`` reads it).
     """
 
     job: str

@@ -62,7 +62,7 @@ class Verdict:
 class Judgement:
     verdicts: dict[str, Verdict]  # P1..P6
     slots_checked: int
-    lateness_ms: list[float] = field(default_factory=list)  # first attempts' start - slot
+    lateness_ms: list[float] = field(default_factory=list)  # each scheduled run's earliest start - its slot
     lease_margins_ms: list[float] = field(default_factory=list)  # lease: each attempt's lease expiry - its end
     lateness: Verdict = field(default_factory=lambda: Verdict("lateness", "unknown", "not judged"))
 
@@ -172,7 +172,7 @@ def judge(
         (
             min(executions, key=lambda e: e.started)
             for (_, slot), executions in by_slot.items()
-            if executions and true_s(slot, epoch) > 0
+            if true_s(slot, epoch) > 0
         ),
         key=lambda e: e.started,
     )
@@ -295,7 +295,7 @@ def _no_missed(
 
     unfinished = [(job, slot) for job, slot in expected if not any(e.completed for e in by_slot.get((job, slot), []))]
     # Still going when the run ended: it may yet run to its end.
-    undecided = [key for key in unfinished if any(e.cut_by_end for e in by_slot[key])]
+    undecided = [key for key in unfinished if any(e.cut_by_end for e in by_slot.get(key, []))]
     missed = [key for key in unfinished if key not in undecided]
     if missed:
         skipped = sum(1 for job, slot in missed if (job, run_id(slot)) in overlapped)

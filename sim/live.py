@@ -528,9 +528,6 @@ class LiveRun:
                 if execution.ended is None:  # its process was killed (two may run at once: see Instance.leaving)
                     execution.ended = killed.get(incarnation, self.scenario.duration_s)
                     execution.cut_by_end = incarnation in instance.killed_at_end
-        runs = {e.token: e.run for e in history.events if e.op == "claim"}
-        for execution in history.executions:
-            execution.run = runs.get(execution.token, execution.run)  # a manual run's id is not its slot
         history.events.sort(key=lambda e: e.t)
         history.executions.sort(key=lambda e: e.started)
         return history

@@ -1161,12 +1161,12 @@ def _first_token(scheduler: Scheduler[Any], tokens: Any) -> None:
 
 
 @pytest.mark.filterwarnings("ignore:.*fork:DeprecationWarning")  # Python 3.12+ warns of a fork beside threads
-@pytest.mark.parametrize("seed", [None, 7], ids=["os-random", "seeded"])
+@pytest.mark.parametrize("seed", [None, 7], ids=["default-generator", "seeded"])
 def test_a_scheduler_built_before_a_fork_draws_other_tokens_in_each_process(seed: int | None) -> None:
     """A scheduler built at import time in a pre-forking server (gunicorn --preload), each worker starting its
-    copy: the workers must not share the parent's random state (the OS's is drawn afresh), nor, with a seeded
-    generator, its default instance id (each takes its own at start), or every worker would hold the same
-    tokens and take every run for its own."""
+    copy: the workers must not share its default instance id (each takes its own at start, which tokens mix in),
+    or every worker would hold the same tokens and take every run for its own. That the default generator is
+    seeded again in each worker, for a given instance_id, is the next test's."""
     given = None if seed is None else random.Random(seed)
     scheduler = Scheduler(RedisBackend(redis=fakeredis.FakeAsyncRedis()), random=given)
     fork = multiprocessing.get_context("fork")
