@@ -112,14 +112,12 @@ def judge(
     """Run every checker. ``slack_s`` is added to the time a takeover may take before a slot counts as missed;
     ``late_margin_s`` to a job's lateness allowance (the claim's round trip and the dispatcher's wake-up)."""
     epoch = history.epoch_s
-    runs = [e for e in history.executions if not e.manual]
-    by_slot: dict[tuple[str, int], list[Execution]] = defaultdict(list)
-    for execution in runs:
-        by_slot[(execution.job, execution.slot)].append(execution)
-    # P1 and P4 judge every run, a manual one too (a run of its own, never retried by backups)
+    # P1 and P4 judge every run, a manual one too (a run of its own, never retried by backups); P2 and lateness
+    # the scheduled ones, whose run id is their slot.
     by_run: dict[tuple[str, int, str], list[Execution]] = defaultdict(list)
     for execution in history.executions:
         by_run[(execution.job, execution.slot, execution.run)].append(execution)
+    by_slot = {(job, slot): executions for (job, slot, _), executions in by_run.items() if not executions[0].manual}
     lease_s = float(scenario.scheduler.get("lease_ms", DEFAULT_LEASE_MS)) / 1000
     longest = max(job.work_s for job in scenario.jobs)
     jitter_s = max(_jitter_ms(job) for job in scenario.jobs) / 1000  # a claim may come this long after its slot
@@ -159,7 +157,7 @@ def judge(
         "P2": _no_missed(
             by_slot, expected, epoch, _overlapped(history), _attempts(scenario, strategy), nothing_to_judge
         ),
-        "P3": _no_overlap(scenario, runs + [e for e in history.executions if e.manual], epoch),
+        "P3": _no_overlap(scenario, history.executions, epoch),
         "P4": _lease_safety(strategy, by_run, epoch, margins),
         "P5": _no_lost_ack(strategy, history, fault_windows),
         "P6": _fencing(history, manual_ordered=strategy == "lease"),

@@ -1152,6 +1152,19 @@ async def _virtual_noop(run: RunContext) -> None:
     """A job for virtual time: a coroutine (a sync job's thread would let virtual time jump on)."""
 
 
+def _from_two_forks(target: Callable[[Scheduler[Any], Any], None], scheduler: Scheduler[Any]) -> list[Any]:
+    """What ``target(scheduler, said)`` puts on the queue ``said`` in each of two processes forked from this one."""
+    fork = multiprocessing.get_context("fork")
+    said = fork.Queue()
+    workers = [fork.Process(target=target, args=(scheduler, said)) for _ in range(2)]
+    for worker in workers:
+        worker.start()
+    values = [said.get(timeout=10) for _ in workers]
+    for worker in workers:
+        worker.join(10)
+    return values
+
+
 def _first_token(scheduler: Scheduler[Any], tokens: Any) -> None:
     async def started() -> tuple[str, str]:
         async with scheduler:
@@ -1169,14 +1182,7 @@ def test_a_scheduler_built_before_a_fork_draws_other_tokens_in_each_process(seed
     seeded again in each worker, for a given instance_id, is the next test's."""
     given = None if seed is None else random.Random(seed)
     scheduler = Scheduler(RedisBackend(redis=fakeredis.FakeAsyncRedis()), random=given)
-    fork = multiprocessing.get_context("fork")
-    tokens = fork.Queue()
-    workers = [fork.Process(target=_first_token, args=(scheduler, tokens)) for _ in range(2)]
-    for worker in workers:
-        worker.start()
-    drawn = [tokens.get(timeout=10) for _ in workers]
-    for worker in workers:
-        worker.join(10)
+    drawn = _from_two_forks(_first_token, scheduler)
     assert len({instance_id for instance_id, _ in drawn}) == 2
     assert len({token for _, token in drawn}) == 2
 
@@ -1190,14 +1196,7 @@ def test_the_default_generator_draws_other_numbers_in_each_forked_process() -> N
     """Schedulers share one generator seeded by the OS: a forked process seeds it again, or every worker of a
     pre-forking server would draw the parent's next numbers (for jitter, and tokens with a given instance_id)."""
     scheduler = Scheduler(RedisBackend(redis=fakeredis.FakeAsyncRedis()), instance_id="same-in-every-worker")
-    fork = multiprocessing.get_context("fork")
-    drawn = fork.Queue()
-    workers = [fork.Process(target=_draw, args=(scheduler, drawn)) for _ in range(2)]
-    for worker in workers:
-        worker.start()
-    numbers = {drawn.get(timeout=10) for _ in workers}
-    for worker in workers:
-        worker.join(10)
+    numbers = set(_from_two_forks(_draw, scheduler))
     assert len(numbers | {scheduler.random.getrandbits(64)}) == 3
 
 

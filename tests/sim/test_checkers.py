@@ -72,8 +72,8 @@ def test_a_slot_run_again_after_it_had_run_to_the_end_is_a_duplicate_even_if_the
     assert _judge([*_every_slot(skip=40), stopped, retry]).verdicts["P1"].status == "valid"
 
 
-def _manual(e: Execution, tag: str = "x") -> Execution:
-    return replace(e, manual=True, run=f"m{e.slot}-{tag}")
+def _manual(e: Execution) -> Execution:
+    return replace(e, manual=True, run=f"m{e.slot}-x")
 
 
 @pytest.mark.parametrize("strategy", ["lease", "script"])
