@@ -13,6 +13,12 @@ how much of the lease claim's ratio any script of that server time would cost. P
 measured on each target, and on a cluster of three primaries of the burst's target, batches of each operation
 taking turns, each rate beside the time per claim over pipelined SET NX PX's.
 
+Server instructions: each target's server runs once more under callgrind (valgrind), which counts the
+instructions it executes for a request (reading it, running it, writing the reply; not the kernel's part): per
+``PING``, ``SET NX PX`` and, for each strategy, a won claim, a losing one and (lease) the run's finish. A count is
+not a time: a busy machine barely changes it (two runs agree within about 1 %, 4 % for PING), so these ratios
+hold wherever the same server build runs.
+
 Where the bench may (root), the claim latencies are measured a second time while it holds a request for a CPU
 wake-up latency of 0 µs (``/dev/cpu_dma_latency``): idle CPUs then poll instead of halting. On a virtual machine
 whose guest halts at once when idle, every wait for a reply can end in a wake-up of the vCPU that costs tens of
@@ -26,21 +32,25 @@ import asyncio
 import collections
 import concurrent.futures
 import contextlib
+import functools
 import gc
 import json
 import math
 import multiprocessing
 import os
 import pathlib
+import re
+import shutil
 import struct
 import subprocess
 import sys
+import tempfile
 import time
 import tracemalloc
 import unittest.mock
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import fakeredis
 import redis.asyncio
@@ -52,7 +62,7 @@ from anarchon._store import Store, as_text
 from anarchon._strategies import Claim, JobPolicy, Outcome, RunRequest
 from sim.checkers import percentile
 from sim.live import supported
-from sim.servers import RunningServer, available_targets, start_server
+from sim.servers import RunningServer, available_targets, backend_for, start_server
 
 STRATEGIES = ("lease", "stream-id", "idmp", "script")
 JOBS = 100
@@ -61,6 +71,7 @@ SCRIPT_WINDOW_CLAIMS = 30  # claims in a script job's window while it is measure
 # SPIN: spin a Lua loop ARGV[1] times and nothing else. KEYS: none. Returns 1.
 SPIN = "local x = 0 for i = 1, tonumber(ARGV[1]) do x = x + i end return 1"
 Cleanup = Callable[[], Awaitable[None]] | None
+T = TypeVar("T")
 
 
 def summary(samples_s: Sequence[float]) -> dict[str, float]:
@@ -84,14 +95,7 @@ class ClaimBench:
     async def run(self) -> dict[str, Any]:
         client = redis.asyncio.Redis(host=self.server.host, port=self.server.port, protocol=2)
         store = Store(RedisPyAsync(client), owned=True)
-        backends = {}
-        for strategy in STRATEGIES:
-            if supported(strategy, self.server):
-                backend = make_backend(self.server, client, strategy, f"bench-{strategy}:")
-                await backend.start([f"job{j}" for j in range(JOBS)])
-                backends[strategy] = backend
-        if "script" in backends:
-            await _fill_script_windows(store, backends["script"])
+        backends = await _started_backends(self.server, client, store)
         policy = JobPolicy(lease_ms=30_000, history_size=1000)
         ops: dict[str, Callable[[int], Awaitable[Cleanup]]] = {
             "ping": lambda i: self._ping(store),
@@ -151,12 +155,7 @@ class ClaimBench:
             used_us, calls = used_us + round_us, calls + round_calls
             for request, won in finishes:
                 assert isinstance(won, Claim)
-                record = RunRecord(
-                    job=request.job, run=request.run, slot=request.slot, attempt=won.attempt, status="ok",
-                    runner="bench", token=request.token, fence=won.fence, manual=False, started=request.slot,
-                    ended=request.slot,
-                )  # fmt: skip
-                await backend.strategy.finish(backend.store, request, won, policy, record)
+                await _finish(backend, policy, request, won)
         return used_us / calls
 
     @staticmethod
@@ -168,9 +167,7 @@ class ClaimBench:
         async def claim(i: int) -> Cleanup:
             slot = 1_700_000_000_000 + i // JOBS * 1000
             request = RunRequest(f"job{i % JOBS}", str(slot), slot, f"t{i}", "bench")
-            [won] = await backend.strategy.claim(backend.store, [(request, policy)])
-            if not isinstance(won, Claim) or won.outcome is not Outcome.WON:
-                raise RuntimeError(f"claim {i} on {self.server.target}: {won}")
+            won = await _claim_as(backend, policy, request, Outcome.WON)
             if backend.strategy.name == "script":
 
                 async def keep_the_window() -> None:  # its oldest claim out: SCRIPT_WINDOW_CLAIMS stay
@@ -180,26 +177,32 @@ class ClaimBench:
                 return keep_the_window
             if not backend.leases:
                 return None
-
-            async def finish() -> None:
-                assert isinstance(won, Claim)
-                record = RunRecord(
-                    job=request.job, run=request.run, slot=slot, attempt=won.attempt, status="ok", runner="bench",
-                    token=request.token, fence=won.fence, manual=False, started=slot, ended=slot,
-                )  # fmt: skip
-                await backend.strategy.finish(backend.store, request, won, policy, record)
-
-            return finish
+            return functools.partial(_finish, backend, policy, request, won)
 
         return claim
 
 
-async def _fill_script_windows(store: Store, backend: RedisBackend[Any]) -> None:
+async def _started_backends(
+    server: RunningServer, client: Any, store: Store, jobs: int = JOBS
+) -> dict[str, RedisBackend[Any]]:
+    """A started backend of each strategy the server supports, over jobs ``job0``…; script's windows filled."""
+    backends = {}
+    for strategy in STRATEGIES:
+        if supported(strategy, server):
+            backend = make_backend(server, client, strategy, f"bench-{strategy}:")
+            await backend.start([f"job{j}" for j in range(jobs)])
+            backends[strategy] = backend
+    if "script" in backends:
+        await _fill_script_windows(store, backends["script"], jobs)
+    return backends
+
+
+async def _fill_script_windows(store: Store, backend: RedisBackend[Any], jobs: int) -> None:
     """Give each script job's window its SCRIPT_WINDOW_CLAIMS claims (of earlier slots), which every claim scans."""
     slots = range(1_600_000_000_000, 1_600_000_000_000 + SCRIPT_WINDOW_CLAIMS * 10_000, 10_000)
     await store.execute_many([
         ("XADD", backend.keys.claim(f"job{j}").runs, "*", "slot", slot, "token", "earlier", "runner", "bench")
-        for j in range(JOBS) for slot in slots
+        for j in range(jobs) for slot in slots
     ])  # fmt: skip
 
 
@@ -249,6 +252,120 @@ async def claim_latency(targets: Sequence[str], iterations: int) -> dict[str, An
     return results
 
 
+def server_instructions(targets: Sequence[str], jobs: int) -> dict[str, Any]:
+    """Instructions each target's server executes per operation, counted by callgrind (valgrind): a count, not a
+    time, much the same on a busy machine as on an idle one. Per target: ``PING``, ``SET NX PX`` and, for each
+    strategy, a won claim (with its ratio to SET NX PX), a losing one (another instance's claim of the same run:
+    "running" under lease, "lost" otherwise) and, under lease, the run's finish: one of each on each of ``jobs``
+    jobs, one after the other, after each job's first claim (which makes its keys). What the server does for a
+    request is counted (reading it, running it, writing the reply), not what the kernel does. A target that
+    cannot run under valgrind here gets the reason instead."""
+    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
+        return {target: {"skipped": "valgrind is not installed here"} for target in targets}
+    results: dict[str, Any] = {}
+    for target in targets:
+        if backend_for(target) != "local":
+            results[target] = {"skipped": "it runs in a container here: callgrind counts a local binary"}
+            continue
+        with tempfile.TemporaryDirectory(prefix="anarchon-callgrind-") as dumps:
+            wrapper = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={dumps}/callgrind.out"]
+            # The server's timer work (serverCron) is no request's: once a second instead of ten times.
+            with start_server(target, wrapper=wrapper, extra_args=["--hz", "1"]) as server:
+                pid = server.control.pid if server.control is not None else None
+                assert pid is not None  # a local server process
+                counter = _Callgrind(pid, pathlib.Path(dumps))
+                results[target] = asyncio.run(InstructionBench(server, counter, jobs).run())
+    return results
+
+
+@dataclass
+class _Callgrind:
+    """Reads the instructions a process under callgrind executed between ``zero()`` and ``count()``."""
+
+    pid: int
+    dumps: pathlib.Path
+    _dumped: int = 0
+
+    def zero(self) -> None:
+        subprocess.run(["callgrind_control", "--zero", str(self.pid)], check=True, capture_output=True)
+
+    def count(self) -> int:
+        subprocess.run(["callgrind_control", "--dump", str(self.pid)], check=True, capture_output=True)
+        self._dumped += 1  # callgrind numbers its dumps from 1
+        text = (self.dumps / f"callgrind.out.{self._dumped}").read_text()
+        return int(re.search(r"^totals: (\d+)$", text, re.MULTILINE)[1])  # type: ignore[index]
+
+
+@dataclass
+class InstructionBench:
+    """The requests ``server_instructions`` counts, on one server."""
+
+    server: RunningServer
+    counter: _Callgrind
+    jobs: int
+
+    async def run(self) -> dict[str, Any]:
+        client = redis.asyncio.Redis(host=self.server.host, port=self.server.port, protocol=2)
+        store = Store(RedisPyAsync(client), owned=True)
+        backends = await _started_backends(self.server, client, store, self.jobs)
+        numbers = range(self.jobs)
+        _, ping = await self._per_op([functools.partial(store.execute, "PING") for _ in numbers])
+        _, set_nx_px = await self._per_op([
+            functools.partial(store.execute, "SET", f"bench-lock:{j}", "token", "NX", "PX", 30_000) for j in numbers
+        ])  # fmt: skip
+        result: dict[str, Any] = {"ping": ping, "set_nx_px": set_nx_px}
+        for strategy, backend in backends.items():
+            result[strategy] = await self._strategy(backend)
+            result[strategy]["ratio_to_set_nx_px"] = round(result[strategy]["claim"] / result["set_nx_px"], 1)
+            await backend.stop()
+        await store.close()
+        return result
+
+    async def _strategy(self, backend: RedisBackend[Any]) -> dict[str, Any]:
+        policy = JobPolicy(lease_ms=30_000, history_size=1000)
+        lost = Outcome.RUNNING if backend.leases else Outcome.LOST
+        figures: dict[str, Any] = {}
+        for slot in (1_700_000_000_000, 1_700_000_060_000):  # the second's figures: first claims made the keys
+            requests = [RunRequest(f"job{j}", str(slot), slot, f"t{slot}-{j}", "bench") for j in range(self.jobs)]
+            rivals = [request._replace(token=f"{request.token}-2", runner="bench-2") for request in requests]
+            claims, figures["claim"] = await self._per_op([
+                functools.partial(_claim_as, backend, policy, request, Outcome.WON) for request in requests
+            ])  # fmt: skip
+            _, figures["losing_claim"] = await self._per_op([
+                functools.partial(_claim_as, backend, policy, rival, lost) for rival in rivals
+            ])  # fmt: skip
+            if backend.leases:
+                _, figures["finish"] = await self._per_op([
+                    functools.partial(_finish, backend, policy, request, claim)
+                    for request, claim in zip(requests, claims, strict=True)
+                ])  # fmt: skip
+        return figures
+
+    async def _per_op(self, steps: Sequence[Callable[[], Awaitable[T]]]) -> tuple[list[T], int]:
+        """Run the steps one after the other: their results, and the instructions the server executed per step."""
+        self.counter.zero()
+        results = [await step() for step in steps]
+        return results, round(self.counter.count() / len(steps))
+
+
+async def _claim_as(backend: RedisBackend[Any], policy: JobPolicy, request: RunRequest, expected: Outcome) -> Claim:
+    """Claim a run; its answer, which must be ``expected``."""
+    [answer] = await backend.strategy.claim(backend.store, [(request, policy)])
+    if not isinstance(answer, Claim) or answer.outcome is not expected:
+        raise RuntimeError(f"{backend.strategy.name} claim of {request}: {answer}, not {expected}")
+    return answer
+
+
+async def _finish(backend: RedisBackend[Any], policy: JobPolicy, request: RunRequest, claim: Claim) -> None:
+    """Record the run as the scheduler would: ok, begun and ended at its slot."""
+    record = RunRecord(
+        job=request.job, run=request.run, slot=request.slot, attempt=claim.attempt, status="ok",
+        runner=request.runner, token=request.token, fence=claim.fence, manual=False, started=request.slot,
+        ended=request.slot,
+    )  # fmt: skip
+    await backend.strategy.finish(backend.store, request, claim, policy, record)
+
+
 def burst(target: str, jobs: int, instances: int = 3) -> dict[str, Any]:
     """``jobs`` jobs due in the same second across ``instances`` scheduler processes on one server: is every one
     started exactly once, and how late (start - slot, on the machine's clock)?"""
@@ -272,6 +389,7 @@ def burst(target: str, jobs: int, instances: int = 3) -> dict[str, Any]:
             # Registering the jobs and starting takes each process a moment: 0.6 s for 200 jobs on 2 busy cores.
             due_in = 2 + jobs // 2000
             slot_ms = math.ceil(time.time() + due_in) * 1000
+            cpu_before_s = _cpu_seconds(server)
             for process in processes:
                 assert process.stdin is not None
                 process.stdin.write(f"{slot_ms}\n")
@@ -282,6 +400,7 @@ def burst(target: str, jobs: int, instances: int = 3) -> dict[str, Any]:
                 if process.returncode:
                     raise RuntimeError(f"a burst instance exited with {process.returncode}")
                 runs.extend((job, slot, late) for job, slot, late in json.loads(output))
+            server_cpu_s = _cpu_seconds(server) - cpu_before_s
         finally:
             for process in processes:
                 if process.poll() is None:  # left behind by an error above
@@ -299,7 +418,16 @@ def burst(target: str, jobs: int, instances: int = 3) -> dict[str, Any]:
         "other_slots": sum(1 for _, slot, _ in runs if slot != slot_ms),  # a process that began after the slot
         "lateness_p50_ms": round(percentile(lateness, 50), 1) if lateness else None,
         "lateness_p99_ms": round(percentile(lateness, 99), 1) if lateness else None,
+        # From the slot until every instance stopped: the claims, the finishes and the instances' stops.
+        "server_cpu_s": round(server_cpu_s, 2),
     }
+
+
+def _cpu_seconds(server: RunningServer) -> float:
+    """CPU time the server has used so far (user and system), by its INFO."""
+    with redis.Redis(host=server.host, port=server.port, protocol=2) as client:
+        cpu = client.info("cpu")
+    return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
 
 
 def scheduler_memory(jobs: int = 1000) -> dict[str, Any]:
@@ -591,6 +719,20 @@ def print_claims(results: dict[str, Any]) -> None:
                 print(f"{target:<10} {op:<10} {row['p50_us']:>8} {row['p99_us']:>8} {ratio!s:>16} {server!s:>10}")
 
 
+def print_instructions(results: dict[str, Any]) -> None:
+    print(f"{'target':<10} {'op':<24} {'instructions':>12} {'/ SET NX PX':>12}")
+    for target, ops in results.items():
+        if "skipped" in ops:
+            print(f"{target:<10} skipped: {ops['skipped']}")
+            continue
+        for op, figures in ops.items():
+            rows = figures.items() if isinstance(figures, dict) else [("", figures)]
+            for kind, count in rows:
+                if kind != "ratio_to_set_nx_px":
+                    ratio = figures.get("ratio_to_set_nx_px", "") if kind == "claim" else ""
+                    print(f"{target:<10} {f'{op} {kind}'.strip():<24} {count:>12,} {ratio!s:>12}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sim.bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer iterations, a smaller burst")
@@ -635,6 +777,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             print_claims(polled)
         else:
             print("(no second table: holding /dev/cpu_dma_latency needs root)")
+    instructions = server_instructions(targets, 100 if args.quick else 1000)
+    keep("server_instructions", instructions)
+    print("instructions the server executes per operation (callgrind: much the same on a busy machine):")
+    print_instructions(instructions)
     pipelined = 5_000 if args.quick else 50_000
     keep("pipelined", asyncio.run(pipelined_claims(targets, pipelined)), "pipelined claims per second")
     burst_target = "redis-7" if "redis-7" in targets else targets[0]

@@ -80,7 +80,7 @@ def available_targets() -> tuple[str, ...]:
 
 @contextlib.contextmanager
 def _start_local(
-    spec: TargetSpec, *, replica: bool, cluster: bool, extra_args: Sequence[str]
+    spec: TargetSpec, *, replica: bool, cluster: bool, extra_args: Sequence[str], wrapper: Sequence[str]
 ) -> Iterator[RunningServer]:
     found = installed(spec.name, verify=False)
     if found is None:
@@ -98,6 +98,7 @@ def _start_local(
                 directory=root / name,
                 args=[*args, *more],
                 cluster_bus=cluster,
+                wrapper=wrapper,
             )
             handles.append(handle)
             return handle
@@ -149,7 +150,12 @@ def _start_local(
 
 
 def start_server(
-    target: str, *, replica: bool = False, cluster: bool = False, extra_args: Sequence[str] = ()
+    target: str,
+    *,
+    replica: bool = False,
+    cluster: bool = False,
+    extra_args: Sequence[str] = (),
+    wrapper: Sequence[str] = (),
 ) -> contextlib.AbstractContextManager[RunningServer]:
     """Start a throwaway server of `target` on a free loopback port; everything is removed on exit.
 
@@ -157,6 +163,8 @@ def start_server(
     - `cluster=True` makes it the first of a Redis Cluster's three primaries, each owning a third of the 16384
       slots (`.shards`), returned once every node reports `cluster_state:ok`; a replica replicates the first.
     - `extra_args` are appended to the server's command line (e.g. `["--maxmemory", "10mb"]`).
+    - `wrapper` is a command the server runs under, which must keep its process id (e.g. `["valgrind",
+      "--tool=callgrind"]`); local binaries only.
 
     No persistence (`save ""`, `appendonly no`), bound to 127.0.0.1. Local binaries come from
     `python -m sim.servers provision`; with $ANARCHON_SERVERS=docker (or `auto` and the binary missing) the
@@ -166,5 +174,7 @@ def start_server(
         raise ValueError("`fake` is the in-process store (fakeredis.FakeServer); it has no server process")
     spec = spec_of(target)
     if backend_for(target) == "docker":
+        if wrapper:
+            raise ServerError(f"{target} runs in a container here: a wrapper ({wrapper[0]}) runs local binaries only")
         return start_docker(spec, replica=replica, cluster=cluster, extra_args=extra_args)
-    return _start_local(spec, replica=replica, cluster=cluster, extra_args=extra_args)
+    return _start_local(spec, replica=replica, cluster=cluster, extra_args=extra_args, wrapper=wrapper)

@@ -193,6 +193,7 @@ class ServerProcess:
         directory: Path,
         port: int,
         args: Sequence[str],
+        wrapper: Sequence[str] = (),
     ) -> None:
         self.target = target
         self.binary = binary
@@ -201,6 +202,7 @@ class ServerProcess:
         self.host = HOST
         self.port = port
         self.args = tuple(args)
+        self.wrapper = tuple(wrapper)
         self._proc: subprocess.Popen[bytes] | None = None
         self._paused = False
 
@@ -231,6 +233,7 @@ class ServerProcess:
 
     def command(self) -> list[str]:
         return [
+            *self.wrapper,
             str(self.binary),
             "--port",
             str(self.port),
@@ -388,6 +391,7 @@ def start_process(
     args: Sequence[str],
     cluster_bus: bool = False,
     attempts: int = 8,
+    wrapper: Sequence[str] = (),
 ) -> ServerProcess:
     """Start a server on a fresh free port, picking another port when the chosen one is taken meanwhile."""
     last: BindError | None = None
@@ -399,6 +403,7 @@ def start_process(
             directory=directory,
             port=pick_port(cluster_bus=cluster_bus),
             args=args,
+            wrapper=wrapper,
         )
         try:
             handle.start()
