@@ -168,12 +168,14 @@ class Script:
     sha: str
 
     @classmethod
-    def load(cls, name: str, *, prelude: str | None = None) -> Script:
-        """Load ``_lua/<name>.lua``, after ``_lua/<prelude>.lua`` when given (shared local functions)."""
-        source = _lua_source(name)
-        if prelude:
-            source = _lua_source(prelude) + "\n" + source
+    def load(cls, name: str) -> Script:
+        """Load ``_lua/<name>.lua``; a line ``-- include: <other>`` in it stands for ``_lua/<other>.lua`` (shared
+        local functions: a script sent to Redis cannot include another)."""
+        source = _INCLUDE.sub(lambda line: _lua_source(line[1]), _lua_source(name))
         return cls(name, source, hashlib.sha1(source.encode()).hexdigest())
+
+
+_INCLUDE = re.compile(r"^-- include: (\w+)$", re.MULTILINE)
 
 
 def _lua_source(name: str) -> str:

@@ -1,5 +1,5 @@
 -- lease claim: decide who runs one run of a job; the answers follow the documented flowchart.
--- KEYS[1..5]  the job's state, active, slots, runs, results keys (see lease_lib)
+-- KEYS[1..5]  the job's state, active, slots, runs, results keys (see lease_state)
 -- ARGV[1]  run id: the slot (epoch ms) for a scheduled run, "m<slot>-<tag>" for a manual one
 -- ARGV[2]  token of this attempt     ARGV[3] runner (instance id)
 -- ARGV[4]  lease_ms                  ARGV[5] max_attempts          ARGV[6] overlap allowed: "1" or "0"
@@ -23,13 +23,27 @@
 --   "done"     the run finished, was skipped, or used up its attempts (then it was recorded as interrupted),
 --              or trim has forgotten it: its slot is not after the job's "forgotten" slot (attempt and fence 0),
 --              or the caller's own attempt has handed it back (this is a copy of its claim that came late)
+-- include: lease_state
 local run, token, runner = ARGV[1], ARGV[2], ARGV[3]
-local lease_ms, max_attempts, overlap_allowed = tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6] == '1'
-local slot, manual = run_slot(run)
 
 local function reply(answer, attempt, fence, lease_ms_left)
   return answer .. ' ' .. attempt .. ' ' .. fence .. ' ' .. lease_ms_left
 end
+
+local r, job_fence, forgotten = load_run(run, true)
+-- A backup's claim of a run another attempt holds with a live lease: where instances share jobs, every one
+-- asks for every run and all but one are told this. Answered before the functions that end runs are defined
+-- (lease_close below), which would cost such a claim about a third more.
+if r and r.status == 'running' and r.token ~= token then
+  local now = server_now()
+  if r.lease_end > now then
+    return reply('running', r.attempt, r.fence, r.lease_end - now)
+  end
+end
+
+-- include: lease_close
+local lease_ms, max_attempts, overlap_allowed = tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6] == '1'
+local slot, manual = run_slot(run)
 
 -- The other run of the job whose lease, live at `now`, ends last, and that end (nil if none): when a claim that
 -- waits for the job's other runs can go ahead. The same whatever order SMEMBERS lists them in (sorted for an
@@ -50,7 +64,6 @@ local function live_other(now)
 end
 
 -- Decide whether this claim starts an attempt; every other answer returns on the way.
-local r, job_fence, forgotten = load_run(run, true)
 local attempt -- the attempt this claim starts
 local now -- the server's ms (TIME), read only where an answer depends on it (see also the attempt's start)
 if not r then

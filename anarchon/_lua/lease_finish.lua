@@ -1,9 +1,11 @@
 -- lease finish: record how the caller's attempt ended and release the run.
--- KEYS[1..5]  the job's state, active, slots, runs, results keys (see lease_lib)
+-- KEYS[1..5]  the job's state, active, slots, runs, results keys (see lease_state)
 -- ARGV[1] run id    ARGV[2] token of the caller's attempt
 -- ARGV[3] status: "ok" | "error" | "interrupted"    ARGV[4] message as a JSON literal ('null' or "…")
 -- ARGV[5] history_size    ARGV[6] keep_ms    ARGV[7] history_ttl_ms ("0": none)
 -- returns 1 if recorded, 0 if refused (not the current attempt's token, or the run already ended)
+-- include: lease_state
+-- include: lease_close
 local run, token = ARGV[1], ARGV[2]
 local r = load_run(run)
 if not r or r.status ~= 'running' or r.token ~= token then

@@ -1,9 +1,10 @@
 -- lease heartbeat: push the lease end of the caller's attempt forward.
--- KEYS[1..5]  the job's state, active, slots, runs, results keys (see lease_lib)
+-- KEYS[1..5]  the job's state, active, slots, runs, results keys (see lease_state)
 -- ARGV[1] run id    ARGV[2] token of the caller's attempt    ARGV[3] lease_ms
 -- returns the lease ms left after the extension, or 0 when refused: the token is not the current attempt's
 -- (a backup took over), the run is no longer running, or the attempt handed it back (a negative lease end:
 -- this heartbeat was sent before the hand-back and arrived after it).
+-- include: lease_state
 local run, token, lease_ms = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local r = load_run(run)
 if not r or r.status ~= 'running' or r.token ~= token or r.lease_end < 0 then

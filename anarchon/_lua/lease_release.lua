@@ -5,9 +5,10 @@
 -- from this moment), and marked handed back. A heartbeat the caller sent before this (from its heartbeat
 -- thread, on another connection) that arrives after it is refused instead of taking the lease back for another
 -- lease_ms, and the takeover's record says the run was handed back. Older versions read it as expired.
--- KEYS[1..5]  the job's state, active, slots, runs, results keys (see lease_lib)
+-- KEYS[1..5]  the job's state, active, slots, runs, results keys (see lease_state)
 -- ARGV[1] run id    ARGV[2] token of the caller's attempt
 -- returns 1 if released, 0 if refused (not the current attempt's token, or the run already ended)
+-- include: lease_state
 local run, token = ARGV[1], ARGV[2]
 local r = load_run(run)
 if not r or r.status ~= 'running' or r.token ~= token then

@@ -1,5 +1,5 @@
 -- lease skip: record that a run was skipped (claimed too late) unless some instance already claimed it.
--- KEYS[1..5]  the job's state, active, slots, runs, results keys (see lease_lib)
+-- KEYS[1..5]  the job's state, active, slots, runs, results keys (see lease_state)
 -- ARGV[1] run id    ARGV[2] token    ARGV[3] runner    ARGV[4] status ("skipped-late")
 -- ARGV[5] message as a JSON literal    ARGV[6] history_size    ARGV[7] keep_ms    ARGV[8] history_ttl_ms
 -- ARGV[9] late_after_ms: the job's jitter_ms + max_late_ms
@@ -12,6 +12,8 @@
 --   start it) is handed back, as lease_release does, and 0 returned: instances that claimed it meanwhile were
 --   told it was running and stand by to take it over, as after a crash. With none, trim closes it once keep_ms
 --   has passed ("abandoned: handed back").
+-- include: lease_state
+-- include: lease_close
 local run, token = ARGV[1], ARGV[2]
 local now = server_now()
 local r = load_run(run)

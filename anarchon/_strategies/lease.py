@@ -16,11 +16,11 @@ from .._records import RunRecord, Status
 from .._store import Reply, Script, ScriptCall, ServerInfo, Store, as_text
 from ._base import OUTCOMES, Claim, JobPolicy, RunRequest, read_history
 
-CLAIM = Script.load("lease_claim", prelude="lease_lib")
-HEARTBEAT = Script.load("lease_heartbeat", prelude="lease_lib")
-FINISH = Script.load("lease_finish", prelude="lease_lib")
-RELEASE = Script.load("lease_release", prelude="lease_lib")
-SKIP = Script.load("lease_skip", prelude="lease_lib")
+CLAIM = Script.load("lease_claim")
+HEARTBEAT = Script.load("lease_heartbeat")
+FINISH = Script.load("lease_finish")
+RELEASE = Script.load("lease_release")
+SKIP = Script.load("lease_skip")
 SINCE = Script.load("lease_since")
 
 
