@@ -25,7 +25,7 @@ class Unpredictable(Exception):
 
 
 def run_slot(run: str) -> int:
-    """The slot a run id carries (lease_lib.lua's run_slot): ``"<slot>"`` or ``"m<slot>-<tag>"``."""
+    """The slot a run id carries (lease_state.lua's run_slot): ``"<slot>"`` or ``"m<slot>-<tag>"``."""
     return int(run[1:].partition("-")[0]) if run.startswith("m") else int(run)
 
 
