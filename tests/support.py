@@ -131,14 +131,18 @@ class Recording:
         await self.inner.close()
 
 
-def glide(*, cluster: bool, protocol: ProtocolVersion) -> Callable[[RunningServer], Any]:
-    """A factory of GLIDE clients (standalone or cluster) speaking ``protocol``."""
+def glide(
+    *, cluster: bool, protocol: ProtocolVersion, request_timeout_ms: int | None = None
+) -> Callable[[RunningServer], Any]:
+    """A factory of GLIDE clients (standalone or cluster) speaking ``protocol``; GLIDE's request timeout (250 ms)
+    unless ``request_timeout_ms`` is given."""
     client, configuration = (GlideClusterClient, GlideClusterClientConfiguration) if cluster else (
         GlideClient, GlideClientConfiguration,
     )  # fmt: skip
 
     async def make(server: RunningServer) -> Any:
-        return await client.create(configuration([NodeAddress(server.host, server.port)], protocol=protocol))
+        address = NodeAddress(server.host, server.port)
+        return await client.create(configuration([address], protocol=protocol, request_timeout=request_timeout_ms))
 
     return make
 
