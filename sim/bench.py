@@ -149,12 +149,10 @@ class ClaimBench:
             finishes = []
             for j in range(JOBS):
                 request = RunRequest(f"job{j}", str(slot), slot, f"calibrate-{round_}-{j}", "bench")
-                [won] = await backend.strategy.claim(backend.store, [(request, policy)])
-                finishes.append((request, won))
+                finishes.append((request, await _claim_as(backend, policy, request, Outcome.WON)))
             round_us, round_calls = await _evalsha_stats(store)
             used_us, calls = used_us + round_us, calls + round_calls
             for request, won in finishes:
-                assert isinstance(won, Claim)
                 await _finish(backend, policy, request, won)
         return used_us / calls
 
@@ -271,9 +269,8 @@ def server_instructions(targets: Sequence[str], jobs: int) -> dict[str, Any]:
             wrapper = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={dumps}/callgrind.out"]
             # The server's timer work (serverCron) is no request's: once a second instead of ten times.
             with start_server(target, wrapper=wrapper, extra_args=["--hz", "1"]) as server:
-                pid = server.control.pid if server.control is not None else None
-                assert pid is not None  # a local server process
-                counter = _Callgrind(pid, pathlib.Path(dumps))
+                assert server.pid is not None  # a local server process
+                counter = _Callgrind(server.pid, pathlib.Path(dumps))
                 results[target] = asyncio.run(InstructionBench(server, counter, jobs).run())
     return results
 
@@ -309,10 +306,8 @@ class InstructionBench:
         store = Store(RedisPyAsync(client), owned=True)
         backends = await _started_backends(self.server, client, store, self.jobs)
         numbers = range(self.jobs)
-        _, ping = await self._per_op([functools.partial(store.execute, "PING") for _ in numbers])
-        _, set_nx_px = await self._per_op([
-            functools.partial(store.execute, "SET", f"bench-lock:{j}", "token", "NX", "PX", 30_000) for j in numbers
-        ])  # fmt: skip
+        _, ping = await self._per_op([functools.partial(ClaimBench._ping, store) for _ in numbers])
+        _, set_nx_px = await self._per_op([functools.partial(ClaimBench._set_nx_px, store, j) for j in numbers])
         result: dict[str, Any] = {"ping": ping, "set_nx_px": set_nx_px}
         for strategy, backend in backends.items():
             result[strategy] = await self._strategy(backend)
@@ -425,8 +420,7 @@ def burst(target: str, jobs: int, instances: int = 3) -> dict[str, Any]:
 
 def _cpu_seconds(server: RunningServer) -> float:
     """CPU time the server has used so far (user and system), by its INFO."""
-    with redis.Redis(host=server.host, port=server.port, protocol=2) as client:
-        cpu = client.info("cpu")
+    cpu = server.info("cpu")
     return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
 
 
