@@ -31,11 +31,12 @@ local function reply(answer, attempt, fence, lease_ms_left)
 end
 
 local r, job_fence, forgotten = load_run(run, true)
+local now -- the server's ms (TIME), read only where an answer depends on it (see also the attempt's start)
 -- A backup's claim of a run another attempt holds with a live lease: where instances share jobs, every one
 -- asks for every run and all but one are told this. Answered before the functions that end runs are defined
 -- (lease_close below), which would cost such a claim about a third more.
 if r and r.status == 'running' and r.token ~= token then
-  local now = server_now()
+  now = server_now()
   if r.lease_end > now then
     return reply('running', r.attempt, r.fence, r.lease_end - now)
   end
@@ -65,7 +66,6 @@ end
 
 -- Decide whether this claim starts an attempt; every other answer returns on the way.
 local attempt -- the attempt this claim starts
-local now -- the server's ms (TIME), read only where an answer depends on it (see also the attempt's start)
 if not r then
   if tonumber(slot) <= forgotten then -- ended long ago and forgotten: this claim comes later than keep_ms allows
     return reply('done', 0, 0, 0)
@@ -118,7 +118,7 @@ else
     end
     return reply('done', r.attempt, r.fence, 0)
   end
-  now = server_now()
+  now = now or server_now() -- read above when another attempt holds the run
   -- The lease end of another run of the job that is live now (nil if none, or if overlap is allowed): a retried
   -- claim whose lease ran out waits for it, and so does a takeover.
   local function live_other_end()
