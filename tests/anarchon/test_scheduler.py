@@ -507,7 +507,9 @@ async def test_claims_failing_through_an_outage_take_a_few_lines_of_the_log(
                          r"0\.5 s", first)  # fmt: skip
     assert together or alone, first
     first_count = int(together[1]) if together else 1
-    assert first_count == 20 if not jitter_ms else first_count < 5, first  # jitter spreads the claims out
+    # Jitter spreads the claims over 0.9 s: at most half fail together, however long (up to 0.4 s) a loaded machine
+    # holds the loop up.
+    assert first_count == 20 if not jitter_ms else first_count <= 10, first
     total = re.fullmatch(r"claims of (\d+) runs failed in the last \d+\.\d s \(link: the link to the store is cut\); "
                          r"retrying: (.*), and (\d+) more", rest)  # fmt: skip
     assert total, rest
@@ -881,21 +883,23 @@ def test_a_run_is_told_its_scheduled_time_in_the_job_s_time_zone(zone: str | Zon
     """A job at 09:30 in Europe/Berlin (08:30 UTC in January) sees 09:30 there: the time its cron fields name,
     whether the zone is given by its name or as a ZoneInfo."""
 
-    async def main() -> list[datetime]:
+    async def main() -> tuple[list[datetime], list[int]]:
         scheduler = _virtual_instance(fakeredis.FakeServer(), "a")
         seen: list[datetime] = []
+        slots: list[int] = []
 
         async def report(run: RunContext) -> None:
             seen.append(run.scheduled_at)
-            assert run.scheduled_at.timestamp() * 1000 == run.slot
+            slots.append(run.slot)
 
         scheduler.add_job("report", "30 9 * * *", report, timezone=zone)
         scheduler.add_job("utc", "30 8 * * *", report)
         await _run_for([scheduler], 3600)
-        return seen
+        return seen, slots
 
-    seen = run_virtual(main(), epoch_s=VIRTUAL_EPOCH_S, seed=1)  # 2027-01-15 08:00 UTC
+    seen, slots = run_virtual(main(), epoch_s=VIRTUAL_EPOCH_S, seed=1)  # 2027-01-15 08:00 UTC
     assert {(str(at.tzinfo), at.hour, at.minute) for at in seen} == {("Europe/Berlin", 9, 30), ("UTC", 8, 30)}
+    assert [at.timestamp() * 1000 for at in seen] == slots  # the very instant of the slot
     assert seen[0] == seen[1]  # one instant
 
 
@@ -1755,20 +1759,24 @@ async def test_a_sync_job_cut_short_by_stop_is_handed_back_only_if_it_gave_up(
     running on its thread cannot be cancelled: handed back, the run would start again on a backup beside it; it is
     recorded interrupted instead, and no backup runs it."""
     starts: list[tuple[str, int]] = []
+    runs: list[RunContext] = []
     started = threading.Event()
-    looks = kind == "gives-up"
-    steps = {"gives-up": 30, "ends": 3, "runs-on": 30}[kind]  # of 50 ms each
+    let_go = threading.Event()  # the last step of a job that never looks ends when the test says
 
     def job_of(name: str) -> Callable[[RunContext], None]:
         def job(run: RunContext) -> None:
             starts.append((name, run.attempt))
+            runs.append(run)
             started.set()
             if run.attempt > 1:
                 return
-            for _ in range(steps):
-                if looks and run.lease_is_lost:
-                    return
-                time.sleep(0.05)
+            if kind == "gives-up":
+                for _ in range(200):  # steps of 50 ms, looking between them
+                    if run.lease_is_lost:
+                        return
+                    time.sleep(0.05)
+            else:
+                let_go.wait(10)
 
         return job
 
@@ -1782,7 +1790,12 @@ async def test_a_sync_job_cut_short_by_stop_is_handed_back_only_if_it_gave_up(
     assert await asyncio.to_thread(started.wait, 10)
     [(winner, _)] = starts
     other = "b" if winner == "a" else "a"
-    await schedulers[winner].stop(timeout=0.1)
+    stopping = asyncio.ensure_future(schedulers[winner].stop(timeout=0.1))
+    if kind == "ends":  # its last step ends just after the interruption (read without the job's looking)
+        await eventually(lambda: asyncio.Event.is_set(runs[0].lease_lost), 5)
+        let_go.set()
+    await stopping
+    let_go.set()  # runs-on: its thread ends only once stop() has returned
     await asyncio.sleep(2.0)  # past the lease: a backup would have taken a handed-back run over
     history = await schedulers[other].history("job", 5)
     for scheduler in schedulers.values():
@@ -2251,11 +2264,13 @@ async def test_a_claim_whose_answer_never_came_is_handed_back_when_stop_begins(t
     finally:
         await scheduler.stop()
     states = await target.raw("HGETALL", "{cron:tick}:state")
-    held = {
-        run: value for run, value in zip(states[::2], states[1::2], strict=True)
-        if run.isdigit() and int(run) > lost_from and value.startswith("running") and int(value.split("|")[4]) > 0
+    lease_ends = {
+        run: int(value.split("|")[4]) for run, value in zip(states[::2], states[1::2], strict=True)
+        if run.isdigit() and int(run) > lost_from and value.startswith("running")
     }  # fmt: skip
-    assert held == {}  # a run handed back keeps its state, its lease end negated
+    # The lost claim had won: handed back, its run keeps its state with its lease end negated; none holds a lease.
+    assert lease_ends
+    assert all(end < 0 for end in lease_ends.values()), lease_ends
     assert [e for e in ledger.executions if e.slot > lost_from] == []
 
 
@@ -2637,6 +2652,7 @@ async def test_heartbeats_on_the_loop_are_logged_when_the_client_has_no_second_c
 
 
 GRACE_S = 0.3
+BLOCKED_S = 4.0
 
 
 async def _started_with_a_heartbeat_thread(
@@ -2654,8 +2670,9 @@ async def _started_with_a_heartbeat_thread(
 async def _stop_within_its_bound(scheduler: Scheduler[Any]) -> None:
     began = time.monotonic()
     await scheduler.stop(timeout=0.1)
-    # The timeout, then a grace each for claims, their ending and the heartbeat thread; room for a loaded machine.
-    assert time.monotonic() - began < 0.1 + 3 * GRACE_S + 0.3
+    # The timeout, then a grace each for claims, their ending and the heartbeat thread; room for a loaded machine,
+    # and still far from what waiting for a stuck thread would take (BLOCKED_S).
+    assert time.monotonic() - began < 0.1 + 3 * GRACE_S + 0.8
     assert not scheduler.backend.started
     assert scheduler.backend.scheduler is None
 
@@ -2666,7 +2683,7 @@ async def test_stop_returns_in_time_and_closes_the_store_connection_when_the_hea
     scheduler, thread = await _started_with_a_heartbeat_thread(fake_target, monkeypatch)
 
     async def block_the_loop() -> None:
-        time.sleep(1.5)  # noqa: ASYNC251 - what a job that blocks the thread's loop would do
+        time.sleep(BLOCKED_S)  # noqa: ASYNC251 - what a job that blocks the thread's loop would do
 
     thread.submit(block_the_loop())
     await _stop_within_its_bound(scheduler)
@@ -3462,12 +3479,14 @@ async def test_a_job_left_running_by_a_stop_is_not_waited_for_by_the_next(caplog
 
 
 async def test_stop_ends_on_time_when_a_claim_and_a_job_both_hang(
-    real_target: str, caplog: pytest.LogCaptureFixture
+    real_target: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The store freezes with a claim in flight while a job that ignores cancellation runs: the claim and the
     job share stop()'s bounds (timeout, STOP_GRACE_S, STOP_GRACE_S more once cancelled), where the job's grace
-    used to begin only after the claim's had run out (3.5 s, one STOP_GRACE_S more). The heartbeat thread's
-    connection closes without waiting on the frozen store."""
+    used to begin only after the claim's had run out (one STOP_GRACE_S more). The heartbeat thread's
+    connection closes without waiting on the frozen store. Graces of 2 s keep the two outcomes a second from
+    the bound on either side, whatever a loaded machine adds."""
+    monkeypatch.setattr(scheduler_module, "STOP_GRACE_S", 2.0)
     with start_server(real_target) as running:
         let_go = asyncio.Event()
         started: list[int] = []
@@ -3492,8 +3511,8 @@ async def test_stop_ends_on_time_when_a_claim_and_a_job_both_hang(
             running.resume()
             let_go.set()
     assert len(started) == 1
-    assert "2 claims or runs had not ended 1 s after stop()'s timeout" in caplog.text
-    assert took_s < 0.5 + 2 * scheduler_module.STOP_GRACE_S + 0.4
+    assert "2 claims or runs had not ended 2 s after stop()'s timeout" in caplog.text
+    assert took_s < 0.5 + 2 * 2.0 + 1.0  # not 0.5 + 3 * 2.0
 
 
 class ClaimsDeafToCancellation(BatchLink):
@@ -3543,7 +3562,8 @@ async def test_a_claim_that_fails_after_stop_gave_up_on_it_sends_nothing_to_the_
 
 async def test_a_job_hogging_the_event_loop_keeps_its_lease(real_server: ServerUnderTest) -> None:
     """Heartbeats run on a thread of their own: a job that blocks its loop for 4 leases or more keeps the run.
-    It blocks until the backup has asked fifteen times, however long that takes on a loaded machine."""
+    It blocks until the backup has asked twelve times, however long that takes on a loaded machine. The lease
+    (1 s, a heartbeat every 200 ms) outlasts any stall of the heartbeat thread such a machine causes."""
     asked = threading.Event()
     blocked_s: list[float] = []
 
@@ -3555,8 +3575,8 @@ async def test_a_job_hogging_the_event_loop_keeps_its_lease(real_server: ServerU
     started = threading.Event()
     scheduler = Scheduler(
         backend_for(real_server.target, real_server.url()),
-        lease_ms=300,
-        heartbeat_ms=100,
+        lease_ms=1_000,
+        heartbeat_ms=200,
         on_run_start=lambda run: started.set(),
     )
     scheduler.add_job("hog", "0 0 1 1 *", hog)
@@ -3567,19 +3587,19 @@ async def test_a_job_hogging_the_event_loop_keeps_its_lease(real_server: ServerU
         assert await asyncio.to_thread(started.wait, 10)
         [run] = await backup.store.execute("SMEMBERS", "{cron:hog}:active")
         answers = []
-        for _ in range(15):  # a backup asks for the run all through the hog, 5 leases or more
+        for _ in range(12):  # a backup asks for the run all through the hog, 4 leases or more
             request = RunRequest("hog", run, 0, "backup-token", "backup", manual=True)
-            [claim] = await backup.strategy.claim(backup.store, [(request, JobPolicy(lease_ms=300))])
+            [claim] = await backup.strategy.claim(backup.store, [(request, JobPolicy(lease_ms=1_000))])
             answers.append(claim.outcome)
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(0.35)
         asked.set()
         record = await manual_run
     finally:
         asked.set()
         await asyncio.to_thread(background.stop)
         await backup.stop()
-    assert answers == [Outcome.RUNNING] * 15
-    assert blocked_s[0] > 4 * 0.3
+    assert answers == [Outcome.RUNNING] * 12
+    assert blocked_s[0] > 4 * 1.0
     assert (record.status, record.attempt) == ("ok", 1)
 
 
