@@ -138,13 +138,14 @@ def test_an_execution_of_a_process_killed_while_paused_ended_when_the_pause_bega
     run, instances = _run(tmp_path, up="a")
     a = instances["a"]
     _log(a, _started("A1", run.t0 + 0.1))
+    before = time.monotonic()
     a.pause()
-    paused_at = time.monotonic()
+    after = time.monotonic()
     time.sleep(0.3)
     asyncio.run(a.crash())
     [execution] = run.history("lease", epoch_s=0).executions
     assert execution.ended is not None
-    assert execution.ended == pytest.approx(paused_at - run.t0, abs=0.05)
+    assert before - run.t0 <= execution.ended <= after - run.t0  # as the pause began, not at the kill
     assert not execution.cut_by_end
 
 
@@ -156,11 +157,12 @@ def test_an_execution_of_a_process_still_paused_when_the_run_ends_went_on_until_
     _log(a, _started("A1", run.t0 + 0.1))
     a.pause()
     time.sleep(0.3)
+    before = time.monotonic()
     asyncio.run(a.kill_all())
-    ended_at = time.monotonic()
+    after = time.monotonic()
     [execution] = run.history("lease", epoch_s=0).executions
     assert execution.ended is not None
-    assert execution.ended == pytest.approx(ended_at - run.t0, abs=0.05)
+    assert before - run.t0 <= execution.ended <= after - run.t0  # at the end, not as the pause began
     assert execution.cut_by_end  # not stopped: P2 cannot call it missed, nor the margins measure its end
 
 
@@ -177,7 +179,7 @@ def test_a_crash_of_an_instance_down_already_strikes_nothing_and_restarts_nothin
     assert run.faults[-1].t >= 0.3  # when the first crash says, not the second
     # The first crash's window, and its extension to the moment the restarted process was up.
     assert {(w.kind, w.instance) for w in run.windows["lease"]} == {("crash", "a")}
-    assert run.windows["lease"][0].start < 0.1
+    assert run.windows["lease"][0].start < run.faults[1].t  # from the first crash, not the second
 
 
 def test_a_crash_that_kills_a_process_as_it_starts_restarts_the_instance_itself(tmp_path: Path) -> None:
@@ -384,10 +386,14 @@ async def test_a_restarted_process_reads_the_time_its_instance_clock_reads(
     process_clock = SkewedClock()
     process_clock.take(configs[0]["clock"])
     gained_before_ms = (time.monotonic() - drifting_since) * 1000
-    ahead_ms = process_clock.wall_ms() - time.time_ns() // 1_000_000
+    wall_before_ms = time.time_ns() // 1_000_000
+    process_wall_ms = process_clock.wall_ms()
+    wall_after_ms = time.time_ns() // 1_000_000
     gained_after_ms = (time.monotonic() - drifting_since) * 1000
     assert gained_before_ms >= 200
-    assert 2000 + gained_before_ms - 2 <= ahead_ms <= 2000 + gained_after_ms + 2  # what the drift gained is kept
+    # What the drift gained is kept: the process clock reads 2 s ahead plus the gain, at a moment between the reads.
+    assert process_wall_ms - wall_before_ms >= 2000 + gained_before_ms - 2
+    assert process_wall_ms - wall_after_ms <= 2000 + gained_after_ms + 2
 
 
 @pytest.mark.parametrize(("seconds", "drift"), [(1.0, -0.5), (3.0, 9.0)], ids=["slower", "faster"])
@@ -402,6 +408,7 @@ async def test_a_sleep_over_a_drift_change_lasts_its_time_on_the_instance_clock(
 
     async def change() -> None:
         await asyncio.sleep(0.1)
+        changed.append(time.monotonic() - began)
         clock.set_drift(drift)
         changed.append(time.monotonic() - began)
 
@@ -409,10 +416,11 @@ async def test_a_sleep_over_a_drift_change_lasts_its_time_on_the_instance_clock(
     await clock.sleep(seconds)
     await changing
     took = time.monotonic() - began
-    assert changed[0] < 1.0, "the change came late: the sleep's end is too near to judge"
+    assert changed[1] < 1.0, "the change came late: the sleep's end is too near to judge"
     assert clock.monotonic() - clock_began >= seconds
-    expected = changed[0] + (seconds - changed[0]) / (1 + drift)
-    assert expected - 0.005 <= took < expected + 1.5
+    # The change came between the two reads: the sleep's end lies between those it gives, either way round.
+    expected = [change + (seconds - change) / (1 + drift) for change in changed]
+    assert min(expected) - 0.005 <= took < max(expected) + 1.5
 
 
 @pytest.mark.parametrize(("cron", "scales"), [("*/10 * * * * *", True), ("*/25 * * * * *", False)])
