@@ -56,6 +56,13 @@ def _ack(e: Execution, t: float, op: str = "claim", value: str = "") -> Event:
     return Event(t, "ok", e.instance, op, e.job, e.run, e.token, value)
 
 
+def test_checkers_accept_a_clean_history() -> None:
+    verdicts = _judge(_every_slot()).verdicts
+    assert {name: verdict.status for name, verdict in verdicts.items()} == dict.fromkeys(
+        ["P1", "P2", "P3", "P4", "P5", "P6"], "valid"
+    )
+
+
 # --- P1 no duplicate -------------------------------------------------------------------------------------------
 
 
@@ -70,6 +77,12 @@ def test_a_slot_run_again_after_it_had_run_to_the_end_is_a_duplicate_even_if_the
     # The other way round it is a retry: the first execution had stopped before the second began.
     stopped, retry = _execution("a", 40, 40, 41, completed=False), _execution("b", 40, 44, 45, attempt=2)
     assert _judge([*_every_slot(skip=40), stopped, retry]).verdicts["P1"].status == "valid"
+
+
+def test_a_takeover_begun_before_the_first_attempt_stopped_is_a_duplicate_and_breaks_lease_safety() -> None:
+    first, takeover = _execution("a", 40, 40, 43, completed=False), _execution("b", 40, 42, 45, attempt=2)
+    verdicts = _judge([*_every_slot(skip=40), first, takeover]).verdicts
+    assert (verdicts["P1"].status, verdicts["P4"].status) == ("invalid", "invalid")
 
 
 def _manual(e: Execution) -> Execution:
@@ -383,6 +396,15 @@ def test_a_claim_won_at_the_instant_of_a_store_restart_but_before_it_was_lost() 
     assert before.witness.startswith("tick run 1800000040000: won by a at 40.000 s, won again by b at 41")
     # Won on the empty store just after the restart, at the same instant: nothing lost.
     assert _p5([restart, _won("a", 40.0), _won("b", 41.0)], windows).status == "valid"
+
+
+def test_a_store_restart_loses_the_claims_acknowledged_before_it_began() -> None:
+    # Even one answered again while the restart is under way: the store forgot everything as it went down.
+    twice = [_won("a", 40.0), _won("b", 41.0)]
+    assert _p5(twice, [FaultWindow(40.5, 41.2, "store-restart")]).status == "invalid"
+    # Won again before anything was lost: a store bug, not a lost claim (P1 reports the duplicate).
+    assert _p5(twice, [FaultWindow(41.5, 41.5, "store-restart")]).status == "valid"
+    assert _p5([_won("a", 40.0)], [FaultWindow(40.5, 41.2, "store-restart")]).status == "valid"
 
 
 def test_a_claim_won_at_the_instant_of_a_failover_was_lost_only_if_the_replica_lacked_it() -> None:
