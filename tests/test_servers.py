@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import random
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -529,7 +530,8 @@ def test_a_server_restarted_from_a_thread_dies_with_a_killed_owner(real_target: 
 
 
 def test_the_folder_of_a_killed_owner_is_deleted_by_the_next_server_started(real_target: str) -> None:
-    """SIGKILL runs no atexit hook: the owner's server folder stays until another process starts a server."""
+    """SIGKILL runs no atexit hook: the owner's server folder stays until another process starts a server. The
+    folder of an owner still alive stays."""
     command = [sys.executable, "-c", RESTARTED_FROM_A_THREAD, real_target]
     with subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, text=True) as owner:
         assert owner.stdout is not None
@@ -537,8 +539,13 @@ def test_the_folder_of_a_killed_owner_is_deleted_by_the_next_server_started(real
         left = list(Path(tempfile.gettempdir()).glob(f"anarchon-{real_target}-pid{owner.pid}-*"))
         owner.kill()
     assert len(left) == 1, left
-    with start_server(real_target) as server:
-        assert _port_answers(server.port)
-        assert not left[0].exists()
-        mine = list(Path(tempfile.gettempdir()).glob(f"anarchon-{real_target}-pid{os.getpid()}-*"))
-        assert mine  # a living owner's folder stays
+    with subprocess.Popen(["sleep", "60"]) as living:
+        kept = Path(tempfile.mkdtemp(prefix=f"anarchon-{real_target}-pid{living.pid}-"))
+        try:
+            with start_server(real_target) as server:
+                assert _port_answers(server.port)
+                assert not left[0].exists()
+                assert kept.exists()
+        finally:
+            living.kill()
+            shutil.rmtree(kept, ignore_errors=True)

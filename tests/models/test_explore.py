@@ -76,11 +76,26 @@ def test_lease_survives_crashes_and_skew() -> None:
     assert result.states > 10_000
 
 
+class HastyTakeoverLeaseModel(LeaseModel):
+    """The lease store as it was when a takeover checked no other run of the job."""
+
+    def claim(self, store: lease.LeaseStore, slot: int, token: str, now: int) -> tuple[lease.LeaseStore, Claim]:
+        run = store.run(str(slot))
+        expired = run is not None and run.running and run.token != token and run.lease_end <= now
+        if run is not None and expired and run.attempt < self.policy.max_attempts:
+            return lease._start(store, str(slot), token, now, self.policy, run.attempt + 1)
+        return super().claim(store, slot, token, now)
+
+
 def test_a_lease_takeover_waits_for_another_live_run() -> None:
     """A backup taking an expired run over while a later slot holds a live lease would run the two at once (the
     explorer found this when the takeover checked no other run): now it waits, and no overlap is reachable."""
     result = explore("lease", ["crash"], slots=3, check="P3")
     assert result.problems == []
+    assert result.states > 1_000
+    hasty = Explorer(HastyTakeoverLeaseModel(), 2, 3, ["crash"], ["P3"]).run(10)
+    assert violated(hasty) == {"P3"}
+    assert any("won attempt 2" in line for line in hasty.trace)
 
 
 class ForgetfulLeaseModel(LeaseModel):
