@@ -127,19 +127,21 @@ def judge(
     healthy: dict[float, bool] = {}  # by slot time: every job with a slot then asks the same
     shows = {instance.name: _when_clock_shows(instance, fault_windows) for instance in scenario.instances}
 
+    judged_until = scenario.duration_s - settle_s  # later slots may not have run by the end: not judged
+
     def someone_healthy(t: float) -> bool:
         """Whether an instance was healthy from when its clock showed the slot at ``t`` throughout the settling
         time: an outage anywhere in it, not only at its ends, can leave the slot to nobody. By its own clock: a
-        scheduler started again after that moment owes the slot nothing, however early in true time it was."""
+        scheduler started again after that moment owes the slot nothing, however early in true time it was, and
+        one whose clock shows it too late for the settling time to pass before the end may not have run it yet."""
         if t not in healthy:
             healthy[t] = any(
                 not any(w.hits(name, at, at + settle_s) for w in fault_windows)
                 for name in names
-                if (at := shows[name](t)) >= 0
+                if 0 <= (at := shows[name](t)) <= judged_until
             )
         return healthy[t]
 
-    judged_until = scenario.duration_s - settle_s  # later slots may not have run by the end: not judged
     due = _expected_slots(scenario, epoch, 0.0, judged_until)
     expected = [(job, slot) for job, slot in due if someone_healthy(true_s(slot, epoch))]
     nothing_to_judge = (
@@ -153,7 +155,7 @@ def judge(
         lease_margins(history, int(scenario.scheduler.get("lease_ms", DEFAULT_LEASE_MS))) if strategy == "lease" else {}
     )
     verdicts = {
-        "P1": _no_duplicate(strategy, by_run, epoch),
+        "P1": _no_duplicate(strategy, by_run, epoch, _attempts(scenario, strategy)),
         "P2": _no_missed(
             by_slot, expected, epoch, _overlapped(history), _attempts(scenario, strategy), nothing_to_judge
         ),
@@ -240,14 +242,23 @@ def _describe(e: Execution) -> str:
     return f"{e.instance} attempt {e.attempt} [{e.started:.3f} .. {end}] {state}"
 
 
-def _no_duplicate(strategy: str, by_run: dict[tuple[str, int, str], list[Execution]], epoch: float) -> Verdict:
+def _no_duplicate(
+    strategy: str, by_run: dict[tuple[str, int, str], list[Execution]], epoch: float, attempts: dict[str, int]
+) -> Verdict:
     bad = []
 
     def retry(a: Execution, b: Execution) -> bool:
-        """Whether ``b`` is a lease retry of ``a``: a later attempt, begun after ``a`` had stopped short. Under the
-        claim-only strategies no run is retried, and under lease a second execution of the same attempt is a claim
-        won twice: both are duplicates however ``a`` ended."""
-        return strategy == "lease" and b.attempt > a.attempt and not a.completed and not a.overlaps(b)
+        """Whether ``b`` is a lease retry of ``a``: a later attempt, within the job's max_attempts, begun after
+        ``a`` had stopped short. Under the claim-only strategies no run is retried, nor a manual run under lease
+        (its claim allows one attempt), and under lease a second execution of the same attempt is a claim won
+        twice: all are duplicates however ``a`` ended."""
+        return (
+            strategy == "lease"
+            and not a.manual
+            and a.attempt < b.attempt <= attempts[a.job]
+            and not a.completed
+            and not a.overlaps(b)
+        )
 
     for (job, _, _), executions in sorted(by_run.items()):
         in_order = sorted(executions, key=lambda e: e.started)
@@ -498,27 +509,50 @@ class _Loss:
 
 
 def _fencing(history: History, manual_ordered: bool) -> Verdict:
-    """Fences must grow in the order the store accepted the claims. The store accepted a claim between its first
-    send (a retry may win with the try whose answer was lost) and the answer that told its sender it won; one claim
-    was surely accepted before another when its answer came before the other's first send. Places in the history
-    (true time, then the order events were recorded: one event loop records them as they happen) order them."""
-    sent: dict[str, tuple[float, int]] = {}
+    """Fences must grow in the order the store accepted the claims, and each execution must run with the fence
+    its claim was acknowledged. The store accepted a claim between the first send it may have applied (a retry
+    may win with a try whose answer was lost; a try that failed was not applied) and the answer that told its
+    sender it won; one claim was surely accepted before another when its answer came before the other's first
+    such send. Two claims of a job accepted with the same fence are out of order whichever came first. Places in
+    the history (true time, then the order events were recorded: one event loop records them as they happen) order
+    them."""
+    sending: dict[str, tuple[float, int]] = {}  # token -> the place of its try in flight
+    first_send: dict[str, tuple[float, int]] = {}  # token -> the place of its first try that may have been applied
+    acknowledged: dict[str, int] = {}  # token -> the fence its won claim was told (a retry recognising its own
+    # token is the same acceptance)
     # By job: (first send, acceptance, fence), each place in the history as (true time, index)
     accepted: dict[str, list[tuple[tuple[float, int], tuple[float, int], int]]] = defaultdict(list)
-    seen: set[str] = set()  # a retried claim recognising its own token: the same acceptance
     for index, event in enumerate(history.events):
         if event.op != "claim":
             continue
+        place = (event.t, index)
         if event.kind == "invoke":
-            sent.setdefault(event.token, (event.t, index))
-        elif event.kind == "ok" and event.value.startswith("won") and event.token not in seen:
-            seen.add(event.token)
+            sending[event.token] = place
+            continue
+        sent = sending.pop(event.token, place)
+        if event.kind == "fail":
+            continue
+        first_send.setdefault(event.token, sent)
+        if event.kind == "ok" and event.value.startswith("won") and event.token not in acknowledged:
+            fence = int(event.value.split("fence=")[1])
+            acknowledged[event.token] = fence
             if event.run.startswith("m") and not manual_ordered:
                 continue
-            fence = int(event.value.split("fence=")[1])
-            accepted[event.job].append((sent.get(event.token, (event.t, index)), (event.t, index), fence))
-    bad = []
+            accepted[event.job].append((first_send[event.token], place, fence))
+    bad = [
+        f"{e.job} {e.instance} attempt {e.attempt} ran with fence {e.fence}; its claim was told {acknowledged[e.token]}"
+        for e in history.executions
+        if e.token in acknowledged and e.fence != acknowledged[e.token]
+    ]
     for job, acks in sorted(accepted.items()):
+        # Two acceptances of one fence that the order below cannot tell apart (neither surely before the other)
+        by_fence: dict[int, list[tuple[tuple[float, int], tuple[float, int], int]]] = defaultdict(list)
+        for ack in acks:
+            by_fence[ack[2]].append(ack)
+        for fence, same in sorted(by_fence.items()):
+            for (sent, at, _), (other_sent, other_at, _) in itertools.combinations(same, 2):
+                if not (at < other_sent or other_at < sent):
+                    bad.append(f"{job}: fence {fence} accepted twice, at {at[0]:.3f} s and at {other_at[0]:.3f} s")
         # Each acceptance against the highest fence of those surely accepted before it, as a downstream system
         # that refuses stale fences would see them: each one it would refuse counts.
         done = sorted(acks, key=lambda ack: ack[1])
@@ -533,4 +567,6 @@ def _fencing(history: History, manual_ordered: bool) -> Verdict:
                 sent_at = f" (sent at {ack[0][0]:.3f} s)" if ack[0][0] != ack[1][0] else ""
                 bad.append(f"{job}: fence {ack[2]} accepted at {ack[1][0]:.3f} s{sent_at} after fence {highest[2]} "
                            f"at {highest[1][0]:.3f} s")  # fmt: skip
+    if not bad and history.executions and not acknowledged:
+        return Verdict("P6", "unknown", "no acknowledged claim: the fences cannot be ordered")
     return Verdict("P6", "invalid" if bad else "valid", bad[0] if bad else "", len(bad))

@@ -51,16 +51,23 @@ def _judge(executions: list[Execution], events: list[Event] | None = None, strat
     return judge(_scenario(**job_options), strategy, history, [])
 
 
+def _fenced(e: Execution, fence: int) -> Execution:
+    return replace(e, fence=fence)
+
+
 def _ack(e: Execution, t: float, op: str = "claim", value: str = "") -> Event:
     value = value or f"won attempt={e.attempt} fence={e.fence}"
     return Event(t, "ok", e.instance, op, e.job, e.run, e.token, value)
 
 
 def test_checkers_accept_a_clean_history() -> None:
-    verdicts = _judge(_every_slot()).verdicts
+    runs = [_fenced(e, i + 1) for i, e in enumerate(_every_slot())]
+    verdicts = _judge(runs, [_ack(e, e.started) for e in runs]).verdicts
     assert {name: verdict.status for name, verdict in verdicts.items()} == dict.fromkeys(
         ["P1", "P2", "P3", "P4", "P5", "P6"], "valid"
     )
+    # Without the claims' acknowledgements the fences cannot be ordered.
+    assert _judge(runs).verdicts["P6"].status == "unknown"
 
 
 # --- P1 no duplicate -------------------------------------------------------------------------------------------
@@ -83,6 +90,16 @@ def test_a_takeover_begun_before_the_first_attempt_stopped_is_a_duplicate_and_br
     first, takeover = _execution("a", 40, 40, 43, completed=False), _execution("b", 40, 42, 45, attempt=2)
     verdicts = _judge([*_every_slot(skip=40), first, takeover]).verdicts
     assert (verdicts["P1"].status, verdicts["P4"].status) == ("invalid", "invalid")
+
+
+def test_under_lease_an_execution_no_retry_could_make_is_a_duplicate() -> None:
+    # A manual run allows one attempt (no backup retries it); a job of max_attempts 3 has no attempt 4.
+    first, second = _execution("a", 45, 45, 45.5, completed=False), _execution("b", 45, 50, 51, attempt=2)
+    manual = [_manual(first), replace(_manual(second), run=_manual(first).run)]
+    assert _judge([*_every_slot(), *manual]).verdicts["P1"].status == "invalid"
+    chain = [_execution(name, 40, 40 + n, 40.5 + n, completed=n == 3, attempt=n + 1) for n, name in enumerate("abab")]
+    assert _judge([*_every_slot(skip=40), *chain[:3]]).verdicts["P1"].status == "valid"
+    assert _judge([*_every_slot(skip=40), *chain], max_attempts=3).verdicts["P1"].status == "invalid"
 
 
 def _manual(e: Execution) -> Execution:
@@ -136,6 +153,19 @@ def test_a_slot_is_not_expected_of_an_instance_that_was_down_within_its_settling
     # Slots at 10 .. 80 s can be judged (the last settling time ends by 100 s); those at 30 and 40 s settle over
     # the outage.
     assert judgement.slots_checked == 6
+
+
+def test_a_slot_an_instance_s_clock_shows_too_late_to_settle_before_the_end_is_not_owed() -> None:
+    # The only instance's clock is 20 s behind: it reaches the slot at 80 s at true 100 s, the end.
+    scenario = parse({
+        "name": "behind", "duration_s": 100, "scheduler": {"lease_ms": 3000},
+        "instances": [{"name": "a", "offset_ms": -20_000}],
+        "jobs": [{"name": "tick", "cron": "*/10 * * * * *", "work_s": 1.0}],
+    })  # fmt: skip
+    runs = [_execution("a", s, s + 20, s + 21) for s in range(10, 80, 10)]
+    judgement = judge(scenario, "lease", History(epoch_s=EPOCH_S, executions=runs), [])
+    assert judgement.verdicts["P2"].status == "valid"
+    assert judgement.slots_checked == 6  # 10 .. 60 s: shown by 80 s, settled (15 s each) by the end
 
 
 def test_an_instance_started_again_exactly_at_a_slot_is_not_owed_that_slot() -> None:
@@ -440,9 +470,8 @@ def test_a_lost_token_won_again_after_the_failover_is_not_a_lost_claim() -> None
 
 def test_fences_accepted_at_the_same_instant_keep_the_order_of_the_history() -> None:
     def p6(*fences: int) -> Verdict:
-        events = [_ack(_execution("a", 10 * (i + 1), 40, 41), 40.0, value=f"won attempt=1 fence={fence}")
-                  for i, fence in enumerate(fences)]  # fmt: skip
-        return _judge(_every_slot(), events).verdicts["P6"]
+        runs = [_fenced(_execution("a", 10 * (i + 1), 40, 41), fence) for i, fence in enumerate(fences)]
+        return _judge(runs, [_ack(e, 40.0) for e in runs]).verdicts["P6"]
 
     inverted = p6(7, 3)
     assert inverted.status == "invalid"
@@ -455,12 +484,24 @@ def test_fences_accepted_at_the_same_instant_keep_the_order_of_the_history() -> 
     assert after_a_reset.witness == "tick: fence 3 accepted at 40.000 s after fence 5 at 40.000 s"
 
 
+def test_two_claims_accepted_with_one_fence_are_out_of_order_whichever_came_first() -> None:
+    # Both were sent before either was answered: no order of the two makes the fences grow.
+    a, b = _fenced(_execution("a", 40, 41, 42), 5), _fenced(_execution("b", 50, 51, 52), 5)
+    events = [
+        Event(40.0, "invoke", "a", "claim", "tick", a.run, a.token),
+        Event(40.5, "invoke", "b", "claim", "tick", b.run, b.token),
+        _ack(a, 41.0),
+        _ack(b, 41.0),
+    ]
+    verdict = _judge([a, b], events).verdicts["P6"]
+    assert (verdict.status, verdict.witness) == ("invalid", "tick: fence 5 accepted twice, at 41.000 s and at 41.000 s")
+
+
 def test_a_retried_claim_recognising_its_own_token_is_one_acceptance() -> None:
     # a's claim reply was lost; its retry at 41 s got the same fence back. b then accepted fence 2.
-    a, b = _execution("a", 40, 40, 41), _execution("b", 50, 50, 51)
-    events = [_ack(a, 40.0, value="won attempt=1 fence=1"), _ack(b, 40.5, value="won attempt=1 fence=2"),
-              _ack(a, 41.0, value="won attempt=1 fence=1")]  # fmt: skip
-    assert _judge(_every_slot(), events).verdicts["P6"].status == "valid"
+    a, b = _execution("a", 40, 40, 41), _fenced(_execution("b", 50, 50, 51), 2)
+    events = [_ack(a, 40.0), _ack(b, 40.5), _ack(a, 41.0)]
+    assert _judge([a, b], events).verdicts["P6"].status == "valid"
 
 
 def test_fences_are_judged_in_the_order_the_store_surely_accepted_them() -> None:
@@ -471,13 +512,14 @@ def test_fences_are_judged_in_the_order_the_store_surely_accepted_them() -> None
     a, b = _execution("a", 40, 47, 48), _execution("b", 40, 45, 46)
 
     def p6(a_answered: float, a_fence: int) -> Verdict:
+        runs = [_fenced(a, a_fence), _fenced(b, 5)]
         events = [
             Event(40.0, "invoke", "a", "claim", "tick", a.run, a.token),
             Event(45.0, "invoke", "b", "claim", "tick", b.run, b.token),
-            _ack(b, 45.0, value="won attempt=1 fence=5"),
-            _ack(a, a_answered, value=f"won attempt=1 fence={a_fence}"),
+            _ack(runs[1], 45.0),
+            _ack(runs[0], a_answered),
         ]
-        return _judge(_every_slot(), sorted(events, key=lambda event: event.t)).verdicts["P6"]
+        return _judge(runs, sorted(events, key=lambda event: event.t)).verdicts["P6"]
 
     assert p6(a_answered=47.0, a_fence=4).status == "valid"
     assert p6(a_answered=44.0, a_fence=4).status == "valid"
@@ -488,9 +530,9 @@ def test_fences_are_judged_in_the_order_the_store_surely_accepted_them() -> None
 
 def test_a_claim_whose_outcome_is_unknown_is_no_acceptance() -> None:
     # The store may or may not have run it: only acknowledged claims are judged (P5, P6, the margins).
-    a = _execution("a", 40, 40, 41)
+    a = _fenced(_execution("a", 40, 40, 41), 5)
     unknown = Event(40.5, "info", "a", "claim", "tick", a.run, "t-other", "won attempt=1 fence=0")
-    judgement = _judge(_every_slot(), [_ack(a, 40.0, value="won attempt=1 fence=5"), unknown])
+    judgement = _judge([a], [_ack(a, 40.0), unknown])
     assert judgement.verdicts["P6"].status == "valid"
 
 
@@ -677,10 +719,14 @@ def test_a_lease_manual_run_takes_the_next_fence_and_is_judged_with_the_slots() 
     manual = next(e for e in outcome.history.events if e.run.startswith("m") and e.value.startswith("won"))
     stale = History(outcome.history.epoch_s, [
         replace(e, value=e.value.replace("fence=2", "fence=1")) if e is manual else e for e in outcome.history.events
-    ], outcome.history.executions)  # fmt: skip
+    ], [_fenced(e, 1) if e.token == manual.token else e for e in outcome.history.executions])  # fmt: skip
     verdict = judge(scenario, "lease", stale, []).verdict("P6")
     assert (verdict.status, verdict.count) == ("invalid", 1), verdict
     assert verdict.witness == "tick: fence 1 accepted at 15.000 s after fence 1 at 10.000 s"
+    # The run's own fence, told to its claim, is what its execution must run with.
+    told_another = History(outcome.history.epoch_s, outcome.history.events, stale.executions)
+    verdict = judge(scenario, "lease", told_another, []).verdict("P6")
+    assert (verdict.status, verdict.witness) == ("invalid", "tick a attempt 1 ran with fence 1; its claim was told 2")
 
 
 def test_a_live_run_compresses_the_defaults_of_the_time_options_a_scenario_leaves_unset() -> None:
@@ -745,31 +791,39 @@ def test_a_claim_acknowledged_again_with_its_own_token_after_a_failover_is_not_a
 def test_a_retried_claim_is_judged_from_its_first_send() -> None:
     """a's claim, sent at 40 s, went unanswered; a sent it again (the same token) at 42 s and won fence 4. b's claim,
     sent at 41 s, won fence 5 at 41.1 s. The store may have accepted a's first try, at 40 s, before b's: no fault."""
-    a, b = _execution("a", 40, 42, 43), _execution("b", 50, 41, 42)
+    a, b = _fenced(_execution("a", 40, 42, 43), 4), _fenced(_execution("b", 50, 41, 42), 5)
     events = [
         Event(40.0, "invoke", "a", "claim", "tick", a.run, a.token),
         Event(41.0, "invoke", "b", "claim", "tick", b.run, b.token),
-        _ack(b, 41.1, value="won attempt=1 fence=5"),
+        _ack(b, 41.1),
         Event(41.5, "info", "a", "claim", "tick", a.run, a.token, "timed out"),
         Event(42.0, "invoke", "a", "claim", "tick", a.run, a.token),
-        _ack(a, 42.1, value="won attempt=1 fence=4"),
+        _ack(a, 42.1),
     ]
-    assert _judge(_every_slot(), events).verdicts["P6"].status == "valid"
+    assert _judge([a, b], events).verdicts["P6"].status == "valid"
+    # Had the first try failed (the store never ran it), only the second could have won: after fence 5.
+    failed = [*events[:3], Event(41.5, "fail", "a", "claim", "tick", a.run, a.token, "link cut: not sent"), *events[4:]]
+    stale = _judge([a, b], failed).verdicts["P6"]
+    assert (stale.status, stale.witness) == ("invalid", "tick: fence 4 accepted at 42.100 s (sent at 42.000 s) after "
+                                                        "fence 5 at 41.100 s")  # fmt: skip
 
 
 def test_a_claim_sent_early_and_answered_late_is_judged_against_the_claims_accepted_before_its_send() -> None:
     """x's claim, sent at 40 s, took fence 4 and was answered at 47 s; y's (sent 45 s) took 5, z's (sent 46 s) 7.
     Only y is surely accepted before z; nothing surely before x, whose answer came last: no fault."""
     x, y, z = _execution("a", 40, 47, 48), _execution("b", 50, 45.5, 46), _execution("c", 60, 46.5, 47)
-    events = [
-        Event(40.0, "invoke", "a", "claim", "tick", x.run, x.token),
-        Event(45.0, "invoke", "b", "claim", "tick", y.run, y.token),
-        _ack(y, 45.5, value="won attempt=1 fence=5"),
-        Event(46.0, "invoke", "c", "claim", "tick", z.run, z.token),
-        _ack(z, 46.5, value="won attempt=1 fence=7"),
-        _ack(x, 47.0, value="won attempt=1 fence=4"),
-    ]
-    assert _judge(_every_slot(), events).verdicts["P6"].status == "valid"
+    x, y = _fenced(x, 4), _fenced(y, 5)
+
+    def events(z_fence: int) -> list[Event]:
+        return [
+            Event(40.0, "invoke", "a", "claim", "tick", x.run, x.token),
+            Event(45.0, "invoke", "b", "claim", "tick", y.run, y.token),
+            _ack(y, 45.5),
+            Event(46.0, "invoke", "c", "claim", "tick", z.run, z.token),
+            _ack(_fenced(z, z_fence), 46.5),
+            _ack(x, 47.0),
+        ]
+
+    assert _judge([x, y, _fenced(z, 7)], events(7)).verdicts["P6"].status == "valid"
     # z with fence 3 is stale: y's fence 5 was surely accepted before z's claim was sent.
-    stale = [*events[:4], _ack(z, 46.5, value="won attempt=1 fence=3"), events[5]]
-    assert _judge(_every_slot(), stale).verdicts["P6"].status == "invalid"
+    assert _judge([x, y, _fenced(z, 3)], events(3)).verdicts["P6"].status == "invalid"
