@@ -45,8 +45,9 @@ CHECKER_NAMES = {
 }
 # What each checker asks of a run (sim/checkers.py has the exact rules), for the reader choosing a strategy.
 CHECKER_RULES = {
-    "P1": "A slot, or a run_now, runs at most once. Under lease a later attempt, begun after the earlier one stopped "
-    "short (a crash, a lost lease), is a retry, not a duplicate.",
+    "P1": "A slot, or a run_now, runs at most once. Under lease a later attempt of a slot, within the job's "
+    "max_attempts and begun after the earlier one stopped short (a crash, a lost lease), is a retry, not a "
+    "duplicate; a run_now is never retried.",
     "P2": "Every slot due while some instance was healthy, from the slot through the time a slot is given to run "
     "(three leases, the jitter, the work and 5 s), runs to its end. A slot that lease skips because the job's "
     "previous run still holds its lease (skipped-overlap, its overlap protection) counts as missed. A run_now is "
@@ -57,8 +58,9 @@ CHECKER_RULES = {
     "P5": "A claim the store acknowledged and then lost (a failover, a restart) is not won again, by another "
     "instance or by a new claim of its own. Judged where a store fault lost writes; elsewhere it holds.",
     "P6": "The fences of a job's runs grow in the order the store accepted their claims, where that order is "
-    "known: a claim answered before another was sent was accepted first (claim-only strategies: scheduled runs "
-    "only, as documented).",
+    "known: a claim answered before another was sent was accepted first, and no two claims share a fence "
+    "(claim-only strategies: scheduled runs only, as documented). Each execution runs with the fence its claim "
+    "was told.",
     "lateness": "Each run starts no later than its job's jitter_ms + max_late_ms (catch_up_ms under lease, if "
     "larger) + 1 s after its slot: 61 s with the defaults, 6 s in late-claim. A run that starts early (a clock "
     "ahead) is not judged: the lateness table shows how early.",
