@@ -585,7 +585,8 @@ class Scheduler(Generic[M]):
         takes it over as the next attempt (which records this one as interrupted). Any other run cancelled is
         recorded as interrupted. Claims in flight, hand-backs and results get STOP_GRACE_S past ``timeout`` to reach
         the store; what still waits then is cancelled, and given STOP_GRACE_S more to end; the heartbeat thread gets
-        STOP_GRACE_S more to close its connection and end. stop() returns by then however the store or a job
+        STOP_GRACE_S more to close its connection and end, and the app's own commands still on their way (a
+        history()) CLOSE_WAIT_S more to be answered. stop() returns by then however the store or a job
         behaves: a sync job's thread, or an async job that ignores cancellation, may run on (logged), and its run's
         lease runs out as after a crash.
 
@@ -879,6 +880,13 @@ class Scheduler(Generic[M]):
         try:
             ended = await asyncio.shield(manual)
         except asyncio.CancelledError:
+            caller = asyncio.current_task()
+            if manual.cancelled() and caller is not None and not caller.cancelling():
+                # stop() gave up waiting for the run (its result or end hook hung): the caller was not cancelled
+                raise SchedulerStateError(
+                    f"run_now({name!r}): the scheduler stopped before the run had ended; its history says how it "
+                    "ended, if the store heard"
+                ) from None
             if not answered.is_set():  # the caller gave up on the claim: the run is not started (see below)
                 manual.cancel()
             raise
@@ -1493,7 +1501,7 @@ class Scheduler(Generic[M]):
             else:
                 if (thread := running.thread) is not None and not thread.done():
                     # A thread cannot be cancelled; a job that checks run.lease_is_lost returns a step later.
-                    await asyncio.wait([asyncio.wrap_future(thread)], timeout=THREAD_GIVE_UP_S)
+                    await _wait_for_thread(thread, running, task)
                 status, message = "interrupted", running.reason
                 if (ended := running.thread_ended()) is not None:
                     status, message = ended
@@ -1712,6 +1720,10 @@ class Scheduler(Generic[M]):
             result = hook(*args)
             if inspect.isawaitable(result):
                 await result
+        except asyncio.CancelledError:
+            if (task := asyncio.current_task()) is not None and task.cancelling():
+                raise  # the run's task is being cancelled (stop(), a lost lease): not the hook's failure
+            log.exception("hook %r failed", hook)  # it raised CancelledError itself
         except Exception:
             log.exception("hook %r failed", hook)
         finally:
@@ -1826,7 +1838,7 @@ class SchedulerThread:
             if not first and not self._stopped.is_set():
                 # A stop is under way: this one's timeout, if sooner, cuts its jobs short sooner.
                 with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: the stop is over
-                    self._loop.call_soon_threadsafe(self.scheduler._hurry_stop, timeout)
+                    self._loop.call_soon_threadsafe(self._hurry_stop, timeout)
         if not first:
             self._stopped.wait()
             return
@@ -1834,6 +1846,17 @@ class SchedulerThread:
             asyncio.run_coroutine_threadsafe(self.scheduler.stop(timeout), self._loop).result()
         finally:
             self._end_loop()
+
+    def _hurry_stop(self, timeout: float) -> None:
+        """On the loop, a second stop(): the stop under way ends its runs ``timeout`` from now, if sooner. One whose
+        first stop has not begun yet (posted just before) goes as a stop() of its own, which comes after it: the
+        first stop would otherwise set its own deadline over this one's."""
+        scheduler = self.scheduler
+        if scheduler._stopping is not None:
+            scheduler._hurry_stop(timeout)
+        elif scheduler._started:
+            hurry = asyncio.ensure_future(scheduler.stop(timeout))
+            hurry.add_done_callback(lambda task: task.cancelled() or task.exception())  # the first stop's caller hears
 
     def _scheduler_stopped(self) -> None:
         """On the loop, as a stop of the scheduler ends: unless this thread's stop() made it, end the thread from
@@ -1922,6 +1945,19 @@ async def _wait_until(clock: Clock, tasks: Tasks, deadline: Callable[[], float],
             moving.cancel()
         if not moved.is_set():  # all ended, or the deadline came
             return
+
+
+async def _wait_for_thread(thread: concurrent.futures.Future[Any], running: _Running, task: asyncio.Task[Any]) -> None:
+    """Give an interrupted sync job's thread THREAD_GIVE_UP_S to end. Another interruption meanwhile (a lost lease,
+    then stop()) does not cut the wait short, or the run would go unrecorded; a cancellation from outside does."""
+    loop = asyncio.get_running_loop()
+    ended, until = asyncio.wrap_future(thread), loop.time() + THREAD_GIVE_UP_S
+    while not ended.done() and (left := until - loop.time()) > 0:
+        try:
+            await asyncio.wait([ended], timeout=left)
+        except asyncio.CancelledError:
+            if task.cancelling() > running.cancels:  # not (only) interrupt()'s
+                raise
 
 
 async def _end_by(tasks: Tasks, at: float) -> tuple[int, set[asyncio.Task[Any]]]:

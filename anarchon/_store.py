@@ -176,6 +176,9 @@ class Script:
 
 
 _INCLUDE = re.compile(r"^-- include: (\w+)$", re.MULTILINE)
+# How long close() waits for commands on their way (an app's history() during an outage, say) before their
+# callers are told the outcome is unknown.
+CLOSE_WAIT_S = 1.0
 
 
 def _lua_source(name: str) -> str:
@@ -317,6 +320,10 @@ class Store:
             try:
                 return await asyncio.shield(pipeline)
             except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if pipeline.cancelled() and task is not None and not task.cancelling():
+                    # close() gave up on it, not this caller's canceller: the caller goes on, told so
+                    raise StoreUnavailableError("the connection closed with the command on its way") from None
                 caller.cancel()  # gone as well: once every caller of the pipeline is, it ends
                 raise
         try:
@@ -454,11 +461,16 @@ class Store:
             raise _unknown_outcome(error) from error
 
     async def close(self) -> None:
-        """Deliver what is on its way, fail what still waits (nothing is sent after this), close an owned
-        connection."""
+        """Deliver what is on its way, for CLOSE_WAIT_S at most (then its callers learn that the outcome is
+        unknown: a store that stopped answering does not hold the close up), fail what still waits (nothing is
+        sent after this), close an owned connection."""
         self._closed = True
         if self._deliveries:
-            await asyncio.gather(*self._deliveries, return_exceptions=True)
+            _, late = await asyncio.wait(set(self._deliveries), timeout=CLOSE_WAIT_S)
+            for delivery in late:
+                delivery.cancel()
+            if late:
+                await asyncio.wait(late)
         if self.owned:
             await self.connection.close()
 

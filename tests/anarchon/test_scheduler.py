@@ -2712,6 +2712,156 @@ class FailingClock(SystemClock):
         raise RuntimeError("no clock")
 
 
+async def test_run_now_cut_off_by_stop_while_its_end_hook_hangs_tells_its_caller_so(
+    fake_target: StoreTarget, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """stop() gives up on a manual run whose end hook hangs, and cancels it: run_now's caller, which nobody
+    cancelled, is told the scheduler stopped (it used to receive the CancelledError, as if it had been cancelled)."""
+    monkeypatch.setattr(scheduler_module, "STOP_GRACE_S", 0.2)
+    hook_began = asyncio.Event()
+
+    async def hanging_end(run: RunContext, record: RunRecord) -> None:
+        hook_began.set()
+        await asyncio.sleep(30)
+
+    async def long_job(run: RunContext) -> None:
+        await asyncio.sleep(30)
+
+    scheduler = Scheduler(fake_target.backend("lease"), on_run_end=hanging_end)
+    scheduler.add_job("manual", "0 0 1 1 *", long_job)
+    await scheduler.start()
+    caller = asyncio.ensure_future(scheduler.run_now("manual"))
+    await eventually(lambda: bool(scheduler._running), 5)
+    await scheduler.stop(timeout=0)
+    assert hook_began.is_set()
+    with pytest.raises(SchedulerStateError, match="the scheduler stopped before the run had ended"):
+        await caller
+    reader = Scheduler(fake_target.backend("lease"))
+    reader.add_job("manual", "0 0 1 1 *", long_job)
+    async with reader:
+        [record] = await reader.history("manual", 5)
+    assert (record.status, record.manual) == ("interrupted", True)
+
+
+async def test_a_start_hook_that_raises_cancelled_error_itself_failed_and_the_job_runs(
+    fake_target: StoreTarget, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A hook's error is logged and the run goes on, a CancelledError it raised itself too (the run's task was
+    not cancelled): the job was recorded as failed without running."""
+    ran: list[int] = []
+
+    async def start_hook(run: RunContext) -> None:
+        cancelled = asyncio.get_running_loop().create_future()
+        cancelled.cancel()
+        await cancelled
+
+    scheduler = Scheduler(fake_target.backend("lease"), on_run_start=start_hook)
+    scheduler.add_job("report", "0 0 1 1 *", lambda: ran.append(1))
+    async with scheduler:
+        record = await scheduler.run_now("report")
+    assert (record.status, ran) == ("ok", [1])
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR] == [f"hook {start_hook!r} failed"]
+
+
+async def test_a_sync_run_interrupted_twice_while_its_thread_is_given_up_on_is_still_recorded(
+    fake_target: StoreTarget, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lost lease interrupts a sync job, and stop() interrupts it again while the scheduler gives its thread
+    time to end: the run is recorded (its end hook called, run_now answered) instead of the second interruption
+    ending the attempt unrecorded, its lease left to run out."""
+    monkeypatch.setattr(scheduler_module, "THREAD_GIVE_UP_S", 3.0)  # room for the second interruption
+    let_go, started = threading.Event(), threading.Event()
+    ended: list[RunRecord] = []
+
+    def stubborn(run: RunContext) -> None:
+        started.set()
+        let_go.wait(10)
+
+    async def on_end(run: RunContext, record: RunRecord) -> None:
+        ended.append(record)
+
+    scheduler = Scheduler(fake_target.backend("lease"), lease_ms=10_000, on_run_end=on_end)
+    scheduler.add_job("manual", "0 0 1 1 *", stubborn)
+    await scheduler.start()
+    try:
+        caller = asyncio.ensure_future(scheduler.run_now("manual"))
+        assert await asyncio.to_thread(started.wait, 5)
+        [running] = scheduler._running.values()
+        running.interrupt("lease lost: as a test says")
+        await asyncio.sleep(0.1)  # the attempt now gives the thread time to end
+        running.interrupt("stopped")
+        record = await asyncio.wait_for(caller, 10)
+    finally:
+        let_go.set()
+        await scheduler.stop()
+    assert (record.status, ended) == ("interrupted", [record])
+    assert (record.message or "").startswith("lease lost: as a test says")
+
+
+class Unanswered(BatchLink):
+    """A store that stops answering once ``frozen``: every command sent from then on waits for ever."""
+
+    frozen = False
+
+    async def execute_many(self, commands: Any) -> Any:
+        if self.frozen:
+            await asyncio.Event().wait()
+        return await super().execute_many(commands)
+
+
+async def test_stop_ends_when_the_app_reads_the_history_from_a_store_that_stopped_answering(
+    fake_target: StoreTarget,
+) -> None:
+    """The app's history() waits behind a claim the frozen store never answers; stop() cancels the claim, and the
+    history's command goes out then: closing the connection waited for its answer for ever. It waits CLOSE_WAIT_S,
+    and history() is told that its outcome is unknown."""
+    link = Unanswered(adapt(fake_target.new_client()), "unanswered")
+    scheduler = Scheduler(fake_target.backend("lease", connection=link))
+    scheduler.add_job("tick", "* * * * * *", lambda: None)
+    await scheduler.start()
+    link.frozen = True
+    await eventually(lambda: bool(scheduler._claiming), 5)  # a claim is on its way, unanswered
+    reading = asyncio.ensure_future(scheduler.history("tick", 5))
+    await asyncio.sleep(0.1)
+    await asyncio.wait_for(scheduler.stop(timeout=0.2), 10)
+    with pytest.raises(StoreUnavailableError):
+        await asyncio.wait_for(reading, 5)
+
+
+def test_a_shorter_stop_of_a_scheduler_thread_is_kept_when_it_reaches_the_loop_before_the_first(
+    fake_target: StoreTarget,
+) -> None:
+    """Two threads stop a SchedulerThread, the second with timeout 0, while its loop is busy: the second's hurry
+    reached the loop before the first stop had begun, which then set its own deadline over it (30 s)."""
+    started = threading.Event()
+
+    async def long_job(run: RunContext) -> None:
+        started.set()
+        await asyncio.sleep(60)
+
+    scheduler = Scheduler(fake_target.backend("lease"))
+    scheduler.add_job("long", "0 0 1 1 *", long_job)
+    background = scheduler.run_in_thread()
+
+    def run_it() -> None:
+        with contextlib.suppress(Exception):  # the stop cuts it short
+            background.run_now("long")
+
+    runner = threading.Thread(target=run_it)
+    runner.start()
+    assert started.wait(10)
+    background._loop.call_soon_threadsafe(time.sleep, 0.5)  # the loop is busy while both stops arrive
+    first = threading.Thread(target=background.stop, args=(30,))
+    first.start()
+    time.sleep(0.1)
+    began = time.monotonic()
+    background.stop(0)
+    took_s = time.monotonic() - began
+    first.join(30)
+    runner.join(30)
+    assert took_s < 10  # not the first stop's 30 s
+
+
 async def test_a_start_that_fails_leaves_nothing_open_and_may_be_tried_again(fake_target: StoreTarget) -> None:
     scheduler = Scheduler(fake_target.backend("lease"), clock=FailingClock())
     scheduler.add_job("tick", "* * * * * *", lambda: None)
