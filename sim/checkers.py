@@ -154,11 +154,10 @@ def judge(
     margins = (
         lease_margins(history, int(scenario.scheduler.get("lease_ms", DEFAULT_LEASE_MS))) if strategy == "lease" else {}
     )
+    attempts = _attempts(scenario, strategy)
     verdicts = {
-        "P1": _no_duplicate(strategy, by_run, epoch, _attempts(scenario, strategy)),
-        "P2": _no_missed(
-            by_slot, expected, epoch, _overlapped(history), _attempts(scenario, strategy), nothing_to_judge
-        ),
+        "P1": _no_duplicate(strategy, by_run, epoch, attempts),
+        "P2": _no_missed(by_slot, expected, epoch, _overlapped(history), attempts, nothing_to_judge),
         "P3": _no_overlap(scenario, history.executions, epoch),
         "P4": _lease_safety(strategy, by_run, epoch, margins),
         "P5": _no_lost_ack(strategy, history, fault_windows),
@@ -508,6 +507,11 @@ class _Loss:
         return (t, place) > (self.at, self.place)
 
 
+# A claim's acceptance: (its first send that may have been applied, the answer that it won, its fence), each place
+# in the history as (true time, index).
+_Acceptance = tuple[tuple[float, int], tuple[float, int], int]
+
+
 def _fencing(history: History, manual_ordered: bool) -> Verdict:
     """Fences must grow in the order the store accepted the claims, and each execution must run with the fence
     its claim was acknowledged. The store accepted a claim between the first send it may have applied (a retry
@@ -520,8 +524,7 @@ def _fencing(history: History, manual_ordered: bool) -> Verdict:
     first_send: dict[str, tuple[float, int]] = {}  # token -> the place of its first try that may have been applied
     acknowledged: dict[str, int] = {}  # token -> the fence its won claim was told (a retry recognising its own
     # token is the same acceptance)
-    # By job: (first send, acceptance, fence), each place in the history as (true time, index)
-    accepted: dict[str, list[tuple[tuple[float, int], tuple[float, int], int]]] = defaultdict(list)
+    accepted: dict[str, list[_Acceptance]] = defaultdict(list)  # by job
     for index, event in enumerate(history.events):
         if event.op != "claim":
             continue
@@ -546,7 +549,7 @@ def _fencing(history: History, manual_ordered: bool) -> Verdict:
     ]
     for job, acks in sorted(accepted.items()):
         # Two acceptances of one fence that the order below cannot tell apart (neither surely before the other)
-        by_fence: dict[int, list[tuple[tuple[float, int], tuple[float, int], int]]] = defaultdict(list)
+        by_fence: dict[int, list[_Acceptance]] = defaultdict(list)
         for ack in acks:
             by_fence[ack[2]].append(ack)
         for fence, same in sorted(by_fence.items()):
@@ -556,7 +559,7 @@ def _fencing(history: History, manual_ordered: bool) -> Verdict:
         # Each acceptance against the highest fence of those surely accepted before it, as a downstream system
         # that refuses stale fences would see them: each one it would refuse counts.
         done = sorted(acks, key=lambda ack: ack[1])
-        highest: tuple[tuple[float, int], tuple[float, int], int] | None = None
+        highest: _Acceptance | None = None
         before = 0
         for ack in sorted(acks, key=lambda ack: ack[0]):
             while before < len(done) and done[before][1] < ack[0]:

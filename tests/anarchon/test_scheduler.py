@@ -2798,28 +2798,23 @@ async def test_a_sync_run_interrupted_twice_while_its_thread_is_given_up_on_is_s
     assert (record.message or "").startswith("lease lost: as a test says")
 
 
-class Unanswered(BatchLink):
-    """A store that stops answering once ``frozen``: every command sent from then on waits for ever."""
-
-    frozen = False
-
-    async def execute_many(self, commands: Any) -> Any:
-        if self.frozen:
-            await asyncio.Event().wait()
-        return await super().execute_many(commands)
-
-
 async def test_stop_ends_when_the_app_reads_the_history_from_a_store_that_stopped_answering(
     fake_target: StoreTarget,
 ) -> None:
     """The app's history() waits behind a claim the frozen store never answers; stop() cancels the claim, and the
     history's command goes out then: closing the connection waited for its answer for ever. It waits CLOSE_WAIT_S,
     and history() is told that its outcome is unknown."""
-    link = Unanswered(adapt(fake_target.new_client()), "unanswered")
+    frozen = asyncio.Event()  # then the store answers nothing more
+
+    async def unanswered() -> None:
+        if frozen.is_set():
+            await asyncio.Event().wait()
+
+    link = Link(adapt(fake_target.new_client()), "unanswered", gate=unanswered)
     scheduler = Scheduler(fake_target.backend("lease", connection=link))
     scheduler.add_job("tick", "* * * * * *", lambda: None)
     await scheduler.start()
-    link.frozen = True
+    frozen.set()
     await eventually(lambda: bool(scheduler._claiming), 5)  # a claim is on its way, unanswered
     reading = asyncio.ensure_future(scheduler.history("tick", 5))
     await asyncio.sleep(0.1)
