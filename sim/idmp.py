@@ -170,17 +170,21 @@ class IdmpConnection:
     async def _configure(self, key: str, duration: str, max_size: str, producer: str) -> Reply:
         """anarchon/_lua/idmp_configure.lua, one step for each of its commands."""
         async with self.state.lock:
-            if not await self.inner.execute(["EXISTS", key]):
+            made = not await self.inner.execute(["EXISTS", key])
+            if made:
                 self.state.streams.pop(key, None)
-                made = await self.inner.execute(["XADD", key, "*", "created", 1])
-                await self.inner.execute(["XDEL", key, text(made)])
+                entry = await self.inner.execute(["XADD", key, "*", "created", 1])
+                await self.inner.execute(["XDEL", key, text(entry)])
             stream = self.state.streams.setdefault(key, StreamIdmp())
-            old_duration = stream.duration_s
-            if (old_duration, stream.maxsize) == (int(duration), int(max_size)):
-                return -1
-            await self._xcfgset(["XCFGSET", key, "IDMP-DURATION", duration, "IDMP-MAXSIZE", max_size])
-            since = self._now_ms() - max(int(duration), old_duration) * 1000
-            entries = await self.inner.execute(["XREVRANGE", key, "+", since, "COUNT", max_size])
+            old_duration, old_max_size = stream.duration_s, stream.maxsize
+            wanted = (int(duration), int(max_size))
+            if not made:  # never shorter, never smaller
+                wanted = (max(wanted[0], old_duration), max(wanted[1], old_max_size))
+            if (old_duration, old_max_size) == wanted:
+                return [-1, *wanted]
+            await self._xcfgset(["XCFGSET", key, "IDMP-DURATION", str(wanted[0]), "IDMP-MAXSIZE", str(wanted[1])])
+            since = self._now_ms() - max(wanted[0], old_duration) * 1000
+            entries = await self.inner.execute(["XREVRANGE", key, "+", since, "COUNT", wanted[1]])
             copied: set[str] = set()
             for entry in reversed(as_list(entries)):
                 fields = as_list(as_list(entry, 2)[1])
@@ -189,7 +193,7 @@ class IdmpConnection:
                     copied.add(slot)
                     add = ["XADD", key, "IDMP", producer, slot, "*", *(text(f) for f in fields)]
                     await self._xadd_idmp_locked(add, _xadd_options(add))
-            return len(copied)
+            return [len(copied), *wanted]
 
     async def _xinfo(self, command: Command) -> Reply:
         reply = await self.inner.execute(command)

@@ -4,8 +4,10 @@ The server keeps the first entry for an idempotent id and answers repeats with t
 error, so every claimer reads the entry back and compares tokens. A run is remembered for ``duration_sec`` (and
 up to ``max_size`` runs per job); a claim arriving later than that wins again. The stream keeps at least as many
 entries as the server remembers ids (``max_size``): a retried claim that read back nothing would be told "lost"
-although its first try won. A deploy that changes ``duration_sec`` or ``max_size`` makes the server forget every
-run it remembers (XCFGSET clears them): the stream's runs are then added again, copied, in the same script.
+although its first try won. A deploy that lengthens ``duration_sec`` or raises ``max_size`` makes the server forget
+every run it remembers (XCFGSET clears them): the stream's runs are then added again, copied, in the same script.
+A stream never gets a shorter duration or a smaller size than it has: an instance of another deploy may still
+claim a run as late as its own, longer duration allows.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from collections.abc import Sequence
 
 from .._errors import StoreError, StoreUnavailableError, UnsupportedStrategyError
 from .._keys import KeySpace
-from .._store import Command, Reply, Script, ServerInfo, Store, as_text
+from .._store import Command, Reply, Script, ServerInfo, Store, as_list, as_text
 from ._base import Claim, JobPolicy, Outcome, RunRequest, fence_of
 from ._claim_only import ClaimOnlyStrategy, entry_token
 
@@ -66,15 +68,22 @@ class IdmpStrategy(ClaimOnlyStrategy):
             raise
 
     async def configure(self, store: Store, job: str) -> None:
-        """Give the job's stream this duration and size, only where it has others (XCFGSET then clears what the
-        server tracks), keeping the runs it remembered remembered (see idmp_configure.lua)."""
+        """Give the job's stream this duration and size where it has shorter or smaller ones (XCFGSET then clears
+        what the server tracks), keeping the runs it remembered remembered (see idmp_configure.lua)."""
         runs = self.keys.claim(job).runs
-        again = int(as_text(await store.run(CONFIGURE, (runs,), (self.duration_sec, self.max_size, job))))
+        reply = as_list(await store.run(CONFIGURE, (runs,), (self.duration_sec, self.max_size, job)), 3)
+        again, duration_sec, max_size = (int(as_text(part)) for part in reply)
         if again > 0:
             log.warning(
-                "idmp: the stream %s had other IDMP settings than duration_sec=%d, max_size=%d (another deploy's); "
-                "set, and its %d latest runs copied so that it still remembers them",
-                runs, self.duration_sec, self.max_size, again,
+                "idmp: the stream %s had shorter IDMP settings (another deploy's), now duration_sec=%d, "
+                "max_size=%d; its %d latest runs copied so that it still remembers them",
+                runs, duration_sec, max_size, again,
+            )  # fmt: skip
+        if (duration_sec, max_size) != (self.duration_sec, self.max_size):
+            log.warning(
+                "idmp: the stream %s keeps duration_sec=%d, max_size=%d, set by another deploy, instead of this "
+                "instance's %d and %d: its instances may claim runs as late as those allow",
+                runs, duration_sec, max_size, self.duration_sec, self.max_size,
             )  # fmt: skip
 
     async def claim_scheduled(

@@ -1033,9 +1033,9 @@ async def test_idmp_configures_the_stream_once(target: StoreTarget) -> None:
 
 
 async def test_idmp_a_deploy_that_changes_its_settings_keeps_the_runs_remembered(target: StoreTarget) -> None:
-    """XCFGSET makes the server forget every run a stream remembers. An instance started with another duration
-    (a deploy), and one of the previous deploy started again, must each find the runs claimed before it taken:
-    a late claim loses, and a winner whose answer was lost wins when it asks again."""
+    """XCFGSET makes the server forget every run a stream remembers. An instance started with a longer duration
+    (a deploy) must find the runs claimed before it taken: a late claim loses, and a winner whose answer was lost
+    wins when it asks again. One of the previous deploy started again leaves the longer settings as they are."""
     if not target.supports_idmp:
         pytest.skip(f"idmp needs Redis 8.6+; {target.name} is {target.describe}")
     old = {"name": "idmp", "duration_sec": 300, "max_size": 50}
@@ -1047,11 +1047,29 @@ async def test_idmp_a_deploy_that_changes_its_settings_keeps_the_runs_remembered
     late = await claim_one(new, request(SLOT, "b"), JobPolicy())
     retried = await claim_one(first, request(SLOT, "a"), JobPolicy())
     assert (late.outcome, retried.outcome) == (Outcome.LOST, Outcome.WON)
+    configured = await _xcfgset_calls(target)
     restarted = await target.started_backend(old)  # an instance of the previous deploy, started again
-    assert await _idmp_settings(target, "cron:sync:runs") == (300, 50)
+    assert await _idmp_settings(target, "cron:sync:runs") == (900, 50)
+    assert await _xcfgset_calls(target) == configured
     for backend, slot in ((restarted, SLOT), (new, SLOT + 1000)):
         assert (await claim_one(backend, request(slot, "c"), JobPolicy())).outcome is Outcome.LOST
     assert (await claim_one(new, request(SLOT + 2000, "c"), JobPolicy())).outcome is Outcome.WON
+
+
+async def test_idmp_an_instance_with_a_shorter_duration_does_not_shorten_the_streams(target: StoreTarget) -> None:
+    """Instances of two deploys side by side: the one with the longer duration accepted its jobs' max_late_ms
+    against it, so a run it claims must be remembered that long, whatever duration the other deploy's instances
+    start with. (Set to the shorter one, the server would forget the run after it, and a claim that came later
+    would win the run again.)"""
+    if not target.supports_idmp:
+        pytest.skip(f"idmp needs Redis 8.6+; {target.name} is {target.describe}")
+    longer = await target.started_backend({"name": "idmp", "duration_sec": 3, "max_size": 50})
+    assert (await claim_one(longer, request(SLOT, "a"), JobPolicy())).outcome is Outcome.WON
+    shorter = await target.started_backend({"name": "idmp", "duration_sec": 1, "max_size": 20})
+    assert await _idmp_settings(target, "cron:sync:runs") == (3, 50)
+    await asyncio.sleep(1.5)  # past the shorter duration, within the longer
+    assert (await claim_one(longer, request(SLOT, "b"), JobPolicy())).outcome is Outcome.LOST
+    assert (await claim_one(shorter, request(SLOT, "c"), JobPolicy())).outcome is Outcome.LOST
 
 
 async def test_idmp_configures_a_job_added_after_start_before_its_first_claim(target: StoreTarget) -> None:

@@ -105,15 +105,18 @@ async def reconfigure(connection: Connection) -> list[str]:
         ("XADD", "s", "IDMP", "job", "2000", "*", "slot", "2000", "token", "b"),
         ("configure", 300, 50),  # the same settings: nothing done
         ("XADD", "s", "IDMP", "job", "1000", "*", "slot", "1000", "token", "c"),  # remembered: a's entry
-        ("configure", 900, 50),  # changed: both runs copied
+        ("configure", 900, 50),  # longer: both runs copied
         ("XADD", "s", "IDMP", "job", "1000", "*", "slot", "1000", "token", "d"),  # remembered: the copy of a's
-        ("configure", 300, 20),  # and back: one copy of each run again (the first entry of each)
-        ("XADD", "s", "IDMP", "job", "2000", "*", "slot", "2000", "token", "e"),
+        ("configure", 300, 20),  # shorter and smaller (the previous deploy again): kept as they are
+        ("XADD", "s", "IDMP", "job", "2000", "*", "slot", "2000", "token", "e"),  # remembered: the copy of b's
+        ("configure", 300, 80),  # larger, shorter: the size raised, the duration kept; each run copied again
+        ("XADD", "s", "IDMP", "job", "2000", "*", "slot", "2000", "token", "f"),
     ]
     answers = []
     for step, command in enumerate(steps):
         if command[0] == "configure":
-            answers.append(str(await store.run(CONFIGURE, ["s"], [*command[1:], "job"])))
+            reply = await store.run(CONFIGURE, ["s"], [*command[1:], "job"])
+            answers.append(" ".join(str(part) for part in reply))  # type: ignore[union-attr]
             continue
         entry_id = str(await store.execute(*command))
         [[_, fields]] = await store.execute("XRANGE", "s", entry_id, entry_id)  # type: ignore[misc]
@@ -141,12 +144,13 @@ async def test_emulated_idmp_runs_the_configure_script_like_redis_8_6(real_serve
         reconfigure(RedisPyAsync(real_server.async_client())), reconfigure(SimStore((8, 6)).connection())
     )
     assert got == expected
-    assert expected[:9] == [  # the program does test what it says
-        "0", "token a, entry of step 1", "token b, entry of step 2", "-1", "token a, entry of step 1",
-        "2", "token a, entry of a copy", "2", "token b, entry of a copy",
+    assert expected[:11] == [  # the program does test what it says
+        "0 300 50", "token a, entry of step 1", "token b, entry of step 2", "-1 300 50", "token a, entry of step 1",
+        "2 900 50", "token a, entry of a copy", "-1 900 50", "token b, entry of a copy", "2 900 80",
+        "token b, entry of a copy",
     ]  # fmt: skip
-    assert len(expected) == 9 + 2 + 2 + 2 + 1  # the answers, two runs, copied twice, and the settings
-    assert expected[-1] == "duration 300 maxsize 20"
+    assert len(expected) == 11 + 2 + 2 + 2 + 1  # the answers, two runs, copied twice, and the settings
+    assert expected[-1] == "duration 900 maxsize 80"
 
 
 # The idmp strategy on the emulation: the contract tests of idmp skip on fake (fakeredis is Redis 7), so these run
@@ -287,7 +291,7 @@ class FailsConfigureOnce(Link):
 
 
 async def test_idmp_on_the_emulation_a_configuration_that_failed_at_start_is_done_by_the_first_claim() -> None:
-    """A deploy that lowers duration_sec to 60 s, whose configuration of the stream fails at start (the store out
+    """A deploy that raises duration_sec to 600 s, whose configuration of the stream fails at start (the store out
     of reach a moment): its first claim configures the stream before it adds to it, as start would have."""
     sim = SimStore((8, 6))
     earlier = RedisBackend(redis=sim.connection(), strategy={"name": "idmp", "duration_sec": 300, "max_size": 100})
@@ -296,14 +300,14 @@ async def test_idmp_on_the_emulation_a_configuration_that_failed_at_start_is_don
     now = await server_ms(store)
     await ran(earlier, now - 1000, "a", JobPolicy())
     link = FailsConfigureOnce(sim.connection())
-    backend = RedisBackend(redis=link, strategy={"name": "idmp", "duration_sec": 60, "max_size": 100})
+    backend = RedisBackend(redis=link, strategy={"name": "idmp", "duration_sec": 600, "max_size": 100})
     await backend.start(["sync"])
     assert link.failed
     assert (await claim_one(backend, request(now, "b"), JobPolicy())).outcome is Outcome.WON
     info = await store.execute("XINFO", "STREAM", "cron:sync:runs")
     assert isinstance(info, list)
     fields = dict(zip(info[::2], info[1::2], strict=True))
-    assert (fields["idmp-duration"], fields["idmp-maxsize"]) == (60, 100)
+    assert (fields["idmp-duration"], fields["idmp-maxsize"]) == (600, 100)
     for done in (earlier, backend):
         await done.stop()
     await store.close()
