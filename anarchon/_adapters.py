@@ -576,7 +576,7 @@ class RedisPyCluster:
         # module's PipelineCommand (redis-py's or valkey-py's) carries each command and receives its reply.
         command_class = sys.modules[type(node).__module__].PipelineCommand
         sent = [command_class(index, *_wire_name(command)) for index, command in enumerate(commands)]
-        await _guard(node.execute_pipeline(sent))
+        await _guard(node.execute_pipeline(sent) if hasattr(node, "release") else _lending(node, sent))
         return [decode_in_place(command.result) for command in sent]
 
     async def server_info(self) -> ServerInfo:
@@ -590,6 +590,25 @@ class RedisPyCluster:
             await asyncio.to_thread(self.client.close)
         else:
             await self.client.aclose()
+
+
+async def _lending(node: Any, sent: Sequence[Any]) -> None:
+    """A cluster node's pipeline as valkey-py's ``ClusterNode.execute_pipeline`` runs it, but with the connection
+    given back to the node whatever happens. valkey-py (6.2) gives it back only when every reply was read: a
+    write to a node that is down, or a read cut short by a deadline, kept it, and after ``max_connections`` such
+    batches every command to that node failed, also once it was up again. (redis-py's nodes have ``release`` and
+    give it back themselves.) The connection closes itself when its write or read fails or is cancelled, so none
+    goes back with replies unread."""
+    connection = node.acquire_connection()
+    try:
+        await connection.send_packed_command(connection.pack_commands(command.args for command in sent), False)
+        for command in sent:
+            try:
+                command.result = await node.parse_response(connection, command.args[0], **command.kwargs)
+            except Exception as error:  # an error reply; or a lost connection, which fails the rest too
+                command.result = error
+    finally:
+        node._free.append(connection)
 
 
 class Glide:

@@ -254,6 +254,7 @@ class Store:
         self._lanes: dict[Hashable, _Lane] = {}
         self._deliveries: set[asyncio.Future[list[Reply | StoreError]]] = set()
         self._closed = False
+        self._quiet: asyncio.Future[None] | None = None  # close()'s wait for every command on its way
 
     @property
     def sharded(self) -> bool:
@@ -406,6 +407,12 @@ class Store:
             delivery = asyncio.ensure_future(self._deliver(lane))
             self._deliveries.add(delivery)
             delivery.add_done_callback(self._delivered)
+        if self._quiet is not None and not self._quiet.done() and not self._busy():
+            self._quiet.set_result(None)
+
+    def _busy(self) -> bool:
+        """Whether a command is on its way: sent at once, or in a delivery."""
+        return any(lane.in_flight for lane in (self._only, *self._lanes.values()))
 
     async def _deliver(
         self, lane: _Lane, batch: Sequence[Command] = (), batch_caller: asyncio.Future[None] | None = None
@@ -463,16 +470,19 @@ class Store:
     async def close(self) -> None:
         """Deliver what is on its way, for CLOSE_WAIT_S at most (then its callers learn that the outcome is
         unknown: a store that stopped answering does not hold the close up), fail what still waits (nothing is
-        sent after this), close an owned connection."""
+        sent after this), close an owned connection. What is on its way: commands that went out at once (their
+        lane was idle), as well as the pipelines of commands that queued."""
         self._closed = True
-        if self._deliveries:
-            _, late = await asyncio.wait(set(self._deliveries), timeout=CLOSE_WAIT_S)
+        if self._busy():
+            self._quiet = asyncio.get_running_loop().create_future()
+            await asyncio.wait([self._quiet], timeout=CLOSE_WAIT_S)
+            late = set(self._deliveries)
             for delivery in late:
                 delivery.cancel()
             if late:
                 await asyncio.wait(late)
         if self.owned:
-            await self.connection.close()
+            await self.connection.close()  # a command that went out at once and is still on its way fails
 
 
 def _settle(waiting: Sequence[tuple[Command, asyncio.Future[Reply]]], replies: Sequence[Reply | StoreError]) -> None:

@@ -49,7 +49,7 @@ from anarchon import (
 )
 from anarchon._adapters import RedisPyAsync, RedisPyCluster, _same_primaries, adapt, pack, translate
 from anarchon._keys import KeySpace
-from anarchon._store import Command, Connection, Reply, Script, ScriptCall, ServerInfo, Store
+from anarchon._store import CLOSE_WAIT_S, Command, Connection, Reply, Script, ScriptCall, ServerInfo, Store
 from anarchon._strategies import Claim, JobPolicy, Outcome, RunRequest
 from anarchon._strategies.lease import LeaseStrategy
 from anarchon._strategies.stream_id import StreamIdStrategy
@@ -673,6 +673,25 @@ def _wait_until_owner(node: tuple[str, int], slot: int, owner: tuple[str, int]) 
         raise AssertionError(f"{node} still maps slot {slot} elsewhere after 15 s")
     finally:
         client.close()
+
+
+@pytest.mark.parametrize("cluster_class", [redis.asyncio.cluster.RedisCluster, valkey.asyncio.cluster.ValkeyCluster])
+async def test_batches_cut_short_give_their_cluster_connections_back(real_target: str, cluster_class: Any) -> None:
+    """Batches to a node whose replies do not come in time (cancelled by the caller's deadline), more of them than
+    the client may open connections: each gives its connection back (closed: its replies were not read), and
+    the node's next commands go out on a new one. valkey-py's own node pipeline kept each, and then every command
+    to that node failed, with the node up and answering."""
+    with start_server(real_target, cluster=True) as running:
+        client = cluster_class(host=running.host, port=running.port, protocol=2, max_connections=2)
+        await client.initialize()
+        connection = adapt(client)
+        try:
+            for _ in range(3):
+                with pytest.raises(TimeoutError):  # the BLPOP's reply comes in 1 s
+                    await asyncio.wait_for(connection.execute_many([("BLPOP", "{k}list", 1), ("GET", "{k}")]), 0.1)
+            assert await connection.execute_many([("SET", "{k}", "v"), ("GET", "{k}")]) == ["OK", "v"]
+        finally:
+            await connection.close()
 
 
 @pytest.mark.parametrize("name", RESP2_CLUSTER_CLIENTS)
@@ -1411,14 +1430,65 @@ async def test_a_closed_store_sends_nothing_more() -> None:
     pool anarchon had closed, they would open a new connection after stop()); so does any command sent later."""
     connection = _Held()
     store, in_flight, queued = await _in_flight_and_queued(connection, owned=True)
-    await store.close()
+    closing = asyncio.ensure_future(store.close())
+    await asyncio.sleep(0)
     connection.answer.set()
+    await asyncio.wait_for(closing, 1)
     assert await in_flight == "OK"
     with pytest.raises(StoreUnavailableError, match="closed"):
         await queued
     with pytest.raises(StoreUnavailableError, match="closed"):
         await store.execute("SET", "c", "1")
     assert [command[1] for command in connection.received] == ["a"]
+
+
+class _HeldUntilClosed(_Held):
+    """A held connection that says when it was closed; closing fails a command still on its way, as closing a
+    client's sockets does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.closed = asyncio.Event()
+
+    async def execute(self, command: Command) -> Reply:
+        self.received.append(command)
+        answered = asyncio.ensure_future(self.answer.wait())
+        await asyncio.wait([answered, asyncio.ensure_future(self.closed.wait())], return_when="FIRST_COMPLETED")
+        if not answered.done():
+            raise StoreUnavailableError("store unavailable: Connection closed by server.")
+        return "OK"
+
+    async def close(self) -> None:
+        self.closed.set()
+
+
+async def test_close_waits_for_a_command_that_went_out_at_once() -> None:
+    """A command sent while nothing else was on its way goes out at once, not in a queued pipeline (an app's
+    history() beside stop(), the store slow): close() delivers it as it does the pipelines, for CLOSE_WAIT_S at
+    most, instead of closing the connection under it (a write that ran, its caller told the outcome is unknown)."""
+    connection = _HeldUntilClosed()
+    store = Store(connection, owned=True)
+    sent = asyncio.ensure_future(store.execute("SET", "a", "1"))
+    await asyncio.sleep(0)
+    closing = asyncio.ensure_future(store.close())
+    await asyncio.sleep(0.2)
+    assert not closing.done()
+    connection.answer.set()
+    await asyncio.wait_for(closing, 1)
+    assert await sent == "OK"
+    assert connection.closed.is_set()
+
+
+async def test_close_gives_up_on_a_command_that_went_out_at_once_to_a_silent_store() -> None:
+    connection = _HeldUntilClosed()
+    store = Store(connection, owned=True)
+    sent = asyncio.ensure_future(store.execute("SET", "a", "1"))
+    await asyncio.sleep(0)
+    began = time.monotonic()
+    await asyncio.wait_for(store.close(), CLOSE_WAIT_S + 1)
+    assert time.monotonic() - began >= CLOSE_WAIT_S - 0.05
+    with pytest.raises(StoreUnavailableError, match="closed"):
+        await sent
 
 
 async def test_a_queued_command_whose_caller_is_gone_is_not_sent() -> None:
