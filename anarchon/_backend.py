@@ -325,6 +325,7 @@ _VALUE_RULES = {
     "db": "0..2147483647 (below the server's `databases` setting, 16 by default)",
     "socket_timeout": "a finite number of seconds above 0",
     "socket_connect_timeout": "a finite number of seconds above 0",
+    "health_check_interval": "a finite number of seconds, 0 (none) or more",
 }
 
 
@@ -336,6 +337,8 @@ def _value_problem(key: str, value: object) -> str | None:
         ok = 1 <= value <= 65_535
     elif key == "db":
         ok = 0 <= value <= 2**31 - 1  # what the server's SELECT reads
+    elif key == "health_check_interval":  # redis-py takes a negative one, then fails at the first command
+        ok = value >= 0 and is_finite(value)
     else:
         ok = value > 0 and is_finite(value)
     return None if ok else f"{shown(value)} is out of range"

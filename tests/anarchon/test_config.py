@@ -430,6 +430,16 @@ def test_a_url_whose_database_is_no_database_number_says_which_are(database: str
     assert caught.value.allowed.startswith("db ")
 
 
+def test_a_url_whose_health_check_interval_is_negative_is_refused() -> None:
+    """redis-py takes it, then fails at the first command with an error that points elsewhere."""
+    with pytest.raises(ConfigError) as caught:
+        RedisBackend(redis="redis://cache:6379/0?health_check_interval=-5")
+    assert caught.value.option == "redis"
+    assert "health_check_interval" in str(caught.value)
+    assert caught.value.allowed == "health_check_interval a finite number of seconds, 0 (none) or more"
+    RedisBackend(redis="redis://cache:6379/0?health_check_interval=0")  # none: allowed
+
+
 async def test_run_in_async_code_says_what_to_use_instead() -> None:
     with pytest.raises(SchedulerStateError, match="async with scheduler"):
         Scheduler().run()
