@@ -115,8 +115,8 @@ JOB_THREADS = 128
 STOPPED = "the scheduler stopped"  # why stop() interrupts the runs still going at its timeout
 LEASE_LOST = "lease lost"  # why the keeper interrupts a run whose lease it could not keep
 
-# Jitter and tokens need draws that differ between processes, not the OS's randomness on every draw: a system
-# call each, which took a tenth of an instance's client time in a burst of claims. One generator seeded by the OS,
+# Tokens need draws that differ between processes, not the OS's randomness on every draw: a system call each,
+# which took a tenth of an instance's client time in a burst of claims. One generator seeded by the OS,
 # seeded again in a forked process: one seeded before a fork (gunicorn's preload) would draw the same tokens in
 # every worker, and each would take every run for its own.
 _SEEDED_BY_THE_OS = random.Random()
@@ -441,7 +441,8 @@ class Scheduler(Generic[M]):
     def add_job(self, name: str, cron: str, func: JobFunction, **options: Any) -> None:
         """Register ``func`` to run on the cron schedule, once per slot across all instances.
 
-        Options: ``jitter_ms`` (claim up to this much after the slot, at random), ``max_late_ms`` (skip a run
+        Options: ``jitter_ms`` (claim up to this much after the slot: a delay drawn per run from the job's name and
+        the slot, the same on every instance), ``max_late_ms`` (skip a run
         whose claim would come later than this after its slot), ``timezone`` (the zone the cron fields are read
         in: an IANA name or a ZoneInfo); lease strategy only: ``overlap`` (allow a run to start while the previous
         one is still going), ``max_attempts`` (attempts per run, counting backups' takeovers), ``catch_up_ms`` (at
@@ -975,8 +976,7 @@ class Scheduler(Generic[M]):
         if slot is None:
             log.warning("job %s: cron %r has no further slot", job.name, job.schedule.expression)
             return
-        jitter = self.random.randint(0, job.options.jitter_ms) if job.options.jitter_ms else 0
-        self._push(slot + jitter, job.name, slot, "scheduled")
+        self._push(slot + job.jitter_for(slot), job.name, slot, "scheduled")
 
     def _dispatcher_ended(self, task: asyncio.Task[None]) -> None:
         """Only stop() ends the dispatcher. If anything else does, no job runs any more: say so, loudly."""

@@ -18,6 +18,7 @@ import multiprocessing
 import os
 import random
 import re
+import statistics
 import sys
 import threading
 import time
@@ -52,6 +53,7 @@ from anarchon import _scheduler as scheduler_module
 from anarchon._adapters import adapt
 from anarchon._errors import StoreError
 from anarchon._heartbeats import HeartbeatThread
+from anarchon._job import Job, JobOptions
 from anarchon._keys import KeySpace
 from anarchon._scheduler import SchedulerThread
 from anarchon._store import Command, Connection, Reply
@@ -2594,15 +2596,12 @@ async def test_a_late_instance_records_no_skip_of_a_run_another_instance_claimed
 
 
 def test_a_jittered_claim_is_not_late_for_its_jitter() -> None:
-    """max_late_ms counts after the jitter: a claim delayed by up to jitter_ms is on time. The seed's first
-    draw (the first slot's jitter) is over max_late_ms, so that counting the jitter as lateness would skip it."""
-    seed = 2
-    first_jitter = random.Random(seed).randint(0, 1_800)
-    assert first_jitter > 1_000
+    """max_late_ms counts after the jitter: a claim delayed by up to jitter_ms is on time. The first slot's jitter
+    is over max_late_ms, so that counting the jitter as lateness would skip it."""
 
-    async def main() -> tuple[list[tuple[int, int]], list[str]]:
+    async def main() -> tuple[list[tuple[int, int]], list[str], Job]:
         started: list[tuple[int, int]] = []
-        scheduler = _virtual_instance(fakeredis.FakeServer(), "a", random=random.Random(seed))
+        scheduler = _virtual_instance(fakeredis.FakeServer(), "a")
 
         async def work(run: RunContext) -> None:
             started.append((run.slot, scheduler.clock.wall_ms() - run.slot))
@@ -2610,10 +2609,11 @@ def test_a_jittered_claim_is_not_late_for_its_jitter() -> None:
         scheduler.add_job("tick", "* * * * * *", work, jitter_ms=1_800, max_late_ms=1_000)
         await _run_for([scheduler], 4.5)
         history = await scheduler.history("tick", limit=20)
-        return started, [r.status for r in history]
+        return started, [r.status for r in history], scheduler._jobs["tick"]
 
-    started, statuses = run_virtual(main(), epoch_s=VIRTUAL_EPOCH_S, seed=1)
-    assert started[0][1] == first_jitter  # ran, that late after its slot
+    started, statuses, job = run_virtual(main(), epoch_s=VIRTUAL_EPOCH_S, seed=1)
+    first_slot, first_delay = started[0]
+    assert first_delay == job.jitter_for(first_slot) > 1_000  # ran, that late after its slot
     assert len(started) >= 3
     assert "skipped-late" not in statuses
 
@@ -3016,24 +3016,38 @@ async def _starts_after_stop(turns: int, monkeypatch: pytest.MonkeyPatch) -> lis
     return late_starts
 
 
-def test_jitter_comes_from_the_injected_random() -> None:
-    seed = 7
-    expected_first_jitter = random.Random(seed).randint(0, 800)  # the same draws, in the same order
+def test_every_instance_claims_a_run_after_the_same_jitter() -> None:
+    """A run's jitter is the same on every instance, whatever their generators draw: the run starts at its slot
+    plus that jitter. (Drawn by each instance, the run started at the earliest of three draws.)"""
 
-    async def main() -> list[int]:
-        # The instance id was given, so the first draw is the first job's first jitter.
-        scheduler = _virtual_instance(fakeredis.FakeServer(), "a", random=random.Random(seed))
-        started_after: list[int] = []
+    async def main() -> tuple[list[tuple[int, int]], Job]:
+        server = fakeredis.FakeServer()
+        instances = [_virtual_instance(server, name, random=random.Random(seed)) for seed, name in enumerate("abc")]
+        started: list[tuple[int, int]] = []
 
         async def work(run: RunContext) -> None:
-            started_after.append(scheduler.clock.wall_ms() - run.slot)
+            started.append((run.slot, instances[0].clock.wall_ms() - run.slot))
 
-        scheduler.add_job("tick", "* * * * * *", work, jitter_ms=800)
-        await _run_for([scheduler], 2.2)
-        return started_after
+        for instance in instances:
+            instance.add_job("tick", "* * * * * *", work, jitter_ms=800)
+        await _run_for(instances, 6.2)
+        return started, instances[0]._jobs["tick"]
 
-    started_after = run_virtual(main(), epoch_s=VIRTUAL_EPOCH_S, seed=1)
-    assert started_after[0] == expected_first_jitter  # virtual time: the claim and the start take no time
+    started, job = run_virtual(main(), epoch_s=VIRTUAL_EPOCH_S, seed=1)
+    assert len(started) >= 5
+    assert started == [(slot, job.jitter_for(slot)) for slot, _ in started]  # virtual time: no time to claim
+    assert len({jitter for _, jitter in started}) > 1  # a jitter of its own for each run
+
+
+def test_jitter_is_spread_over_jitter_ms() -> None:
+    job = Job.create("report", "* * * * *", lambda: None, JobOptions(jitter_ms=60_000))
+    delays = [job.jitter_for(slot) for slot in range(0, 10_000 * 60_000, 60_000)]
+    assert min(delays) >= 0
+    assert max(delays) <= 60_000
+    assert 0.09 < sum(delay < 6_000 for delay in delays) / len(delays) < 0.11  # a tenth in the first tenth
+    assert 29_000 < statistics.median(delays) < 31_000
+    other = Job.create("other", "* * * * *", lambda: None, JobOptions(jitter_ms=60_000))
+    assert other.jitter_for(0) != job.jitter_for(0)
 
 
 async def test_skewed_instance_clocks_still_run_each_slot_once(fake_target: StoreTarget) -> None:
