@@ -18,7 +18,8 @@ class NotSent(StoreUnavailableError):
 
 
 class Link:
-    """A cuttable connection. ``lose_replies`` sends commands but drops their answers (outcome unknown).
+    """A cuttable connection. ``lose_replies`` sends commands but drops their answers (outcome unknown), and so does
+    a cut with ``reply_lost`` for the next command, before the link is cut.
 
     ``gate``, when given, is awaited before a command leaves and before its reply is handed over: the simulator
     uses it to hold a paused instance's traffic (a reply that arrives during the pause is seen after it).
@@ -32,10 +33,16 @@ class Link:
         self.gate = gate
         self.cut_off = False
         self.lose_replies = False
+        self.lose_next_reply = False  # then cut
         self.dead = False
 
-    def cut(self) -> None:
-        self.cut_off = True
+    def cut(self, *, reply_lost: bool = False) -> None:
+        """Cut the link; with ``reply_lost``, after the next command, which reaches the store while its reply is lost
+        (a cut while a command is on its way)."""
+        if reply_lost and not self.cut_off:
+            self.lose_next_reply = True
+        else:
+            self.cut_off = True
 
     def kill(self) -> None:
         """The process on this side was killed: cut for good, and no command waits for the gate any more."""
@@ -43,14 +50,19 @@ class Link:
 
     def heal(self) -> None:
         self.cut_off = False
-        self.lose_replies = False
+        self.lose_replies = self.lose_next_reply = False
 
     def _check(self, *, sent: bool) -> None:
         if self.cut_off:
             error = StoreUnavailableError if sent else NotSent
             raise error(f"{self.name}: the link to the store is cut")
 
-    def _lost(self) -> StoreUnavailableError:
+    def _lost(self) -> StoreUnavailableError | None:
+        """The error of a reply that is lost (None: it is not)."""
+        if self.lose_next_reply:
+            self.lose_next_reply, self.cut_off = False, True
+        elif not self.lose_replies:
+            return None
         return StoreUnavailableError(f"{self.name}: the reply was lost")
 
     async def _pass(self, *, sent: bool) -> None:
@@ -61,16 +73,16 @@ class Link:
     async def execute(self, command: Command) -> Reply:
         await self._pass(sent=False)
         reply = await self.inner.execute(command)
-        if self.lose_replies:
-            raise self._lost()
+        if (lost := self._lost()) is not None:
+            raise lost
         await self._pass(sent=True)
         return reply
 
     async def execute_many(self, commands: Sequence[Command]) -> list[Reply | StoreError]:
         await self._pass(sent=False)
         replies = await self.inner.execute_many(commands)
-        if self.lose_replies:
-            raise self._lost()
+        if (lost := self._lost()) is not None:
+            raise lost
         await self._pass(sent=True)
         return replies
 

@@ -32,7 +32,7 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -125,6 +125,7 @@ class Proxy:
     def __init__(self, host: str, port: int) -> None:
         self.upstream = (host, port)
         self.cuts = 0  # partitions in force: overlapping ones end when the last does
+        self.replies_to_lose = 0  # of those, the ones that begin when the next reply comes (and is lost)
         self.refused = 0  # connections refused while cut off
         self._pairs: set[tuple[asyncio.StreamWriter, ...]] = set()
         self._server: asyncio.Server | None = None
@@ -135,7 +136,7 @@ class Proxy:
 
     @property
     def cut_off(self) -> bool:
-        return self.cuts > 0
+        return self.cuts > self.replies_to_lose
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         pair: tuple[asyncio.StreamWriter, ...] = (writer,)
@@ -151,7 +152,7 @@ class Proxy:
                     self.refused += self.cut_off
                     return
                 self._pairs.add(pair)
-                await asyncio.gather(_pump(reader, up_writer), _pump(up_reader, writer))
+                await asyncio.gather(_pump(reader, up_writer), _pump(up_reader, writer, self._reply_lost))
         finally:
             self._pairs.discard(pair)
             for side in pair:
@@ -162,12 +163,26 @@ class Proxy:
             for side in pair:
                 side.transport.abort()
 
-    def cut(self) -> None:
+    def cut(self, *, reply_lost: bool = False) -> None:
+        """Cut the instance off; with ``reply_lost``, once the server's next reply reaches the proxy, which drops
+        it: the command it answers ran (a cut while a command is on its way)."""
         self.cuts += 1
+        if reply_lost and self.cuts == 1:
+            self.replies_to_lose += 1
+        else:
+            self.drop()
+
+    def _reply_lost(self) -> bool:
+        """Whether the reply that just came is to be lost: then the cut it waited for begins."""
+        if not self.replies_to_lose:
+            return False
+        self.replies_to_lose -= 1
         self.drop()
+        return True
 
     def heal(self) -> None:
         self.cuts -= 1
+        self.replies_to_lose = min(self.replies_to_lose, self.cuts)  # a cut whose reply never came ends too
 
     def redirect(self, host: str, port: int) -> None:
         self.upstream = (host, port)
@@ -180,9 +195,14 @@ class Proxy:
             await self._server.wait_closed()
 
 
-async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+async def _pump(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, lost: Callable[[], bool] = lambda: False
+) -> None:
+    """Pass what ``reader`` reads on to ``writer``, unless ``lost()`` says to drop it (and the link with it)."""
     with contextlib.suppress(OSError, asyncio.IncompleteReadError):
         while data := await reader.read(65536):
+            if lost():
+                break
             writer.write(data)
             await writer.drain()
     writer.transport.abort()
@@ -310,8 +330,8 @@ class Instance:
     def up(self) -> bool:
         return self.process is not None
 
-    def cut_off(self) -> None:
-        self.proxy.cut()
+    def cut_off(self, reply_lost: bool = False) -> None:
+        self.proxy.cut(reply_lost=reply_lost)
 
     def reconnect(self) -> None:
         self.proxy.heal()

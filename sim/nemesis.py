@@ -39,7 +39,7 @@ class Target(Protocol):
     async def restart(self) -> bool: ...  # False when there was nothing to restart
     def pause(self) -> None: ...
     def resume(self) -> None: ...
-    def cut_off(self) -> None: ...
+    def cut_off(self, reply_lost: bool = False) -> None: ...  # reply_lost: its next command's (see Link.cut)
     def reconnect(self) -> None: ...
     async def clock_changed(self) -> None: ...
     def cannot_run_now(self) -> str | None: ...  # why run_now cannot be called on it now ("down", "starting")
@@ -87,8 +87,15 @@ async def strike(run: Run[T], fault: FaultSpec, target: T) -> None:
                     run.fault_window(fault, end, run.now(), target)
     elif fault.kind in ("pause", "partition"):
         pause = fault.kind == "pause"
-        run.record_fault(fault, f"{detail} {'paused' if pause else 'cut off from the store'}")
-        (target.pause if pause else target.cut_off)()
+        reply_lost = bool(fault.settings.get("reply_lost", False))
+        what = (
+            "paused" if pause else "cut off from the store" + (" (its next command's reply lost)" if reply_lost else "")
+        )
+        run.record_fault(fault, f"{detail} {what}")
+        if pause:
+            target.pause()
+        else:
+            target.cut_off(reply_lost)
         run.fault_window(fault, start, start + fault.duration_s, target)
         await asyncio.sleep(fault.duration_s)
         (target.resume if pause else target.reconnect)()

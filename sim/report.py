@@ -446,8 +446,8 @@ def render(results: Results, figure: Callable[[str, bytes], str]) -> str:
             f"{len(results.scenarios)} scenarios × {len(STRATEGIES)} strategies × {results.seeds} seeds, virtual",
             "time on the embedded store (fakeredis running the real Lua scripts; for idmp, Redis 8.6's idempotent",
             "XADD emulated as in its source, since fakeredis's own is incomplete). A scenario's faults come at fixed",
-            "moments and virtual time is exact: a seed changes only what is drawn at random (tokens, jitter_ms, the",
-            "order of large claim batches), so the seeds are replays, not samples, and a cell counts runs without a",
+            "moments and virtual time is exact: a seed changes only what is drawn at random (tokens, the order of",
+            "large claim batches), so the seeds are replays, not samples, and a cell counts runs without a",
             "rate's interval: a verdict belongs to the scenario's timing. `python -m sim search` varies the timing.",
         ]
     else:

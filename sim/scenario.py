@@ -43,7 +43,9 @@ FAULT_KINDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "crash": (("instance",), ("restart_after_s",)),
     "stop": (("instance",), ("restart_after_s", "timeout_s")),  # stop(timeout_s, default 0): a deploy
     "pause": (("instance", "duration_s"), ()),
-    "partition": (("instance", "duration_s"), ()),
+    # cut off; with reply_lost, its next command still reaches the store, and then its reply is lost (a partition
+    # that begins while a command is on its way)
+    "partition": (("instance", "duration_s"), ("reply_lost",)),
     "skew": (("instance", "offset_ms"), ()),  # the clock jumps
     "drift": (("instance", "drift"), ()),  # the clock runs 1 + drift times as fast from here on
     "late": (("instance", "delay_ms", "duration_s"), ()),
@@ -163,7 +165,7 @@ def parse(data: dict[str, Any], path: Path | None = None) -> Scenario:
 
     def kind_of(table: dict[str, Any], key: str, kind: type | tuple[type, ...], context: str) -> Any:
         value = table[key]
-        if isinstance(value, bool) or not isinstance(value, kind):  # TOML's true is no number
+        if isinstance(value, bool) is not (kind is bool) or not isinstance(value, kind):  # TOML's true is no number
             raise fail(f"{context}.{key} has the wrong type: {value!r}")
         return value
 
@@ -229,6 +231,8 @@ def parse(data: dict[str, Any], path: Path | None = None) -> Scenario:
             number(settings, key, f"faults ({kind})", *FAULT_NUMBERS[key])
         for key in settings.keys() & {"instance", "job"}:
             kind_of(settings, key, str, f"faults ({kind})")
+        if "reply_lost" in settings:
+            kind_of(settings, "reply_lost", bool, f"faults ({kind})")
         instance = settings.get("instance")
         if instance is not None and instance not in names and instance != "winner":
             raise fail(f"fault {kind!r} names unknown instance {instance!r}")

@@ -66,7 +66,7 @@ FAULT_KINDS: dict[str, st.SearchStrategy[dict[str, Any]]] = {
     "crash": _fault("crash", {"restart_after_s": st.integers(1, 30)}, instance=_INSTANCE),
     "stop": _fault("stop", {"restart_after_s": st.integers(1, 30)}, instance=_INSTANCE, timeout_s=st.integers(0, 5)),
     "pause": _fault("pause", instance=_INSTANCE, duration_s=st.integers(1, 20)),
-    "partition": _fault("partition", instance=_INSTANCE, duration_s=st.integers(1, 20)),
+    "partition": _fault("partition", {"reply_lost": st.booleans()}, instance=_INSTANCE, duration_s=st.integers(1, 20)),
     "skew": _fault("skew", instance=_INSTANCE, offset_ms=st.integers(-15_000, 15_000)),
     "drift": _fault("drift", instance=_INSTANCE, drift=st.sampled_from([-0.05, -0.01, 0.01, 0.05])),
     "late": _fault("late", instance=_INSTANCE, delay_ms=st.integers(1_000, 30_000), duration_s=st.integers(5, 30)),
@@ -276,7 +276,7 @@ def to_toml(finding: Finding, strategy: str) -> str:
 
 def schedule_toml(faults: list[dict[str, Any]], name: str, what: str) -> str:
     def value(v: Any) -> str:
-        return f'"{v}"' if isinstance(v, str) else str(v)
+        return f'"{v}"' if isinstance(v, str) else str(v).lower() if isinstance(v, bool) else str(v)
 
     lines = [
         f'name = "{name}"',

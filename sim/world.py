@@ -381,10 +381,10 @@ class SimInstance:
             self.paused_at = None
             self.clock.resume()
 
-    def cut_off(self) -> None:
+    def cut_off(self, reply_lost: bool = False) -> None:
         self.partitions += 1
         if self.link is not None:
-            self.link.cut()
+            self.link.cut(reply_lost=reply_lost)
 
     def reconnect(self) -> None:
         self.partitions -= 1

@@ -363,6 +363,45 @@ async def test_a_connection_still_connecting_upstream_when_a_partition_begins_is
         await server.wait_closed()
 
 
+async def test_a_cut_with_the_reply_lost_lets_the_next_request_through_and_drops_its_reply() -> None:
+    """A partition that begins while a command is on its way: the proxy passes the instance's request to the server
+    and drops the server's reply, and with it the connection; then it refuses new ones until the partition heals."""
+    received: list[bytes] = []
+
+    async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while data := await reader.read(100):
+            received.append(data)
+            writer.write(data)
+            await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(echo, "127.0.0.1", 0)
+    proxy = Proxy(*server.sockets[0].getsockname()[:2])
+    port = await proxy.start()
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        proxy.cut(reply_lost=True)
+        assert not proxy.cut_off  # until the reply comes
+        writer.write(b"a claim\n")
+        await writer.drain()
+        assert await asyncio.wait_for(reader.read(100), 1) == b""  # closed, not echoed
+        writer.close()
+        assert received == [b"a claim\n"]  # the server ran it
+        assert proxy.cut_off
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        assert await asyncio.wait_for(reader.read(100), 1) == b""  # refused while cut off
+        writer.close()
+        proxy.heal()
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"healed\n")
+        assert await asyncio.wait_for(reader.readline(), 1) == b"healed\n"
+        writer.close()
+    finally:
+        await proxy.close()
+        server.close()
+        await server.wait_closed()
+
+
 async def test_a_restarted_process_reads_the_time_its_instance_clock_reads(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -370,8 +409,9 @@ async def test_a_restarted_process_reads_the_time_its_instance_clock_reads(
     instance's offset and the drift it had gathered, not with the scenario's starting offset."""
     clock = SkewedClock(3000.0)
     instance = Instance("a", "lease", Proxy("127.0.0.1", 1), tmp_path / "a.jsonl", {}, clock)
-    drifting_since = time.monotonic()
+    set_from = time.monotonic()
     clock.set_drift(1.0)  # twice as fast from now on: it gains what time passes
+    set_by = time.monotonic()  # the drift began between the two reads
     await asyncio.sleep(0.2)
     clock.offset_ms -= 1000  # a jump back
     configs: list[dict[str, Any]] = []
@@ -385,11 +425,11 @@ async def test_a_restarted_process_reads_the_time_its_instance_clock_reads(
     assert configs[0]["clock"] == clock.state()
     process_clock = SkewedClock()
     process_clock.take(configs[0]["clock"])
-    gained_before_ms = (time.monotonic() - drifting_since) * 1000
+    gained_before_ms = (time.monotonic() - set_by) * 1000  # at least, by the moment of the read
     wall_before_ms = time.time_ns() // 1_000_000
     process_wall_ms = process_clock.wall_ms()
     wall_after_ms = time.time_ns() // 1_000_000
-    gained_after_ms = (time.monotonic() - drifting_since) * 1000
+    gained_after_ms = (time.monotonic() - set_from) * 1000  # at most
     assert gained_before_ms >= 200
     # What the drift gained is kept: the process clock reads 2 s ahead plus the gain, at a moment between the reads.
     assert process_wall_ms - wall_before_ms >= 2000 + gained_before_ms - 2

@@ -19,6 +19,7 @@ import pytest
 import redis.exceptions
 
 from anarchon import RedisBackend, Scheduler, StoreUnavailableError
+from anarchon._adapters import adapt
 from anarchon._strategies._claim_only import SERVER_TIME
 from anarchon._strategies.lease import CLAIM as LEASE_CLAIM
 from sim import fakestore
@@ -732,6 +733,30 @@ def test_a_command_the_cut_link_never_sent_failed_and_one_cut_in_flight_is_unkno
     assert {e.kind for e in cut} == {"fail"}
 
 
+def test_a_cut_with_the_reply_lost_lets_the_next_command_reach_the_store_and_drops_its_reply() -> None:
+    """A partition that begins while a command is on its way: the store runs it, its caller learns nothing (an
+    unknown outcome), and nothing more is sent until the link heals."""
+
+    async def main() -> tuple[list[type[BaseException]], Any, Any]:
+        link = Link(adapt(fakeredis.FakeAsyncRedis()), "a")
+        link.cut(reply_lost=True)
+        raised = []
+        for command in (("SET", "k", "1"), ("SET", "k", "2")):
+            try:
+                await link.execute(command)
+            except StoreUnavailableError as error:
+                raised.append(type(error))
+        link.heal()
+        return raised, await link.execute(("GET", "k")), await link.execute(("SET", "k", "3"))
+
+    raised, value, after = asyncio.run(main())
+    assert raised == [StoreUnavailableError, NotSent]
+    assert (value, after) == ("1", "OK")  # the first ran, the second was never sent; healed, the link carries on
+    # In a run: the claim that met such a cut is an unknown outcome ("info") in the history
+    outcome = simulate(scenarios.load("lost-reply"), "stream-id", 1)
+    assert [(e.t, e.process, e.op) for e in outcome.history.events if e.kind == "info"] == [(40.0, "a", "claim")]
+
+
 def test_the_zombie_resumes_and_ends_its_work_beside_its_backup() -> None:
     """The pause outlives the lease: a backup starts attempt 2 while the winner is stopped. The winner resumes
     where it stopped, still holding the lease as far as it knows: its work, due during the pause, ends at the
@@ -818,11 +843,12 @@ def test_a_slot_missed_because_its_attempts_were_used_up_says_so(max_attempts: i
 
 
 def test_a_slot_is_judged_missed_only_once_its_jittered_claim_could_have_run() -> None:
-    # Claims come up to 20 s after their slot: the slot at 90 s of a 110 s run may not start before the end.
+    # Claims come up to 20 s after their slot: the slot at 90 s of a 110 s run may not start before the end (the
+    # jitter of this job's slot at 90 s is 17.9 s).
     scenario = parse({
         "name": "jitter", "duration_s": 110, "scheduler": {"lease_ms": 3000, "heartbeat_ms": 1000},
         "instances": [{"name": "a"}],
-        "jobs": [{"name": "tick", "cron": "*/30 * * * * *", "work_s": 2.0, "jitter_ms": 20_000}],
+        "jobs": [{"name": "jittery", "cron": "*/30 * * * * *", "work_s": 2.0, "jitter_ms": 20_000}],
     })  # fmt: skip
     outcome = simulate(scenario, "lease", 3)
     assert [round(e.started - true_s(e.slot, EPOCH_S)) for e in outcome.history.executions][-1] > 15
@@ -865,6 +891,14 @@ def test_bad_scenarios_are_refused_with_the_reason() -> None:
         ({"faults": [{"at_s": 10, "kind": "store-restart"}]}, "before the end"),
         ({"faults": [{"at_s": 1, "kind": "pause", "instance": "a", "duration_s": -3}]}, "duration_s = -3"),
         ({"faults": [{"at_s": 1, "kind": "crash", "instance": "a", "restart_after_s": "soon"}]}, "wrong type"),
+        (
+            {"faults": [{"at_s": 1, "kind": "partition", "instance": "a", "duration_s": 3, "reply_lost": 1}]},
+            "reply_lost has the wrong type: 1",
+        ),
+        (
+            {"faults": [{"at_s": 1, "kind": "pause", "instance": "a", "duration_s": 3, "reply_lost": True}]},
+            "does not take",
+        ),
         ({"faults": [{"at_s": 1, "kind": "manual", "instance": "a", "job": "k"}]}, "unknown job 'k'"),
         ({"strategies": {"scrip": {"window_ms": 5}}}, "strategies.scrip is not a strategy"),
         ({"expect": {"lease": "valid"}}, "expect.lease must be a table"),
