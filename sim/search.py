@@ -334,7 +334,8 @@ def run(
         share = (budget_s - (now - began)) / (len(checkers) - i)
         budget = Budget(now + share, run_s=per_run, shrink_cap_s=share / 2, clock=clock)
         count = examples or max(5, int(share / per_run))
-        finding = search_checker(strategy, checker, count, seed=seed, budget=budget, broken=broken)
+        # A seed of its own for each checker: with one, each would draw (and simulate) the schedules the first did.
+        finding = search_checker(strategy, checker, count, seed=seed + i, budget=budget, broken=broken)
         if finding is None:
             left = "" if budget.simulations >= count else f" (of {count}: the budget ran out)"
             report(f"{checker}: no violation in {budget.simulations} generated schedules{left}")

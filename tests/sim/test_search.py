@@ -280,6 +280,30 @@ def test_a_seeded_search_draws_the_same_schedules_again() -> None:
     assert drawn(8) != first
 
 
+def test_each_checker_is_searched_with_schedules_of_its_own(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """One seed for the whole search, but the checkers' searches draw different schedules: with the same ones,
+    each checker would only simulate again what the first did."""
+    seeds: dict[str, int] = {}
+    search_checker = search.search_checker
+
+    def searched(strategy: str, checker: str, *args: Any, **options: Any) -> None:
+        seeds[checker] = options["seed"]
+
+    monkeypatch.setattr(search, "search_checker", searched)
+    search.run("lease", 6.0, tmp_path, report=lambda line: None, seed=3)
+    assert len(set(seeds.values())) == len(seeds) == 6
+    assert seeds["P1"] == 3  # the first draws what the printed seed draws
+
+    def drawn(seed: int) -> list[Any]:
+        schedules: list[Any] = []
+        budget = search.Budget()
+        budget.simulate = lambda faults, strategy, seed: schedules.append((faults, seed))  # type: ignore[method-assign]
+        search_checker("lease", "P3", examples=10, seed=seed, budget=budget, broken=[])
+        return schedules
+
+    assert drawn(seeds["P1"]) != drawn(seeds["P2"])
+
+
 @pytest.mark.parametrize("budget", ["0", "-5", "inf", "nan"])
 def test_the_search_refuses_a_budget_that_is_not_a_positive_number_of_seconds(
     budget: str, capsys: pytest.CaptureFixture[str]
