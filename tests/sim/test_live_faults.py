@@ -367,13 +367,21 @@ async def test_a_cut_with_the_reply_lost_lets_the_next_request_through_and_drops
     """A partition that begins while a command is on its way: the proxy passes the instance's request to the server
     and drops the server's reply, and with it the connection; then it refuses new ones until the partition heals."""
     received: list[bytes] = []
+    served: list[asyncio.Task[None]] = []  # the server's side of each connection, awaited before the loop ends
 
     async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        served.append(cast(asyncio.Task[None], asyncio.current_task()))
         while data := await reader.read(100):
             received.append(data)
             writer.write(data)
             await writer.drain()
         writer.close()
+        await writer.wait_closed()
+
+    async def closed(writer: asyncio.StreamWriter) -> None:
+        writer.close()
+        with contextlib.suppress(ConnectionError):
+            await writer.wait_closed()
 
     server = await asyncio.start_server(echo, "127.0.0.1", 0)
     proxy = Proxy(*server.sockets[0].getsockname()[:2])
@@ -385,21 +393,22 @@ async def test_a_cut_with_the_reply_lost_lets_the_next_request_through_and_drops
         writer.write(b"a claim\n")
         await writer.drain()
         assert await asyncio.wait_for(reader.read(100), 1) == b""  # closed, not echoed
-        writer.close()
+        await closed(writer)
         assert received == [b"a claim\n"]  # the server ran it
         assert proxy.cut_off
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         assert await asyncio.wait_for(reader.read(100), 1) == b""  # refused while cut off
-        writer.close()
+        await closed(writer)
         proxy.heal()
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(b"healed\n")
         assert await asyncio.wait_for(reader.readline(), 1) == b"healed\n"
-        writer.close()
+        await closed(writer)
     finally:
         await proxy.close()
         server.close()
         await server.wait_closed()
+        await asyncio.wait_for(asyncio.gather(*served, return_exceptions=True), 1)
 
 
 async def test_a_restarted_process_reads_the_time_its_instance_clock_reads(
