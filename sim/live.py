@@ -45,7 +45,7 @@ from sim.checkers import Judgement, judge
 from sim.history import Event, Execution, History
 from sim.live_instance import SkewedClock
 from sim.run import Outcome
-from sim.scenario import FaultSpec, JobSpec, Scenario, ScenarioError
+from sim.scenario import FaultSpec, JobSpec, Scenario, ScenarioError, toml_value
 from sim.servers import RunningServer, start_server
 from sim.world import START_RETRY_S, FaultWindow
 
@@ -624,17 +624,13 @@ def judge_live(live: Scenario, strategy: str, history: History, windows: list[Fa
 
 def _toml(scenario: Scenario) -> str:
     """A scenario as a TOML file, for the instance processes to load."""
-
-    def value(v: Any) -> str:
-        return json.dumps(v) if isinstance(v, str) else str(v).lower() if isinstance(v, bool) else str(v)
-
     lines = [f"name = {json.dumps(scenario.name)}", f"duration_s = {scenario.duration_s}", "", "[scheduler]"]
-    lines += [f"{k} = {value(v)}" for k, v in scenario.scheduler.items()]
+    lines += [f"{k} = {toml_value(v)}" for k, v in scenario.scheduler.items()]
     for name, settings in scenario.strategies.items():
-        lines += ["", f'[strategies."{name}"]', *[f"{k} = {value(v)}" for k, v in settings.items()]]
+        lines += ["", f'[strategies."{name}"]', *[f"{k} = {toml_value(v)}" for k, v in settings.items()]]
     for instance in scenario.instances:
         lines += ["", "[[instances]]", f"name = {json.dumps(instance.name)}", f"offset_ms = {instance.offset_ms}"]
     for job in scenario.jobs:
         lines += ["", "[[jobs]]", f"name = {json.dumps(job.name)}", f"cron = {json.dumps(job.cron)}",
-                  f"work_s = {job.work_s}", *[f"{k} = {value(v)}" for k, v in job.options.items()]]  # fmt: skip
+                  f"work_s = {job.work_s}", *[f"{k} = {toml_value(v)}" for k, v in job.options.items()]]  # fmt: skip
     return "\n".join(lines) + "\n"

@@ -87,14 +87,13 @@ async def strike(run: Run[T], fault: FaultSpec, target: T) -> None:
                     run.fault_window(fault, end, run.now(), target)
     elif fault.kind in ("pause", "partition"):
         pause = fault.kind == "pause"
-        reply_lost = bool(fault.settings.get("reply_lost", False))
-        what = (
-            "paused" if pause else "cut off from the store" + (" (its next command's reply lost)" if reply_lost else "")
-        )
-        run.record_fault(fault, f"{detail} {what}")
         if pause:
+            run.record_fault(fault, f"{detail} paused")
             target.pause()
         else:
+            reply_lost = bool(fault.settings.get("reply_lost", False))
+            lost = " (its next command's reply lost)" if reply_lost else ""
+            run.record_fault(fault, f"{detail} cut off from the store{lost}")
             target.cut_off(reply_lost)
         run.fault_window(fault, start, start + fault.duration_s, target)
         await asyncio.sleep(fault.duration_s)

@@ -23,6 +23,7 @@ verdict each strategy is expected to get. The virtual and the live mode run the 
 
 from __future__ import annotations
 
+import json
 import math
 import tomllib
 from dataclasses import dataclass, field
@@ -56,6 +57,13 @@ FAULT_KINDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "store-restart": ((), ()),
     "manual": (("instance", "job"), ()),  # run_now on that instance
 }
+
+
+def toml_value(value: Any) -> str:
+    """A setting as TOML writes it (scenario files written by the search, and for live instance processes)."""
+    if isinstance(value, str):
+        return json.dumps(value)
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 class ScenarioError(ValueError):
@@ -165,7 +173,7 @@ def parse(data: dict[str, Any], path: Path | None = None) -> Scenario:
 
     def kind_of(table: dict[str, Any], key: str, kind: type | tuple[type, ...], context: str) -> Any:
         value = table[key]
-        if isinstance(value, bool) is not (kind is bool) or not isinstance(value, kind):  # TOML's true is no number
+        if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):  # TOML's true is no number
             raise fail(f"{context}.{key} has the wrong type: {value!r}")
         return value
 

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import Flaky
 
 from sim.run import Outcome, simulate
-from sim.scenario import Scenario, parse
+from sim.scenario import Scenario, parse, toml_value
 
 PERIOD_S = 10  # the job's slots: every 10 s
 WORK_S = 2.0
@@ -275,16 +275,13 @@ def to_toml(finding: Finding, strategy: str) -> str:
 
 
 def schedule_toml(faults: list[dict[str, Any]], name: str, what: str) -> str:
-    def value(v: Any) -> str:
-        return f'"{v}"' if isinstance(v, str) else str(v).lower() if isinstance(v, bool) else str(v)
-
     lines = [
         f'name = "{name}"',
         f'description = "Found by python -m sim search: {what}."',
         f"duration_s = {BASE['duration_s']}",
         "",
         "[scheduler]",
-        *[f"{k} = {value(v)}" for k, v in BASE["scheduler"].items()],
+        *[f"{k} = {toml_value(v)}" for k, v in BASE["scheduler"].items()],
         "",
         "[strategies.script]",
         "window_ms = 60000",
@@ -296,9 +293,9 @@ def schedule_toml(faults: list[dict[str, Any]], name: str, what: str) -> str:
     for instance in BASE["instances"]:
         lines += ["[[instances]]", f'name = "{instance["name"]}"']
     for job in BASE["jobs"]:
-        lines += ["", "[[jobs]]", *[f"{k} = {value(v)}" for k, v in job.items()]]
+        lines += ["", "[[jobs]]", *[f"{k} = {toml_value(v)}" for k, v in job.items()]]
     for fault in faults:
-        lines += ["", "[[faults]]", *[f"{k} = {value(v)}" for k, v in fault.items()]]
+        lines += ["", "[[faults]]", *[f"{k} = {toml_value(v)}" for k, v in fault.items()]]
     return "\n".join(lines) + "\n"
 
 

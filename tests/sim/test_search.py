@@ -266,25 +266,27 @@ def test_half_the_faults_strike_while_a_slot_is_run() -> None:
     assert 0.45 <= sum(during) / len(during) <= 0.8, sum(during)
 
 
-def test_a_seeded_search_draws_the_same_schedules_again() -> None:
-    def drawn(seed: int) -> list[Any]:
-        schedules: list[Any] = []
-        budget = search.Budget()
-        budget.simulate = lambda faults, strategy, seed: schedules.append((faults, seed))  # type: ignore[method-assign]
-        search.search_checker("lease", "P3", examples=20, seed=seed, budget=budget, broken=[])
-        return schedules
+def _drawn(seed: int, examples: int = 20, search_checker: Any = search.search_checker) -> list[Any]:
+    """The schedules (and simulation seeds) a search of lease's P3 with this seed draws, none simulated (by the
+    search itself, bound here: a test may have replaced ``search.search_checker``)."""
+    schedules: list[Any] = []
+    budget = search.Budget()
+    budget.simulate = lambda faults, strategy, seed: schedules.append((faults, seed))  # type: ignore[method-assign]
+    search_checker("lease", "P3", examples=examples, seed=seed, budget=budget, broken=[])
+    return schedules
 
-    first = drawn(7)
+
+def test_a_seeded_search_draws_the_same_schedules_again() -> None:
+    first = _drawn(7)
     assert len(first) == 20
-    assert drawn(7) == first
-    assert drawn(8) != first
+    assert _drawn(7) == first
+    assert _drawn(8) != first
 
 
 def test_each_checker_is_searched_with_schedules_of_its_own(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """One seed for the whole search, but the checkers' searches draw different schedules: with the same ones,
     each checker would only simulate again what the first did."""
     seeds: dict[str, int] = {}
-    search_checker = search.search_checker
 
     def searched(strategy: str, checker: str, *args: Any, **options: Any) -> None:
         seeds[checker] = options["seed"]
@@ -293,15 +295,7 @@ def test_each_checker_is_searched_with_schedules_of_its_own(monkeypatch: pytest.
     search.run("lease", 6.0, tmp_path, report=lambda line: None, seed=3)
     assert len(set(seeds.values())) == len(seeds) == 6
     assert seeds["P1"] == 3  # the first draws what the printed seed draws
-
-    def drawn(seed: int) -> list[Any]:
-        schedules: list[Any] = []
-        budget = search.Budget()
-        budget.simulate = lambda faults, strategy, seed: schedules.append((faults, seed))  # type: ignore[method-assign]
-        search_checker("lease", "P3", examples=10, seed=seed, budget=budget, broken=[])
-        return schedules
-
-    assert drawn(seeds["P1"]) != drawn(seeds["P2"])
+    assert _drawn(seeds["P1"], 10) != _drawn(seeds["P2"], 10)
 
 
 @pytest.mark.parametrize("budget", ["0", "-5", "inf", "nan"])
