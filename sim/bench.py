@@ -390,11 +390,14 @@ def burst(target: str, jobs: int, instances: int = 3) -> dict[str, Any]:
                 process.stdin.write(f"{slot_ms}\n")
                 process.stdin.flush()
             runs: list[tuple[str, int, float]] = []
+            instance_cpu_s = []
             for process in processes:
                 output, _ = process.communicate(timeout=due_in + 120)
                 if process.returncode:
                     raise RuntimeError(f"a burst instance exited with {process.returncode}")
-                runs.extend((job, slot, late) for job, slot, late in json.loads(output))
+                served = json.loads(output)
+                runs.extend((job, slot, late) for job, slot, late in served["runs"])
+                instance_cpu_s.append(round(served["cpu_s"], 2))
             server_cpu_s = _cpu_seconds(server) - cpu_before_s
         finally:
             for process in processes:
@@ -415,6 +418,7 @@ def burst(target: str, jobs: int, instances: int = 3) -> dict[str, Any]:
         "lateness_p99_ms": round(percentile(lateness, 99), 1) if lateness else None,
         # From the slot until every instance stopped: the claims, the finishes and the instances' stops.
         "server_cpu_s": round(server_cpu_s, 2),
+        "instance_cpu_s": instance_cpu_s,  # each process's, from the slot until its scheduler stopped
     }
 
 

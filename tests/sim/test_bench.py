@@ -18,6 +18,8 @@ def test_a_small_burst_starts_every_job_once_across_the_instance_processes(real_
     assert (figures["started"], figures["duplicates"], figures["missed"], figures["other_slots"]) == (200, 0, 0, 0)
     assert 0 <= figures["lateness_p50_ms"] <= figures["lateness_p99_ms"]
     assert figures["server_cpu_s"] > 0  # the server's work for 600 claims and 200 finishes, from its INFO
+    assert len(figures["instance_cpu_s"]) == 3  # each instance process's own CPU time from the slot on
+    assert all(cpu_s > 0 for cpu_s in figures["instance_cpu_s"])
 
 
 def test_the_server_instructions_per_request_follow_the_work_each_request_does(real_target: str) -> None:
