@@ -380,6 +380,37 @@ def test_lease_a_late_skip_of_a_slot_put_off_behind_a_run_begun_early_is_refused
     assert lease.skip(replace(model, deferred=()), due, "a", at, policy)[1] is True
 
 
+def test_lease_trim_waits_for_a_tenth_over_history_size_alike(harness: Harness) -> None:
+    """With history_size 20, trim leaves the finished runs be until they are a tenth over it (22), then drops
+    them down to 20, in the store and the model alike. The random programs' history sizes (1-3) make that tenth
+    always the minimum of one, so a model that ignored the rule passed them."""
+    backend, job = harness.backend("lease"), harness.new_job()
+    strategy, store = backend.strategy, backend.store
+    policy = JobPolicy(history_size=20, keep_ms=0, lease_ms=LONG_MS)
+    day_ago = harness.run(harness.target.server_ms()) - 86_400_000  # older than keep_ms: trim may drop them all
+    slots_key = strategy.keys.lease(job).slots
+    model, kept = lease.LeaseStore(), []
+    for k in range(25):
+        run, token = str(day_ago + k * 60_000), f"t{k}"
+        request = RunRequest(job, run, int(run), token, "runner")
+        at, claims, _ = harness.timed(strategy.claim(store, [(request, policy)]))
+        model, expected = lease.claim(model, run, token, at, policy)
+        assert_same_claim(expected, one_claim(claims), 1_000)
+        record = RunRecord(
+            job=job, run=run, slot=int(run), attempt=1, status="ok", runner="runner", token=token, fence=0,
+            manual=False, started=int(run), ended=int(run) + 1, message=None,
+        )  # fmt: skip
+        at, accepted, _ = harness.timed(strategy.finish(store, request, Claim(Outcome.WON, 1), policy, record))
+        model, model_accepted = lease.finish(model, run, token, "ok", at, policy)
+        assert (accepted, model_accepted) == (True, True)
+        harness.settle()
+        finished = sorted(as_text(member) for member in as_list(harness.run(harness.target.raw("ZRANGE", slots_key,
+                                                                                                 0, -1))))  # fmt: skip
+        assert finished == sorted(run for run, r in model.runs if not r.running), f"after the finish of run {k + 1}"
+        kept.append(len(finished))
+    assert kept == [*range(1, 23), 20, 21, 22]
+
+
 def test_script(harness: Harness) -> None:
     run_state_machine_as_test(bind(ScriptMachine, harness), settings=SETTINGS)
 
