@@ -1485,10 +1485,16 @@ class Scheduler(Generic[M]):
                 await self._hook(self.on_run_start, context, running=running)
                 if running.reason is None and not self._started:  # stop() began meanwhile: as for a run won then
                     running.reason = STOPPED
+            ran_to_its_end = False
             if running.reason is None:
                 running.task = task
                 await self._call(job, context, running)
-            if running.reason is not None:
+                # An async job that caught the cancellation and returned without looking at run.lease_is_lost went
+                # on to its end (a write it had begun, finished): its result stands, as a sync job's that returns
+                # without looking. Handed back, the run would run again. Not one that stop() gave up on and left
+                # running: its lease was let go, and a backup may have run the run.
+                ran_to_its_end = not context.lease_lost.seen_set and self._running.get(request.token) is running
+            if running.reason is not None and not ran_to_its_end:
                 # Interrupted while the start hook ran (the job is not started), or an async job that caught the
                 # cancellation and returned, having seen run.lease_is_lost: it gave up, the run is not done.
                 status, message = "interrupted", running.reason
@@ -1533,7 +1539,10 @@ class Scheduler(Generic[M]):
             self._keeper.release(request.token)
         log.info("job %s slot %d attempt %d: %s", job.name, request.slot, claim.attempt, status, extra=extra)
         if self.on_run_end is not None:
-            await self._hook(self.on_run_end, context, record, running=running)
+            try:
+                await self._hook(self.on_run_end, context, record, running=running)
+            except _JobExit as error:  # the run is recorded already
+                leaving = leaving or error.__cause__
         if leaving is not None:
             raise leaving
         return record
@@ -1724,6 +1733,10 @@ class Scheduler(Generic[M]):
             if (task := asyncio.current_task()) is not None and task.cancelling():
                 raise  # the run's task is being cancelled (stop(), a lost lease): not the hook's failure
             log.exception("hook %r failed", hook)  # it raised CancelledError itself
+        except (SystemExit, KeyboardInterrupt) as error:
+            # As from a job (see _exits_as_errors): the start hook's run is recorded as failed before the exit goes
+            # on, instead of being left running for each instance in turn to take over.
+            raise _JobExit(_failure(error), ends_the_app=True) from error
         except Exception:
             log.exception("hook %r failed", hook)
         finally:
@@ -1775,7 +1788,7 @@ class SchedulerThread:
         self._lock = threading.Lock()  # orders calls and stop(): none reaches a loop that is ending
         self._stopping = False
         self._stopped = threading.Event()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="anarchon", daemon=True)
+        self._thread = threading.Thread(target=self._serve, name="anarchon", daemon=True)
         self._thread.start()
         # Stopped another way (by one of its jobs, or from another loop), the scheduler leaves the loop and the
         # thread with nothing to do: they end then, as if stop() had been called here.
@@ -1788,6 +1801,27 @@ class SchedulerThread:
             self._stopping = True
             self._end_loop()
             raise
+
+    def _serve(self) -> None:
+        """Run the loop until the thread ends. SystemExit or KeyboardInterrupt raised by an async job or hook (its
+        run recorded first) leaves the loop: on this thread it cannot end the app, so it stops the scheduler, on
+        the loop run again, and the thread then ends as after a stop from anywhere. Left stopped, the loop would
+        never answer stop(), nor the interpreter's exit, which waits for it."""
+        while True:
+            try:
+                self._loop.run_forever()
+                return
+            except BaseException as error:
+                log.critical("scheduler %s: %s raised on its thread's event loop by a job or hook: stopping the "
+                             "scheduler", self.scheduler.instance_id, type(error).__name__)  # fmt: skip
+                self._loop.call_soon(self._stop_after_exit)
+
+    def _stop_after_exit(self) -> None:
+        """On the loop, after an exit left it: stop the scheduler, unless a stop is under way (it goes on)."""
+        scheduler = self.scheduler
+        if scheduler._started and scheduler._stopping is None:
+            stopping = asyncio.ensure_future(scheduler.stop())
+            stopping.add_done_callback(lambda task: task.cancelled() or task.exception())  # logged by stop()
 
     def _call(self, coroutine: Coroutine[Any, Any, S]) -> S:
         self._check_caller(coroutine)

@@ -1915,6 +1915,42 @@ async def test_a_job_cut_short_by_stop_is_recorded_interrupted_however_it_ends(
     assert [(record.status, record.message) for record in ended] == [("interrupted", "the scheduler stopped")]
 
 
+async def test_an_async_job_that_finishes_its_work_though_cut_short_has_its_result_stand(
+    fake_target: StoreTarget,
+) -> None:
+    """An async job that catches the cancellation, finishes the write it had begun and returns without looking at
+    ``run.lease_is_lost`` ran to its end, as a sync job that returns without looking: recorded "ok" (in the store
+    too), not "interrupted", which would hand a scheduled run back to be run again."""
+    writes: list[int] = []
+    started = asyncio.Event()
+
+    async def pays(run: RunContext) -> None:
+        started.set()
+
+        async def write() -> None:
+            await asyncio.sleep(0.2)
+            writes.append(run.slot)
+
+        begun = asyncio.ensure_future(write())
+        try:
+            await asyncio.shield(begun)
+        except asyncio.CancelledError:
+            await begun  # never left half done
+
+    scheduler = Scheduler(fake_target.backend("lease"))
+    scheduler.add_job("job", "0 0 1 1 *", pays)
+    await scheduler.start()
+    manual = asyncio.ensure_future(scheduler.run_now("job"))
+    await asyncio.wait_for(started.wait(), 5)
+    [running] = scheduler._running.values()
+    running.interrupt(scheduler_module.STOPPED)
+    record = await manual
+    [stored] = await scheduler.history("job")
+    await scheduler.stop()
+    assert len(writes) == 1
+    assert [(r.status, r.message) for r in (record, stored)] == [("ok", None)] * 2
+
+
 @pytest.mark.parametrize("taken_over", [False, True])
 def test_a_run_is_said_handed_back_only_when_the_store_took_it_back(taken_over: bool) -> None:
     """stop() cuts a run short: it is handed back for the next attempt. If another attempt took the run over
@@ -4396,18 +4432,26 @@ async def main():
         await asyncio.sleep(30)
     print("the app ran on", flush=True)
 
-scheduler = Scheduler(RedisBackend(redis=fakeredis.FakeAsyncRedis()), on_run_end=ended)
-job = leave if sys.argv[1] == "async" else (lambda run: leave(run))  # a sync function returning a coroutine
-scheduler.add_job("cli", "* * * * * *", job)
+def exit_now(run):
+    sys.exit(3)
+
+async def nothing(run):
+    pass
+
+hooked = sys.argv[1] == "start-hook"
+scheduler = Scheduler(RedisBackend(redis=fakeredis.FakeAsyncRedis()), on_run_end=ended,
+                      on_run_start=exit_now if hooked else None)
+job = nothing if hooked else leave if sys.argv[1] == "async" else (lambda run: leave(run))  # (a sync function
+scheduler.add_job("cli", "* * * * * *", job)  # returning a coroutine)
 asyncio.run(main())
 """
 
 
-@pytest.mark.parametrize("kind", ["async", "coroutine"])
+@pytest.mark.parametrize("kind", ["async", "coroutine", "start-hook"])
 def test_an_async_job_that_exits_ends_the_app_once_its_run_is_recorded(kind: str) -> None:
-    """sys.exit() on the loop (in an async job, or in a signal handler while one runs) ends the app, as it would
-    without anarchon, but its run is recorded as an error first: left running, it would be taken over by each
-    instance in turn, and end each of them."""
+    """sys.exit() on the loop (in an async job, in its start hook, or in a signal handler while one runs) ends the
+    app, as it would without anarchon, but its run is recorded as an error first: left running, it would be taken
+    over by each instance in turn, and end each of them."""
     import subprocess
 
     done = subprocess.run(
@@ -4415,6 +4459,45 @@ def test_an_async_job_that_exits_ends_the_app_once_its_run_is_recorded(kind: str
     )
     assert done.returncode == 3, done.stderr
     assert done.stdout.splitlines() == ["recorded error SystemExit: 3"]
+
+
+EXIT_ON_A_SCHEDULER_THREAD = """
+import sys, time
+import fakeredis
+from anarchon import RedisBackend, Scheduler
+
+async def leave(run):
+    sys.exit(3)
+
+async def ended(run, record):
+    [stored] = await scheduler.history(run.job)
+    print("recorded", stored.status, stored.message, flush=True)
+
+scheduler = Scheduler(RedisBackend(redis=fakeredis.FakeAsyncRedis()), on_run_end=ended)
+scheduler.add_job("cli", "* * * * * *", leave)
+thread = scheduler.run_in_thread()
+time.sleep(2.5)
+print("started" if scheduler.backend.started else "stopped", flush=True)
+if sys.argv[1] == "stop":
+    began = time.monotonic()
+    thread.stop(1)
+    print("stop() returned", "at once" if time.monotonic() - began < 0.5 else "late", flush=True)
+"""
+
+
+@pytest.mark.parametrize("how", ["stop", "exit"])
+def test_an_async_job_that_exits_on_a_scheduler_thread_stops_the_scheduler(how: str) -> None:
+    """sys.exit() in an async job under run_in_thread() cannot end the app from the scheduler's thread: its run is
+    recorded as an error and the scheduler stops. The app's stop() then returns at once, and so does the app at its
+    exit (before, the exit left the thread's loop stopped, and both waited for it for ever)."""
+    import subprocess
+
+    done = subprocess.run(
+        [sys.executable, "-c", EXIT_ON_A_SCHEDULER_THREAD, how], capture_output=True, text=True, timeout=30
+    )
+    assert done.returncode == 0, done.stderr
+    shown = ["recorded error SystemExit: 3", "stopped", *(["stop() returned at once"] if how == "stop" else [])]
+    assert done.stdout.splitlines() == shown
 
 
 @pytest.mark.parametrize("how", ["await", "gather", "shield", "wait_for", "task", "on_run_end"])
