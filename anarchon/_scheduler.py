@@ -1787,6 +1787,7 @@ class SchedulerThread:
         self._loop = asyncio.new_event_loop()
         self._lock = threading.Lock()  # orders calls and stop(): none reaches a loop that is ending
         self._stopping = False
+        self._stopped_by: int | None = None  # the thread whose stop() came first
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="anarchon", daemon=True)
         self._thread.start()
@@ -1857,7 +1858,9 @@ class SchedulerThread:
 
     def stop(self, timeout: float = 30.0) -> None:
         """Stop the scheduler (see :meth:`Scheduler.stop`) and end its thread. Calling it again, from any thread,
-        returns once it has stopped; with a timeout that ends sooner, it cuts the running jobs short by then."""
+        returns once it has stopped (at once from a signal handler that interrupts the first call's thread: that
+        call returns once it has); with a timeout that ends sooner, it cuts the running jobs short by then. A
+        KeyboardInterrupt that cuts the wait short cuts the jobs short too, and comes out once the stop has ended."""
         self._check_caller()
         caller = _RUN_OF.get()
         if getattr(_on_job_thread, "active", False) and caller is not None and caller[0] is self.scheduler:
@@ -1869,17 +1872,34 @@ class SchedulerThread:
         timeout = _check_timeout(timeout)  # refused here, the scheduler and its thread run on
         with self._lock:
             first, self._stopping = not self._stopping, True
-            if not first and not self._stopped.is_set():
+            if first:
+                self._stopped_by = threading.get_ident()
+            elif not self._stopped.is_set():
                 # A stop is under way: this one's timeout, if sooner, cuts its jobs short sooner.
-                with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: the stop is over
-                    self._loop.call_soon_threadsafe(self._hurry_stop, timeout)
+                self._hurry(timeout)
         if not first:
-            self._stopped.wait()
+            if threading.get_ident() != self._stopped_by:
+                self._stopped.wait()
+            # Else called while this very thread's stop() waits (by a signal handler): it returns once stopped.
             return
         try:
-            asyncio.run_coroutine_threadsafe(self.scheduler.stop(timeout), self._loop).result()
+            stopping = asyncio.run_coroutine_threadsafe(self.scheduler.stop(timeout), self._loop)
+            try:
+                stopping.result()
+            except BaseException:
+                if not stopping.done():
+                    # The wait was cut short here (a second Ctrl-C): the stop goes on, ending its runs now, and
+                    # ends before the loop does. Cancelled half-way, it would leave runs neither handed back nor
+                    # recorded, the heartbeat thread and a connection open, and the backend taken.
+                    self._hurry(0)
+                    concurrent.futures.wait([stopping])
+                raise
         finally:
             self._end_loop()
+
+    def _hurry(self, timeout: float) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: the stop is over
+            self._loop.call_soon_threadsafe(self._hurry_stop, timeout)
 
     def _hurry_stop(self, timeout: float) -> None:
         """On the loop, a second stop(): the stop under way ends its runs ``timeout`` from now, if sooner. One whose

@@ -4500,6 +4500,61 @@ def test_an_async_job_that_exits_on_a_scheduler_thread_stops_the_scheduler(how: 
     assert done.stdout.splitlines() == shown
 
 
+STOP_CUT_INTO_BY_A_SIGNAL = """
+import asyncio, os, signal, sys, threading
+import fakeredis
+from anarchon import RedisBackend, Scheduler
+
+server = fakeredis.FakeServer()
+scheduler = Scheduler(RedisBackend(redis=fakeredis.FakeAsyncRedis(server=server)))
+started = threading.Event()
+
+async def long(run):
+    started.set()
+    await asyncio.sleep(30)
+
+scheduler.add_job("long", "* * * * * *", long)
+thread = scheduler.run_in_thread()
+started.wait(5)
+if sys.argv[1] == "handler":
+    signal.signal(signal.SIGTERM, lambda *_: thread.stop(0))
+    threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
+    thread.stop(10)
+    print("stopped", flush=True)
+else:
+    threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+    try:
+        thread.stop(10)
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+print("backend", "started" if scheduler.backend.started else "stopped", flush=True)
+lease_ends = [value.split(b"|")[4] for value in fakeredis.FakeRedis(server=server).hvals("{cron:long}:state")
+              if b"|" in value]
+print("handed back" if lease_ends and all(end.startswith(b"-") for end in lease_ends) else lease_ends, flush=True)
+scheduler.run_in_thread().stop(0)
+print("started again", flush=True)
+"""
+
+
+@pytest.mark.parametrize("how", ["handler", "second-ctrl-c"])
+def test_a_scheduler_threads_stop_cut_into_by_a_signal_still_ends_the_stop(how: str) -> None:
+    """SchedulerThread.stop() waits for a run of 30 s with a timeout of 10 s, and a signal comes after 0.5 s. A
+    SIGTERM handler that calls stop(0) on the same thread (an app's shutdown path beside its signal handler) hurries
+    the stop and returns: both calls return, the run handed back. A second Ctrl-C (KeyboardInterrupt out of the
+    wait) hurries it too, and comes out once the stop has ended: the run handed back, the backend free, so the
+    scheduler starts again. (Before, the handler's call waited for ever for the stop beneath it, and the Ctrl-C
+    cancelled the stop half-way: the run left claimed, the heartbeat thread and a connection open, the backend
+    taken.)"""
+    import subprocess
+
+    done = subprocess.run(
+        [sys.executable, "-c", STOP_CUT_INTO_BY_A_SIGNAL, how], capture_output=True, text=True, timeout=30
+    )
+    assert done.returncode == 0, done.stderr
+    first = "stopped" if how == "handler" else "interrupted"
+    assert done.stdout.splitlines() == [first, "backend stopped", "handed back", "started again"]
+
+
 @pytest.mark.parametrize("how", ["await", "gather", "shield", "wait_for", "task", "on_run_end"])
 async def test_a_job_that_stops_its_scheduler_ends_as_usual(how: str) -> None:
     """A job stops its scheduler while another job's run goes on. stop() cannot wait for the job that awaits it
