@@ -535,6 +535,12 @@ class Scheduler(Generic[M]):
             _check_same_process(self._started_in)
         self._forget_an_ended_loop()
         if self._stopping is not None:
+            if self._loop is not None and self._loop is not _running_loop() and self._loop.is_running():
+                # The stop's future is of that loop: awaited from this one, its end would never wake this wait.
+                raise SchedulerStateError(
+                    "start() was called on another event loop than the one the scheduler is stopping on (a "
+                    "SchedulerThread's, say): wait for that stop to end (the thread's stop() returns then), then start"
+                )
             if (caller := _RUN_OF.get()) is not None and caller[0] is self and caller[1].in_user_code:
                 raise SchedulerStateError(
                     "start() called by a job or hook of the scheduler while it stops would wait for that job's run "

@@ -4500,6 +4500,35 @@ def test_an_async_job_that_exits_on_a_scheduler_thread_stops_the_scheduler(how: 
     assert done.stdout.splitlines() == shown
 
 
+def test_start_on_another_loop_while_a_scheduler_thread_stops_is_refused_then_allowed() -> None:
+    """start() on the app's loop while the scheduler stops on its thread's loop (a run keeps that stop going for up
+    to 2 s) is refused, naming what to wait for, instead of awaiting the other loop's stop for ever. Once the
+    thread's stop() has returned, the scheduler starts on the app's loop."""
+    scheduler = Scheduler(RedisBackend(redis=fakeredis.FakeAsyncRedis()))
+    started = threading.Event()
+
+    async def long(run: RunContext) -> None:
+        started.set()
+        await asyncio.sleep(30)
+
+    scheduler.add_job("long", "* * * * * *", long)
+    thread = scheduler.run_in_thread()
+    assert started.wait(5)
+    stopper = threading.Thread(target=thread.stop, args=(2,))
+    stopper.start()
+    while scheduler._stopping is None:
+        time.sleep(0.01)
+
+    async def start_and_stop() -> None:
+        await scheduler.start()
+        await scheduler.stop(0)
+
+    with pytest.raises(SchedulerStateError, match="wait for that stop to end"):
+        asyncio.run(asyncio.wait_for(start_and_stop(), 10))
+    stopper.join(10)
+    asyncio.run(asyncio.wait_for(start_and_stop(), 10))
+
+
 STOP_CUT_INTO_BY_A_SIGNAL = """
 import asyncio, os, signal, sys, threading
 import fakeredis
