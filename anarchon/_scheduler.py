@@ -726,8 +726,8 @@ class Scheduler(Generic[M]):
         if abandoned:
             log.warning(
                 "scheduler %s: %d claims or runs had not ended %.0f s after stop()'s timeout (a store that does not "
-                "answer, or a job that ignores cancellation) and were cancelled; runs they held are taken over by "
-                "backups when their leases run out",
+                "answer, or a job that ignores cancellation) and were cancelled; runs they held and could not hand "
+                "back are taken over by backups when their leases run out",
                 self.instance_id, abandoned, STOP_GRACE_S,
             )  # fmt: skip
         for token, running in list(self._running.items()):
