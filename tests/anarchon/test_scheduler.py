@@ -4551,6 +4551,7 @@ if sys.argv[1] == "handler":
     thread.stop(10)
     print("stopped", flush=True)
 else:
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # a process started in the background ignores SIGINT
     threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
     try:
         thread.stop(10)
