@@ -624,13 +624,13 @@ def judge_live(live: Scenario, strategy: str, history: History, windows: list[Fa
 
 def _toml(scenario: Scenario) -> str:
     """A scenario as a TOML file, for the instance processes to load."""
-    lines = [f"name = {json.dumps(scenario.name)}", f"duration_s = {scenario.duration_s}", "", "[scheduler]"]
+    lines = [f"name = {toml_value(scenario.name)}", f"duration_s = {scenario.duration_s}", "", "[scheduler]"]
     lines += [f"{k} = {toml_value(v)}" for k, v in scenario.scheduler.items()]
     for name, settings in scenario.strategies.items():
         lines += ["", f'[strategies."{name}"]', *[f"{k} = {toml_value(v)}" for k, v in settings.items()]]
     for instance in scenario.instances:
-        lines += ["", "[[instances]]", f"name = {json.dumps(instance.name)}", f"offset_ms = {instance.offset_ms}"]
+        lines += ["", "[[instances]]", f"name = {toml_value(instance.name)}", f"offset_ms = {instance.offset_ms}"]
     for job in scenario.jobs:
-        lines += ["", "[[jobs]]", f"name = {json.dumps(job.name)}", f"cron = {json.dumps(job.cron)}",
+        lines += ["", "[[jobs]]", f"name = {toml_value(job.name)}", f"cron = {toml_value(job.cron)}",
                   f"work_s = {job.work_s}", *[f"{k} = {toml_value(v)}" for k, v in job.options.items()]]  # fmt: skip
     return "\n".join(lines) + "\n"

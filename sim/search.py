@@ -276,8 +276,8 @@ def to_toml(finding: Finding, strategy: str) -> str:
 
 def schedule_toml(faults: list[dict[str, Any]], name: str, what: str) -> str:
     lines = [
-        f'name = "{name}"',
-        f'description = "Found by python -m sim search: {what}."',
+        f"name = {toml_value(name)}",
+        f"description = {toml_value(f'Found by python -m sim search: {what}.')}",
         f"duration_s = {BASE['duration_s']}",
         "",
         "[scheduler]",
@@ -291,7 +291,7 @@ def schedule_toml(faults: list[dict[str, Any]], name: str, what: str) -> str:
         "",
     ]
     for instance in BASE["instances"]:
-        lines += ["[[instances]]", f'name = "{instance["name"]}"']
+        lines += ["[[instances]]", f"name = {toml_value(instance['name'])}"]
     for job in BASE["jobs"]:
         lines += ["", "[[jobs]]", *[f"{k} = {toml_value(v)}" for k, v in job.items()]]
     for fault in faults:

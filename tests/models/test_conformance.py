@@ -404,8 +404,8 @@ def test_lease_trim_waits_for_a_tenth_over_history_size_alike(harness: Harness) 
         model, model_accepted = lease.finish(model, run, token, "ok", at, policy)
         assert (accepted, model_accepted) == (True, True)
         harness.settle()
-        finished = sorted(as_text(member) for member in as_list(harness.run(harness.target.raw("ZRANGE", slots_key,
-                                                                                                 0, -1))))  # fmt: skip
+        members = harness.run(harness.target.raw("ZRANGE", slots_key, 0, -1))
+        finished = sorted(as_text(member) for member in as_list(members))
         assert finished == sorted(run for run, r in model.runs if not r.running), f"after the finish of run {k + 1}"
         kept.append(len(finished))
     assert kept == [*range(1, 23), 20, 21, 22]
