@@ -37,7 +37,7 @@ from ._errors import (
     UnknownOptionError,
 )
 from ._keys import STORE_FORMAT, KeySpace, check_prefix
-from ._store import Connection, Reply, Script, ServerInfo, Store, as_text
+from ._store import Connection, Reply, Script, ServerInfo, Store, as_list, as_map, as_text
 from ._strategies import Strategy, make_strategy
 
 FORMAT = Script.load("format")
@@ -201,6 +201,8 @@ class RedisBackend(Generic[M]):
                     if await _check_key_access(store, keys.all(), self.keys.prefix):
                         break
                 await _warn_of_other_strategies(store, self.keys, jobs, self.leases)
+                if not self.leases:
+                    await _warn_of_other_claim_only_strategies(store, self.keys, jobs, self.strategy.name, self.server)
                 await self.strategy.prepare(store, jobs)
                 await store.load(self.strategy.scripts)
             except BaseException:
@@ -479,6 +481,55 @@ async def _warn_of_other_strategies(store: Store, keys: KeySpace, jobs: Sequence
             "slots once more beside these. Give each strategy a prefix of its own (switching strategies takes a new "
             "prefix)", len(found), ", ".join(found[:5]) + (", …" if len(found) > 5 else ""), other, keys.prefix,
         )  # fmt: skip
+
+
+# Per claim-only strategy, the others whose claims it can tell in a job's runs stream.
+_TELLS_CLAIMS_OF = {"stream-id": "script or idmp", "idmp": "stream-id or script", "script": "idmp"}
+
+
+async def _warn_of_other_claim_only_strategies(
+    store: Store, keys: KeySpace, jobs: Sequence[str], strategy: str, server: ServerInfo
+) -> None:
+    """The claim-only strategies share a job's runs stream, but none sees all of another's claims there: idmp sees
+    only those added with IDMP, and the others none of its; stream-id's entry for a slot goes in only above every
+    entry there, so that a script claim made early (its instance's clock ahead) leaves the slot to stream-id as
+    well. Instances of two of them would run some slots once each. Said when a job's stream shows the others'
+    entries: the server counts a stream's entries and those added with IDMP (every one of a stream idmp made,
+    see idmp_configure.lua), and stream-id's entries alone have their slot as their ID. Script cannot tell
+    stream-id's entries from its own made at the slot's very ms."""
+    if strategy == "script" and not server.has_idmp:
+        return
+    try:
+        replies = await store.execute_many([("XINFO", "STREAM", keys.claim(job).runs) for job in jobs])
+    except StoreError:
+        return
+    found = []
+    for job, reply in zip(jobs, replies, strict=True):
+        if isinstance(reply, StoreError):
+            continue  # no stream yet ("no such key"), or its node is out of reach: nothing to learn
+        info = as_map(reply)
+        if server.has_idmp:
+            added, with_idmp = int(as_text(info["entries-added"])), int(as_text(info["iids-added"]))
+            if (added > with_idmp) if strategy == "idmp" else with_idmp > 0:
+                found.append(job)
+                continue
+        if strategy == "stream-id" and any(
+            entry is not None and _not_at_its_slot(entry) for entry in (info.get("first-entry"), info.get("last-entry"))
+        ):
+            found.append(job)
+    if found:
+        log.warning(
+            "%d jobs (%s) have runs claimed by %s under the prefix %r: claim-only strategies do not see all of each "
+            "other's claims, and instances of each would run some slots once each. Give each strategy a prefix of "
+            "its own", len(found), ", ".join(found[:5]) + (", …" if len(found) > 5 else ""),
+            _TELLS_CLAIMS_OF[strategy], keys.prefix,
+        )  # fmt: skip
+
+
+def _not_at_its_slot(entry: Reply) -> bool:
+    """Whether a runs entry's ID is other than its slot's, as stream-id writes every one."""
+    entry_id, fields = as_list(entry, 2)
+    return as_text(entry_id) != f"{as_text(as_map(fields).get('slot', ''))}-0"
 
 
 def _written_by_the_others(keys: KeySpace, job: str, leases: bool) -> tuple[str, ...]:

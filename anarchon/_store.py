@@ -37,6 +37,11 @@ class ServerInfo:
     def at_least(self, *version: int) -> bool:
         return self.version >= version
 
+    @property
+    def has_idmp(self) -> bool:
+        """Whether the server has idempotent XADD (IDMP): Redis 8.6 and later; Valkey has none."""
+        return self.kind == "redis" and self.at_least(8, 6)
+
     def __str__(self) -> str:
         name = "Redis" if self.kind == "redis" else "Valkey"
         return f"{name} {'.'.join(map(str, self.version))}"
@@ -47,7 +52,7 @@ def parse_info(reply: Reply) -> ServerInfo:
     client made of the reply: redis-py parses it, given the command name as a string), which decode() flattens to
     [field, value, …]. Valkey reports ``redis_version:7.2.4`` beside its own ``valkey_version``."""
     if isinstance(reply, list) and reply and len(reply) % 2 == 0 and ":" not in str(reply[0]):
-        fields = {key: str(value) for key, value in _pairs(reply).items()}
+        fields = {key: str(value) for key, value in as_map(reply).items()}
     else:  # the text; from a cluster client, one per node, alike (as_text takes the first)
         fields = {}
         for line in as_text(reply).splitlines():
@@ -59,15 +64,16 @@ def parse_info(reply: Reply) -> ServerInfo:
     return ServerInfo("redis", _version(fields.get("redis_version", "0")))
 
 
-def _pairs(flat: list[Reply]) -> dict[str, Reply]:
+def as_map(reply: Reply | StoreError) -> dict[str, Reply]:
     """A map sent flat, as RESP2 sends one (and decode() flattens RESP3's): key, value, key, value…"""
+    flat = as_list(reply)
     return {as_text(key): value for key, value in zip(flat[::2], flat[1::2], strict=True)}
 
 
 def parse_hello(reply: Reply) -> ServerInfo:
     """Read ``HELLO``'s answer: server, its name, version, its version… (a flat array in RESP2 and once decoded;
     cluster clients send it to one node)."""
-    pairs = _pairs(as_list(reply))
+    pairs = as_map(reply)
     server, version = pairs.get("server"), pairs.get("version")
     if not isinstance(server, str) or not isinstance(version, str):
         raise StoreError(f"unexpected reply from the store to HELLO: {reply!r:.200}")

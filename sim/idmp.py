@@ -173,7 +173,8 @@ class IdmpConnection:
             made = not await self.inner.execute(["EXISTS", key])
             if made:
                 self.state.streams.pop(key, None)
-                entry = await self.inner.execute(["XADD", key, "*", "created", 1])
+                make = ["XADD", key, "IDMP", "anarchon:made", "1", "*", "created", "1"]
+                entry = await self._xadd_idmp_locked(make, _xadd_options(make))
                 await self.inner.execute(["XDEL", key, text(entry)])
             stream = self.state.streams.setdefault(key, StreamIdmp())
             old_duration, old_max_size = stream.duration_s, stream.maxsize

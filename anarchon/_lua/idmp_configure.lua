@@ -1,6 +1,8 @@
 -- idmp configure: give a job's runs stream the IDMP settings wanted, never shorter than it has, without forgetting
 -- the runs it remembers.
--- KEYS[1]  the job's runs stream (made, empty, when there is none: XCFGSET needs a stream)
+-- KEYS[1]  the job's runs stream (made, empty, when there is none: XCFGSET needs a stream; made by an entry added
+--          with IDMP, as every later one is, so that an entry added without IDMP is another strategy's: see
+--          the backend's start)
 -- ARGV[1]  IDMP-DURATION (s)     ARGV[2]  IDMP-MAXSIZE     ARGV[3]  the producer id (the job)
 -- returns {copied, duration, max_size}: the settings the stream has now, and -1 when it had them already (nothing
 --   set), else how many runs it was made to remember again.
@@ -16,7 +18,8 @@
 local key, duration, max_size, producer = KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
 local made = redis.call('EXISTS', key) == 0
 if made then
-  redis.call('XDEL', key, redis.call('XADD', key, '*', 'created', 1))
+  -- Its producer id has a colon, which no job name has: it takes no place among a job's remembered runs.
+  redis.call('XDEL', key, redis.call('XADD', key, 'IDMP', 'anarchon:made', 1, '*', 'created', 1))
 end
 local info = redis.call('XINFO', 'STREAM', key)
 local current = {}

@@ -46,7 +46,7 @@ class IdmpStrategy(ClaimOnlyStrategy):
         return self.duration_sec * 1000  # every claim reads back the entry its IDMP id names, while it is known
 
     def check_server(self, server: ServerInfo) -> None:
-        if server.kind != "redis" or not server.at_least(8, 6):
+        if not server.has_idmp:
             raise UnsupportedStrategyError(self.name, str(server), OTHER_STRATEGIES)
 
     async def prepare(self, store: Store, jobs: Sequence[str]) -> None:

@@ -409,14 +409,17 @@ async def test_a_server_without_info_is_read_from_hello_or_says_what_to_allow(re
 
 
 @pytest.mark.parametrize("strategy", ["stream-id", "script", "idmp"])
-async def test_every_client_drives_the_claim_only_strategies(client_on_server: ClientOnServer, strategy: str) -> None:
+async def test_every_client_drives_the_claim_only_strategies(
+    client_on_server: ClientOnServer, strategy: str, caplog: pytest.LogCaptureFixture
+) -> None:
     name, client, running = client_on_server
     if strategy == "idmp" and (running.is_valkey or running.version_info[:2] < (8, 6)):
         pytest.skip(f"idmp needs XADD IDMP (Redis 8.6 or later); {running.target} has none")
     policy = JobPolicy(history_size=100)
     claims = []
-    # Two instances, one after the other: the second starts on a job stream that holds entries (idmp reads its
-    # settings back with XINFO STREAM, a map under RESP3), and reads the first one's entry back to lose.
+    # Two instances, one after the other: the second starts on a job stream that holds entries (it reads XINFO
+    # STREAM, a map under RESP3, for claims of other strategies, and idmp its settings), and reads the first one's
+    # entry back to lose.
     for token in ("a", "b"):
         backend = RedisBackend(redis=client, prefix=f"{name}:", strategy=strategy)
         await backend.start(["sync"])
@@ -433,6 +436,7 @@ async def test_every_client_drives_the_claim_only_strategies(client_on_server: C
         await backend.stop()
     assert [c.outcome for c in claims] == [Outcome.WON, Outcome.LOST]
     assert [(h.slot, h.status, h.token) for h in history] == [(SLOT, "ok", "a")]
+    assert [r.getMessage() for r in caplog.records if r.module == "_backend"] == []  # its own claims, not another's
 
 
 async def test_every_cluster_client_queues_commands_per_primary(cluster_client: ClientOnServer) -> None:

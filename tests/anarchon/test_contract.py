@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -1016,6 +1017,45 @@ async def test_idmp_refuses_to_start_where_unsupported(target: StoreTarget) -> N
     for other in ("'lease'", "'stream-id'", "'script'"):
         assert other in str(caught.value)
     assert await target.raw("KEYS", "*") == []  # refused before writing anything
+
+
+CLAIM_ONLY_SIDE_BY_SIDE = [
+    ("stream-id", "idmp", "stream-id or script"),
+    ("script", "idmp", "stream-id or script"),
+    ("idmp", "stream-id", "script or idmp"),
+    ("idmp", "script", "idmp"),
+    ("script", "stream-id", "script or idmp"),
+    ("stream-id", "script", None),  # script cannot tell stream-id's entries from its own made at the slot's ms
+    ("idmp", {"name": "idmp", "duration_sec": 900}, None),  # a longer duration: the runs copied, with IDMP
+    ({"name": "idmp", "duration_sec": 100, "max_size": 100}, "idmp", None),  # the server's defaults: no XCFGSET
+    ("stream-id", "stream-id", None),
+    ("script", "script", None),
+]
+
+
+@pytest.mark.parametrize(("first", "then", "other"), CLAIM_ONLY_SIDE_BY_SIDE)
+async def test_a_claim_only_strategy_started_where_another_claimed_says_so(
+    target: StoreTarget, first: Any, then: Any, other: str | None, caplog: pytest.LogCaptureFixture
+) -> None:
+    """No claim-only strategy sees all of another's claims in a job's runs stream (idmp sees only those added with
+    IDMP; a script claim made before its slot by the server's clock leaves the slot to stream-id as well):
+    instances of two of them on one prefix would run some slots once each. An instance that finds claims of
+    another one in a job's stream says so at start, where it can tell them; idmp after idmp (a deploy that changes
+    its settings included) says nothing."""
+    if "idmp" in repr((first, then)) and not target.supports_idmp:
+        pytest.skip(f"idmp needs Redis 8.6+; {target.name} is {target.describe}")
+    earlier = await target.started_backend(first)
+    claims = [await claim_one(earlier, request(SLOT + i * 1000, f"a{i}"), JobPolicy()) for i in range(2)]
+    assert [claim.outcome for claim in claims] == [Outcome.WON] * 2
+    caplog.clear()
+    await target.started_backend(then)
+    said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING and r.module == "_backend"]
+    warning = (
+        f"1 jobs (sync) have runs claimed by {other} under the prefix 'cron:': claim-only strategies do not see all "
+        "of each other's claims, and instances of each would run some slots once each. Give each strategy a prefix "
+        "of its own"
+    )
+    assert said == ([] if other is None else [warning])
 
 
 async def test_idmp_configures_the_stream_once(target: StoreTarget) -> None:
