@@ -125,24 +125,29 @@ def judge(
     names = [instance.name for instance in scenario.instances]
 
     healthy: dict[float, bool] = {}  # by slot time: every job with a slot then asks the same
-    shows = {instance.name: _when_clock_shows(instance, fault_windows) for instance in scenario.instances}
+    clocks = {instance.name: _Clock.of(instance, fault_windows) for instance in scenario.instances}
 
     judged_until = scenario.duration_s - settle_s  # later slots may not have run by the end: not judged
 
     def someone_healthy(t: float) -> bool:
-        """Whether an instance was healthy from when its clock showed the slot at ``t`` throughout the settling
+        """Whether an instance was healthy from a moment its clock showed the slot at ``t`` throughout the settling
         time: an outage anywhere in it, not only at its ends, can leave the slot to nobody. By its own clock: a
-        scheduler started again after that moment owes the slot nothing, however early in true time it was, and
-        one whose clock shows it too late for the settling time to pass before the end may not have run it yet."""
+        scheduler started again after that moment owes the slot nothing, however early in true time it was, but
+        one whose clock is set back and shows it again owes it then; one whose clock shows it too late for the
+        settling time to pass before the end may not have run it yet."""
         if t not in healthy:
             healthy[t] = any(
                 not any(w.hits(name, at, at + settle_s) for w in fault_windows)
                 for name in names
-                if 0 <= (at := shows[name](t)) <= judged_until
+                for at in clocks[name].showings(t)
+                if 0 <= at <= judged_until
             )
         return healthy[t]
 
-    due = _expected_slots(scenario, epoch, 0.0, judged_until)
+    # The slots the instances' clocks show while slots are judged: a clock ahead shows later ones than the true
+    # time, one behind earlier ones (before the run's start, by the true time).
+    shown = [clock.shown_between(0.0, max(judged_until, 0.0)) for clock in clocks.values()]
+    due = _expected_slots(scenario, epoch, min(low for low, _ in shown), max(high for _, high in shown))
     expected = [(job, slot) for job, slot in due if someone_healthy(true_s(slot, epoch))]
     nothing_to_judge = (
         "no slot was due while an instance was healthy"
@@ -185,41 +190,64 @@ def judge(
     )
 
 
-def _when_clock_shows(instance: InstanceSpec, fault_windows: Sequence[FaultWindow]) -> Callable[[float], float]:
-    """The true time at which ``instance``'s clock first shows the wall time ``t`` (seconds since the run's epoch),
-    from its offset and drift and the faults that moved its clock (skew, drift, late) as they struck: one aimed at
-    "winner" moved the clock of the instance it struck, one that struck nobody moved none. A clock that jumps over
-    ``t`` shows it at the jump; -1 when it never shows ``t`` before the end."""
-    changes: list[tuple[float, float, float | None]] = []  # (when, the jump in seconds, the new rate or None)
-    for window in fault_windows:
-        fault = window.fault
-        if window.instance != instance.name or fault is None:
-            continue
-        if window.kind == "skew":
-            changes.append((window.start, float(fault.settings["offset_ms"]) / 1000, None))
-        elif window.kind == "late":  # behind for its duration, then back (sim/nemesis.py)
-            delay_s = float(fault.settings["delay_ms"]) / 1000
-            changes += [(window.start, -delay_s, None), (window.end, delay_s, None)]
-        elif window.kind == "drift":
-            changes.append((window.start, 0.0, 1 + float(fault.settings["drift"])))
-    t, shown, rate = 0.0, instance.offset_ms / 1000, 1 + instance.drift
-    pieces = []  # (from true time, the clock then, its rate), in order
-    for at, jump, new_rate in sorted(changes, key=lambda change: change[0]):
+@dataclass(frozen=True)
+class _Clock:
+    """An instance's clock through the run, from its offset and drift and the faults that moved it (skew, drift,
+    late) as they struck: pieces (from true time, the clock then, its rate), in order. Times in seconds since the
+    run's epoch."""
+
+    pieces: tuple[tuple[float, float, float], ...]
+
+    @classmethod
+    def of(cls, instance: InstanceSpec, fault_windows: Sequence[FaultWindow]) -> _Clock:
+        """One aimed at "winner" moved the clock of the instance it struck; one that struck nobody moved none."""
+        changes: list[tuple[float, float, float | None]] = []  # (when, the jump in seconds, the new rate or None)
+        for window in fault_windows:
+            fault = window.fault
+            if window.instance != instance.name or fault is None:
+                continue
+            if window.kind == "skew":
+                changes.append((window.start, float(fault.settings["offset_ms"]) / 1000, None))
+            elif window.kind == "late":  # behind for its duration, then back (sim/nemesis.py)
+                delay_s = float(fault.settings["delay_ms"]) / 1000
+                changes += [(window.start, -delay_s, None), (window.end, delay_s, None)]
+            elif window.kind == "drift":
+                changes.append((window.start, 0.0, 1 + float(fault.settings["drift"])))
+        t, shown, rate = 0.0, instance.offset_ms / 1000, 1 + instance.drift
+        pieces = []
+        for at, jump, new_rate in sorted(changes, key=lambda change: change[0]):
+            pieces.append((t, shown, rate))
+            shown, t = shown + (at - t) * rate + jump, at
+            rate = rate if new_rate is None else new_rate
         pieces.append((t, shown, rate))
-        shown, t = shown + (at - t) * rate + jump, at
-        rate = rate if new_rate is None else new_rate
-    pieces.append((t, shown, rate))
+        return cls(tuple(pieces))
 
-    def when(wall: float) -> float:
-        for index, (start, clock, speed) in enumerate(pieces):
-            if clock >= wall:  # passed before the instance started (owed nothing), or jumped over at this moment
-                return start if index else -1.0
-            end = pieces[index + 1][0] if index + 1 < len(pieces) else float("inf")
-            if (at := start + (wall - clock) / speed) < end:
-                return at
-        return -1.0
+    def _ends(self) -> list[float]:
+        """Each piece's end in true time (the last never ends)."""
+        return [start for start, _, _ in self.pieces[1:]] + [math.inf]
 
-    return when
+    def showings(self, wall: float) -> list[float]:
+        """Every true time at which the clock shows the wall time ``wall``: once as it passes it, and again after
+        each time it is set back below it. A clock that jumps over ``wall`` shows it at the jump; one that showed
+        it, or more, as the instance started owes it nothing then (a scheduler's slots are those after its start)."""
+        times, before = [], None  # the clock just before each piece began
+        for (start, clock, speed), end in zip(self.pieces, self._ends(), strict=True):
+            if clock >= wall:
+                if before is not None and before < wall:  # jumped over it at this moment
+                    times.append(start)
+            elif (at := start + (wall - clock) / speed) <= end:
+                times.append(at)
+            before = clock + (end - start) * speed
+        return times
+
+    def shown_between(self, start_s: float, end_s: float) -> tuple[float, float]:
+        """The lowest and the highest time the clock shows from ``start_s`` through ``end_s`` (true time)."""
+        readings = []
+        for (start, clock, speed), end in zip(self.pieces, self._ends(), strict=True):
+            low, high = max(start, start_s), min(end, end_s)
+            if low <= high:
+                readings += [clock + (low - start) * speed, clock + (high - start) * speed]
+        return min(readings), max(readings)
 
 
 def _expected_slots(scenario: Scenario, epoch: float, start_s: float, end_s: float) -> list[tuple[str, int]]:
@@ -297,7 +325,9 @@ def _no_missed(
         how = "; ".join(_describe(e) for e in tried) if tried else "never started"
         if (job, run_id(slot)) in overlapped:
             how += " (skipped-overlap: an earlier run of the job held its lease)"
-        elif tried and max(e.attempt for e in tried) >= attempts.get(job, math.inf):
+        elif tried and not any(e.cut_by_end for e in tried) and max(e.attempt for e in tried) >= attempts.get(
+            job, math.inf
+        ):  # its last attempt ended: the store recorded it interrupted
             how += f" (its max_attempts, {attempts[job]}, were used up: the store recorded it interrupted)"
         return f"{job} slot at {true_s(slot, epoch):.0f} s: {how}"
 

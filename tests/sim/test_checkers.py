@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from sim import report
-from sim.checkers import Judgement, Verdict, _when_clock_shows, judge, percentile
+from sim.checkers import Judgement, Verdict, _Clock, judge, percentile
 from sim.history import Event, Execution, History
 from sim.live import SCALE, judge_live, scaled
 from sim.run import simulate
@@ -162,10 +162,12 @@ def test_a_slot_an_instance_s_clock_shows_too_late_to_settle_before_the_end_is_n
         "instances": [{"name": "a", "offset_ms": -20_000}],
         "jobs": [{"name": "tick", "cron": "*/10 * * * * *", "work_s": 1.0}],
     })  # fmt: skip
-    runs = [_execution("a", s, s + 20, s + 21) for s in range(10, 80, 10)]
+    runs = [_execution("a", s, s + 20, s + 21) for s in range(-10, 80, 10)]
     judgement = judge(scenario, "lease", History(epoch_s=EPOCH_S, executions=runs), [])
     assert judgement.verdicts["P2"].status == "valid"
-    assert judgement.slots_checked == 6  # 10 .. 60 s: shown by 80 s, settled (15 s each) by the end
+    # -10 .. 60 s: shown by 80 s, settled (15 s each) by the end; the first two before the run began, by the
+    # true time, but after a's start by its clock (-20 s then)
+    assert judgement.slots_checked == 8
 
 
 def test_an_instance_started_again_exactly_at_a_slot_is_not_owed_that_slot() -> None:
@@ -193,7 +195,8 @@ def test_an_instance_owes_the_slots_its_own_clock_shows_after_its_start(
         "instances": [{"name": "a", "offset_ms": offset_ms}, {"name": "b"}],
         "jobs": [{"name": "tick", "cron": "*/10 * * * * *", "work_s": 1.0}],
     })  # fmt: skip
-    history = History(epoch_s=EPOCH_S, executions=_every_slot(skip=40))
+    # The slot at 0 s ran too: 2 s behind, a's clock shows it at 2 s, after a started.
+    history = History(epoch_s=EPOCH_S, executions=[_execution("a", 0, 2, 3), *_every_slot(skip=40)])
     windows = [FaultWindow(0, 100, "crash", "b"), FaultWindow(35, restarted_at, "crash", "a")]
     assert judge(scenario, "lease", history, windows).verdicts["P2"].status == ("invalid" if owed else "valid")
 
@@ -209,10 +212,16 @@ def test_when_a_clock_shows_a_time_follows_its_jumps_and_drift() -> None:
             {"at_s": 40, "kind": "late", "instance": "a", "delay_ms": 10_000, "duration_s": 5},  # 66 s, back to 56
         ],  # and at 45 s (66 s again) forward to 76 s
     })  # fmt: skip
-    shows = _when_clock_shows(scenario.instances[0], _struck(scenario, "a"))
+    clock = _Clock.of(scenario.instances[0], _struck(scenario, "a"))
     walls = (0.5, 1, 11, 21, 31, 43, 50, 60, 70, 80)
-    assert [shows(t) for t in walls] == [-1, -1, 10, 20, 25, 30, 32, 37, 45, 47]
-    assert _when_clock_shows(scenario.instances[0], [])(50) == 49  # the faults struck nobody: only the offset
+    # Set back 10 s at 40 s (66 s to 56 s), the clock shows 60 s again at 42 s, and 66 s again at 45 s, where it
+    # jumps forward to 76 s: over 70 s, which it had not shown.
+    assert [clock.showings(t) for t in walls] == [
+        [], [], [10], [20], [25], [30], [32], [37, 42], [45], [47]
+    ]  # fmt: skip
+    assert clock.shown_between(0, 50) == (1, 86)
+    assert clock.shown_between(41, 44) == (58, 64)  # set back meanwhile
+    assert _Clock.of(scenario.instances[0], []).showings(50) == [49]  # the faults struck nobody: only the offset
 
 
 def _struck(scenario: Scenario, instance: str) -> list[FaultWindow]:
@@ -763,10 +772,62 @@ def test_a_slot_its_clock_had_passed_before_it_started_is_not_owed_by_an_instanc
         "instances": [{"name": "a", "offset_ms": 15_000}, {"name": "b"}],
         "jobs": [{"name": "tick", "cron": "*/10 * * * * *", "work_s": 1.0}],
     })  # fmt: skip
-    history = History(epoch_s=EPOCH_S, executions=_every_slot(skip=10))
+    ahead = [_execution("a", s, s - 15, s - 14) for s in (20, 30, 40, 50, 60, 70, 80, 90, 100)]
+    history = History(epoch_s=EPOCH_S, executions=ahead)
     judgement = judge(scenario, "lease", history, [FaultWindow(0, 100, "crash", "b")])
     assert judgement.verdicts["P2"].status == "valid"
-    assert judgement.slots_checked == 7  # 20 .. 80 s
+    assert judgement.slots_checked == 9  # 20 .. 100 s: 90 s and 100 s shown at 75 s and 85 s, in time to settle
+
+
+@pytest.mark.parametrize(("offset_ms", "slot_s"), [(8000, 90), (-8000, 0)])
+def test_a_slot_only_an_instance_s_clock_shows_in_the_judged_time_is_owed(offset_ms: int, slot_s: int) -> None:
+    """b is down throughout. 8 s ahead, a shows the slot at 90 s at 82 s true time, in time to settle by the end
+    (85 s are judged); 8 s behind, it shows the slot at 0 s at 8 s, after its start (its clock showed -8 s). Either
+    slot, by true time outside the judged time, is a's to run: missing, it is a missed slot."""
+    scenario = parse({
+        "name": "unit", "duration_s": 100, "scheduler": {"lease_ms": 3000},
+        "instances": [{"name": "a", "offset_ms": offset_ms}, {"name": "b"}],
+        "jobs": [{"name": "tick", "cron": "*/10 * * * * *", "work_s": 1.0}],
+    })  # fmt: skip
+    shift = -offset_ms / 1000
+    runs = [_execution("a", s, s + shift, s + shift + 1) for s in range(0, 100, 10)]
+    windows = [FaultWindow(0, 100, "crash", "b")]
+    assert judge(scenario, "lease", History(epoch_s=EPOCH_S, executions=runs), windows).verdicts["P2"].status == "valid"
+    missing = [run for run in runs if run.slot != int((EPOCH_S + slot_s) * 1000)]
+    verdict = judge(scenario, "lease", History(epoch_s=EPOCH_S, executions=missing), windows).verdicts["P2"]
+    assert (verdict.status, verdict.witness) == ("invalid", f"tick slot at {slot_s} s: never started")
+
+
+def test_a_run_whose_last_attempt_is_still_going_is_not_said_to_have_used_its_attempts_up() -> None:
+    """Attempts 1 and 2 of the slot at 80 s stopped short; attempt 3, the last max_attempts allows, is still going
+    at the end: undecided, and the store has recorded nothing yet. Had it stopped short too, the store would have
+    recorded the run interrupted."""
+    tried = [_execution("a", 80, 80, 81, completed=False), _execution("b", 80, 85, 86, completed=False, attempt=2)]
+    going = replace(_execution("a", 80, 90, None, completed=False, attempt=3), cut_by_end=True)
+    verdict = _judge([*_every_slot(skip=80), *tried, going]).verdicts["P2"]
+    assert verdict.status == "unknown"
+    assert verdict.witness.endswith("attempt 3 [90.000 .. still running] still going at the end")
+    stopped = _execution("a", 80, 90, 91, completed=False, attempt=3)
+    verdict = _judge([*_every_slot(skip=80), *tried, stopped]).verdicts["P2"]
+    assert verdict.status == "invalid"
+    assert verdict.witness.endswith("(its max_attempts, 3, were used up: the store recorded it interrupted)")
+
+
+def test_a_slot_a_clock_set_back_shows_again_after_a_restart_is_owed() -> None:
+    """b is down from the start; a is down from 30 s to 45 s, and its clock is set 10 s back at 44 s. It showed
+    the slot at 40 s while down, and shows it again at 50 s, started: a owes it then."""
+    scenario = parse({
+        "name": "unit", "duration_s": 100, "scheduler": {"lease_ms": 3000},
+        "instances": [{"name": "a"}, {"name": "b"}],
+        "jobs": [{"name": "tick", "cron": "*/10 * * * * *", "work_s": 1.0}],
+        "faults": [{"at_s": 44, "kind": "skew", "instance": "a", "offset_ms": -10_000}],
+    })  # fmt: skip
+    windows = [FaultWindow(0, 100, "crash", "b"), FaultWindow(30, 45, "crash", "a"), *_struck(scenario, "a")]
+    runs = [_execution("a", s, s, s + 1) for s in (10, 20)] + [_execution("a", s, s + 10, s + 11) for s in (50, 60, 70)]
+    verdict = judge(scenario, "lease", History(epoch_s=EPOCH_S, executions=runs), windows).verdicts["P2"]
+    assert (verdict.status, verdict.witness) == ("invalid", "tick slot at 40 s: never started")
+    ran = [*runs, _execution("a", 40, 50, 51)]
+    assert judge(scenario, "lease", History(epoch_s=EPOCH_S, executions=ran), windows).verdicts["P2"].status == "valid"
 
 
 def test_a_claim_won_just_after_a_restart_at_the_same_instant_won_a_lost_claim_again() -> None:
