@@ -1376,7 +1376,7 @@ class Scheduler(Generic[M]):
             if not self._started:  # stop() waits for the slot in progress, not for the ones left
                 return
             raise_if_cancelled()
-            request = RunRequest(job.name, run_id(slot), slot, self._token(), self.instance_id)
+            request = RunRequest(job.name, run_id(slot), slot, self._token(), self.instance_id, catch_up=True)
             unanswered = False
             while self._started:  # claimed again while the store is out of reach or another run holds it
                 if self.clock.wall_ms() - slot > job.options.catch_up_ms:

@@ -77,7 +77,9 @@ class LeaseStore:
         return replace(self, runs=kept, forgotten=max((self.forgotten, *map(run_slot, gone))))
 
 
-def claim(store: LeaseStore, run: str, token: str, now: int, policy: JobPolicy) -> tuple[LeaseStore, Claim]:
+def claim(
+    store: LeaseStore, run: str, token: str, now: int, policy: JobPolicy, catch_up: bool = False
+) -> tuple[LeaseStore, Claim]:
     slot = run_slot(run)
     r = store.run(run)
     live = _live_others(store, run, now, policy)
@@ -94,6 +96,8 @@ def claim(store: LeaseStore, run: str, token: str, now: int, policy: JobPolicy) 
             kept = {s for s in store.deferred if s > now - policy.keep_ms}
             wait = max(slot, other_end if early_other else 0) - now
             return replace(store, deferred=tuple(sorted(kept | {slot}))), Claim(Outcome.RUNNING, 0, 0, wait)
+        if other_end is not None and catch_up:  # a catch-up's claim waits for that lease, and claims again
+            return store, Claim(Outcome.RUNNING, 0, 0, other_end - now)
         if other_end is not None:
             skipped = Run("skipped-overlap", 1, token, 0, 0).close("skipped-overlap", slot, now)
             # A run that ends in its claim has no finish to trim after it: the claim trims.

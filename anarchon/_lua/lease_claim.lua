@@ -2,7 +2,10 @@
 -- KEYS[1..5]  the job's state, active, slots, runs, results keys (see lease_state)
 -- ARGV[1]  run id: the slot (epoch ms) for a scheduled run, "m<slot>-<tag>" for a manual one
 -- ARGV[2]  token of this attempt     ARGV[3] runner (instance id)
--- ARGV[4]  lease_ms                  ARGV[5] max_attempts          ARGV[6] overlap allowed: "1" or "0"
+-- ARGV[4]  lease_ms                  ARGV[5] max_attempts
+-- ARGV[6]  overlap: "1" allowed; "0" forbidden; "wait" forbidden, and a run with no state yet, claimed while another
+--          run of the job holds a live lease, waits for it ("running") instead of being skipped: a catch-up's claim
+--          of a slot gone by, which runs the slots it missed one after another
 -- ARGV[7]  history_size              ARGV[8] keep_ms               ARGV[9] history_ttl_ms ("0": none)
 -- returns "<answer> <attempt> <fence> <lease_ms_left>" (one string: a client reads it faster than an array), and
 --   " given-up" after a "done" when this claim gave the run up: its attempts were used up (recorded interrupted);
@@ -17,6 +20,7 @@
 --              holds a live lease and overlap is forbidden, is "running" with attempt 0: lease_ms_left says when
 --              to claim it again (at its slot); nothing is stored for it but its slot in "deferred". So is one
 --              claimed while the live run is of a later slot, begun early (again when that run's lease ends).
+--              Or it is a catch-up's claim ("wait"): attempt 0, lease_ms_left says when that run's lease ends.
 --   "overlap"  another run of the job holds a live lease and overlap is forbidden: recorded as skipped-overlap;
 --              also to a copy of that claim sent again (its answer was lost), with the lease left of a run live
 --              now (0 if none)
@@ -44,6 +48,7 @@ end
 
 -- include: lease_close
 local lease_ms, max_attempts, overlap_allowed = tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6] == '1'
+local waits_for_overlap = ARGV[6] == 'wait'
 local slot, manual = run_slot(run)
 
 -- The other run of the job whose lease, live at `now`, ends last, and that end (nil if none): when a claim that
@@ -87,6 +92,9 @@ if not r then
       deferred[#deferred + 1] = slot
       redis.call('HSET', STATE, 'deferred', table.concat(deferred, ' '))
       return reply('running', 0, 0, math.max(tonumber(slot), early_other and other_end or 0) - now)
+    end
+    if other and waits_for_overlap then -- nothing stored: it claims again when that lease ends
+      return reply('running', 0, 0, other_end - now)
     end
     if other then
       local skipped = { status = 'skipped-overlap', attempt = 1, token = token, runner = runner, lease_end = 0,

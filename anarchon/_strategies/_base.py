@@ -48,8 +48,9 @@ CLAIM_MARGIN_MS = 60_000  # kept beyond a job's claim horizon, for clock differe
 class RunRequest(NamedTuple):
     """One instance asking for one run. ``run`` is the store's id of the run: the slot for a scheduled run,
     ``m<slot>-<tag>`` for a manual one (see :func:`run_id`). ``retry``: the claim is sent again, with the same
-    token, after a try that may have reached the store (its answer never came). A named tuple, like
-    :class:`Claim`: one is made for every claim."""
+    token, after a try that may have reached the store (its answer never came). ``catch_up``: a catch-up's claim
+    of a slot gone by (lease), which waits for a live run of the job where a slot coming due would be skipped
+    for it. A named tuple, like :class:`Claim`: one is made for every claim."""
 
     job: str
     run: str
@@ -58,6 +59,7 @@ class RunRequest(NamedTuple):
     runner: str
     manual: bool = False
     retry: bool = False
+    catch_up: bool = False
 
 
 def run_id(slot: int, manual_tag: str | None = None) -> str:

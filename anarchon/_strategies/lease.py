@@ -24,8 +24,11 @@ SKIP = Script.load("lease_skip")
 SINCE = Script.load("lease_since")
 
 
-def _flag(value: bool) -> str:
-    return "1" if value else "0"
+def _overlap(policy: JobPolicy, request: RunRequest) -> str:
+    """The claim script's overlap argument: allowed, forbidden, or forbidden and waited out (a catch-up's claim)."""
+    if policy.overlap:
+        return "1"
+    return "wait" if request.catch_up else "0"
 
 
 def _trim_args(policy: JobPolicy) -> tuple[int, int, int]:
@@ -67,7 +70,7 @@ class LeaseStrategy:
     def claim_call(self, request: RunRequest, policy: JobPolicy) -> ScriptCall:
         # The run id carries the slot and whether the run is manual (see RunRequest).
         max_attempts = 1 if request.manual else policy.max_attempts  # a manual run is not retried by backups
-        args = (request.run, request.token, request.runner, policy.lease_ms, max_attempts, _flag(policy.overlap),
+        args = (request.run, request.token, request.runner, policy.lease_ms, max_attempts, _overlap(policy, request),
                 *_trim_args(policy))  # fmt: skip
         return ScriptCall(CLAIM, self.job_keys(request.job), args)
 

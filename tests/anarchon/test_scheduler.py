@@ -1543,6 +1543,62 @@ def test_after_an_outage_the_retries_of_many_jobs_come_forward_in_one_pass() -> 
     assert rebuilt == [len(jobs)]
 
 
+@pytest.mark.parametrize("second_after_s", [15, 0, None])
+def test_a_catch_up_waits_for_a_live_run_of_the_job_and_skips_none_of_its_slots(second_after_s: float | None) -> None:
+    """The README's example: a job every 5 minutes that works 200 s, an hour with no instance up, catch_up_ms of an
+    hour, overlap forbidden. Its 12 old slots run once each, one after another, when two instances start (15 s
+    apart, or at once), or when one starts while a run_now is under way on another: a catch-up claim that meets a
+    live run of the job waits for it (beside the run_now, the oldest one leaves the catch-up period meanwhile).
+    Before, it was recorded skipped-overlap, and so was each next one: 1 of the 12 ran with two instances, none
+    beside the run_now."""
+    period_s, work_s = 300, 200
+
+    async def main() -> tuple[Counter[int], dict[int, list[str]]]:
+        server = fakeredis.FakeServer()
+        ran: Counter[int] = Counter()
+
+        def instance(name: str, catch_up_ms: int = 3_600_000) -> Scheduler[Any]:
+            scheduler = _virtual_instance(server, name)
+
+            async def work(run: RunContext) -> None:
+                ran[run.slot] += 1
+                await asyncio.sleep(work_s)
+
+            scheduler.add_job("sync", "*/5 * * * *", work, catch_up_ms=catch_up_ms)
+            return scheduler
+
+        await asyncio.sleep(10)
+        first = instance("z")  # the job's first start on the store: a catch-up reaches back to it
+        await first.start()
+        await first.stop()
+        await asyncio.sleep(3880)  # no instance up for an hour: slots 300 s .. 3600 s missed
+        started = [instance("a", catch_up_ms=0 if second_after_s is None else 3_600_000)]
+        await started[0].start()
+        if second_after_s is None:
+            manual = asyncio.ensure_future(started[0].run_now("sync"))  # under way when the next instance starts
+            await asyncio.sleep(1)
+        else:
+            await asyncio.sleep(second_after_s)
+        started.append(instance("b"))
+        await started[1].start()
+        await asyncio.sleep(3600)
+        statuses: dict[int, list[str]] = {}
+        for record in await started[0].history("sync", limit=100):
+            if not record.manual:
+                statuses.setdefault(record.slot, []).append(record.status)
+        for scheduler in started:
+            await scheduler.stop()
+        if second_after_s is None:
+            assert (await manual).status == "ok"
+        return ran, statuses
+
+    ran, statuses = run_virtual(main(), epoch_s=VIRTUAL_EPOCH_S, seed=1)
+    old = [(VIRTUAL_EPOCH_S + s) * 1000 for s in range(period_s, 3601, period_s)]
+    # Behind the 200 s run_now, the oldest slot left the catch-up period (an hour) before its turn came.
+    left = [(0, None)] if second_after_s is None else [(1, ["ok"])]
+    assert [(ran[slot], statuses.get(slot)) for slot in old] == left + [(1, ["ok"])] * 11
+
+
 def test_a_catch_up_claims_no_slot_that_left_catch_up_ms_meanwhile() -> None:
     """A catch-up runs its slots one after another, and long runs take it far past ``catch_up_ms``. The store
     keeps a run's state about that long: a later claim would find it trimmed and run again a slot that another

@@ -117,7 +117,7 @@ class LeaseMachine(StoreMachine):
         self.policy = JobPolicy()
         self.skips = 0
         self.closed = False  # the last call closed a run (and so may have trimmed others)
-        self.last_claim: tuple[str, str] | None = None  # (run, token)
+        self.last_claim: tuple[str, str, bool] | None = None  # (run, token, catch_up)
 
     @initialize(
         overlap=st.booleans(),
@@ -196,19 +196,20 @@ class LeaseMachine(StoreMachine):
         # One ZSCORE per run: fakeredis and the servers shape a ZRANGE WITHSCORES reply differently.
         return int(float(as_text(self.raw("ZSCORE", key, run))))
 
-    @rule(target=won, run=runs, token=TOKENS, short=st.booleans())
-    def claim(self, run: str, token: str, short: bool) -> MultipleResults[str]:
-        request = self.run_request(run, token)
+    @rule(target=won, run=runs, token=TOKENS, short=st.booleans(), catch_up=st.booleans())
+    def claim(self, run: str, token: str, short: bool, catch_up: bool) -> MultipleResults[str]:
+        # A catch-up claims scheduled runs only.
+        request = self.run_request(run, token)._replace(catch_up=catch_up and not run.startswith("m"))
         policy = replace(self.policy, lease_ms=SHORT_MS if short else LONG_MS)
         strategy, store = self.backend.strategy, self.backend.store
         now, results = self.timed(strategy.claim(store, [(request, policy)]))
         # As the strategy sends it: a manual run is not retried by backups.
         sent = replace(policy, max_attempts=1) if request.manual else policy
-        model, expected = lease.claim(self.model, run, token, now, sent)
+        model, expected = lease.claim(self.model, run, token, now, sent, request.catch_up)
         self.update(model, settle=short and expected.outcome is Outcome.WON)
         real = one_claim(results)
         assert_same_claim(expected, real, self.slack_ms)
-        self.last_claim = (run, token)
+        self.last_claim = (run, token, request.catch_up)
         return multiple(run) if real.outcome is Outcome.WON else multiple()
 
     # The last claim sent again with its token, as the scheduler does when the answer to the first was lost: it
@@ -217,7 +218,8 @@ class LeaseMachine(StoreMachine):
     @rule(target=won, short=st.booleans())
     def claim_again(self, short: bool) -> MultipleResults[str]:
         assert self.last_claim is not None
-        return self.claim(*self.last_claim, short)
+        run, token, catch_up = self.last_claim
+        return self.claim(run, token, short, catch_up)
 
     def token_for(self, run_id: str, token: str, holder: bool) -> str:
         """``holder``: the token of the run's current attempt (as the model has it), so that heartbeats and
