@@ -33,7 +33,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -323,11 +323,15 @@ def _no_missed(
     def witness(job: str, slot: int) -> str:
         tried = by_slot.get((job, slot), [])
         how = "; ".join(_describe(e) for e in tried) if tried else "never started"
+        # Its last attempt allowed has ended (not still going at the end): the store recorded it interrupted.
+        used_up = (
+            tried
+            and not any(e.cut_by_end for e in tried)
+            and max(e.attempt for e in tried) >= attempts.get(job, math.inf)
+        )
         if (job, run_id(slot)) in overlapped:
             how += " (skipped-overlap: an earlier run of the job held its lease)"
-        elif tried and not any(e.cut_by_end for e in tried) and max(e.attempt for e in tried) >= attempts.get(
-            job, math.inf
-        ):  # its last attempt ended: the store recorded it interrupted
+        elif used_up:
             how += f" (its max_attempts, {attempts[job]}, were used up: the store recorded it interrupted)"
         return f"{job} slot at {true_s(slot, epoch):.0f} s: {how}"
 
