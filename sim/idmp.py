@@ -12,8 +12,8 @@ connection wrapper answers ``XADD … IDMP``, ``XCFGSET`` and the IDMP fields of
 - ``XCFGSET`` needs an existing stream, checks 1..86400 s and 1..10000, and clears every map when it changes a
   value (not when it sets the same one); new streams start at 100 s and 100 ids.
 
-fakeredis runs a script's ``redis.call`` itself, past this wrapper: the one script of anarchon's that sends IDMP
-commands, the idmp strategy's configure script, is answered here, step by step as its Lua does them.
+fakeredis runs a script's ``redis.call`` itself, past this wrapper: the scripts of anarchon's that send IDMP commands,
+the idmp strategy's configure and skip claim, are answered here, step by step as their Lua does them.
 
 The state is part of the dataset: :class:`IdmpState` is snapshotted and restored with it across a failover.
 """
@@ -29,11 +29,12 @@ from dataclasses import dataclass, field
 
 from anarchon._errors import StoreError, StoreReplyError
 from anarchon._store import Command, Connection, Reply, ServerInfo, as_list
-from anarchon._strategies.idmp import CONFIGURE
+from anarchon._strategies.idmp import CONFIGURE, SKIP_CLAIM
 
 DEFAULT_DURATION_S = 100
 DEFAULT_MAXSIZE = 100
 CONFIGURE_SCRIPT = frozenset({CONFIGURE.sha, CONFIGURE.source})  # EVALSHA or EVAL of it
+SKIP_CLAIM_SCRIPT = frozenset({SKIP_CLAIM.sha, SKIP_CLAIM.source})
 
 
 @dataclass
@@ -92,6 +93,8 @@ class IdmpConnection:
             return await self._xinfo(command)
         elif name in ("EVALSHA", "EVAL") and text(command[1]) in CONFIGURE_SCRIPT:
             return await self._configure(*(text(a) for a in command[3:7]))
+        elif name in ("EVALSHA", "EVAL") and text(command[1]) in SKIP_CLAIM_SCRIPT:
+            return await self._skip_claim(*(text(a) for a in command[3:]))
         return await self.inner.execute(command)
 
     async def execute_many(self, commands: Sequence[Command]) -> list[Reply | StoreError]:
@@ -195,6 +198,18 @@ class IdmpConnection:
                     add = ["XADD", key, "IDMP", producer, slot, "*", *(text(f) for f in fields)]
                     await self._xadd_idmp_locked(add, _xadd_options(add))
             return [len(copied), *wanted]
+
+    async def _skip_claim(self, key: str, producer: str, slot: str, maxlen: str, *fields: str) -> Reply:
+        """anarchon/_lua/idmp_skip.lua, one step for each of its commands."""
+        async with self.state.lock:
+            if not await self.inner.execute(["EXISTS", key]):
+                return None
+            stream = self.state.streams.setdefault(key, StreamIdmp())
+            stream.expire(self._now_ms())
+            if sum(len(ids) for ids in stream.producers.values()) >= stream.maxsize:
+                return None
+            add = ["XADD", key, "NOMKSTREAM", "IDMP", producer, slot, "MAXLEN", "~", maxlen, "*", *fields]
+            return await self._xadd_idmp_locked(add, _xadd_options(add))
 
     async def _xinfo(self, command: Command) -> Reply:
         reply = await self.inner.execute(command)

@@ -104,7 +104,7 @@ class ClaimOnlyStrategy:
             job=request.job, run=request.run, slot=request.slot, attempt=1, status=status, runner="",
             token="", fence=0, manual=False, started=request.slot, ended=request.slot, message=message,
         )  # fmt: skip
-        [claim] = await self.claim_scheduled(store, [(request, policy)])
+        claim = await self.claim_for_skip(store, request, policy)
         if isinstance(claim, StoreError):
             raise claim
         if claim.outcome is not Outcome.WON:
@@ -116,6 +116,11 @@ class ClaimOnlyStrategy:
         if as_list(await store.execute("ZRANGEBYSCORE", results, score, score + 99, "LIMIT", 0, 1)):
             return False
         return await self._record(store, record, policy)
+
+    async def claim_for_skip(self, store: Store, request: RunRequest, policy: JobPolicy) -> Claim | StoreError:
+        """Claim a late run for the record of its skip: won only where no instance claimed it."""
+        [claim] = await self.claim_scheduled(store, [(request, policy)])
+        return claim
 
     async def record_unclaimable(self, store: Store, record: RunRecord, policy: JobPolicy) -> bool:
         """Record the skip of a late run whose claim for the skip lost, where the store shows that no instance

@@ -25,12 +25,13 @@ from ._claim_only import ClaimOnlyStrategy, entry_token
 
 OTHER_STRATEGIES = ("lease", "stream-id", "script")
 CONFIGURE = Script.load("idmp_configure")
+SKIP_CLAIM = Script.load("idmp_skip")
 log = logging.getLogger("anarchon")
 
 
 class IdmpStrategy(ClaimOnlyStrategy):
     name = "idmp"
-    scripts: tuple[Script, ...] = (*ClaimOnlyStrategy.scripts, CONFIGURE)
+    scripts: tuple[Script, ...] = (*ClaimOnlyStrategy.scripts, CONFIGURE, SKIP_CLAIM)
 
     def __init__(self, keys: KeySpace, duration_sec: int, max_size: int) -> None:
         super().__init__(keys)
@@ -132,6 +133,25 @@ class IdmpStrategy(ClaimOnlyStrategy):
             won = entry_token(entry) == request.token  # None when the original entry was trimmed: not ours
             claims.append(Claim(Outcome.WON, 1, fence_of(as_text(entry_id))) if won else Claim(Outcome.LOST))
         return claims
+
+    async def claim_for_skip(self, store: Store, request: RunRequest, policy: JobPolicy) -> Claim | StoreError:
+        """A skip comes after the run's late span, when later runs' ids may have pushed the run's own out (up to
+        ``max_size`` per job): its claim would then win a run that ran, or is running, and its new id would push
+        out another run's, whose late claim would win that one again. Claimed (idmp_skip.lua) only while the
+        server keeps fewer ids than it may; otherwise lost (no skip recorded: whether the run was claimed cannot
+        be told)."""
+        runs = self.keys.claim(request.job).runs
+        fields = ("slot", request.slot, "token", request.token, "runner", request.runner)
+        maxlen = max(policy.history_size, self.max_size)
+        try:
+            entry_id = await store.run(SKIP_CLAIM, (runs,), (request.job, request.slot, maxlen, *fields))
+            if entry_id is None:
+                return Claim(Outcome.LOST)
+            entry = await store.execute("XRANGE", runs, as_text(entry_id), as_text(entry_id))
+        except StoreError as error:
+            return error
+        won = entry_token(entry) == request.token
+        return Claim(Outcome.WON, 1, fence_of(as_text(entry_id))) if won else Claim(Outcome.LOST)
 
     async def _add_to_vanished(
         self, store: Store, jobs: Sequence[str], adds: Sequence[Command], ids: Sequence[Reply | StoreError]

@@ -495,6 +495,26 @@ async def test_idmp_no_late_skip_is_recorded_beside_a_run_whose_id_max_size_evic
     assert [r.status for r in history if r.slot == slot] == ["ok"]
 
 
+async def test_idmp_a_late_skip_claims_nothing_once_the_server_keeps_max_size_ids(target: StoreTarget) -> None:
+    """Where the server keeps max_size ids of the job already, a skip's claim could neither tell whether its run was
+    claimed (its id may be gone: here a run still going, with no result yet) nor add an id without pushing out
+    another run's, whose late claim would then win it again. It claims nothing, and no skip is recorded. Before,
+    the first skip was recorded beside the run going on, and the second pushed out a run's id, which a late claim
+    then won again."""
+    if not target.supports_idmp:
+        pytest.skip(f"idmp needs Redis 8.6+; {target.name} is {target.describe}")
+    backend = await target.started_backend({"name": "idmp", "duration_sec": 300, "max_size": 2})
+    policy = JobPolicy(late_after_ms=100)
+    base = await target.server_ms() - 10_000
+    for slot in (base, base + 1000, base + 2000):  # the first still going; its id pushed out by the next two
+        assert (await claim_one(backend, request(slot, f"t{slot}"), policy)).outcome is Outcome.WON
+    for slot in (base, base + 500):  # the run going on; a run nobody claimed
+        late = RunRequest("sync", run_id(slot), slot, f"late{slot}", "b")
+        assert not await backend.strategy.skip(backend.store, late, policy, "skipped-late", "too late")
+    assert (await claim_one(backend, request(base + 1000, "again"), policy)).outcome is Outcome.LOST
+    assert await backend.strategy.history(backend.store, "sync", 10) == []
+
+
 async def test_idmp_a_late_claim_of_a_run_whose_entry_is_gone_loses(target: StoreTarget) -> None:
     """The stream keeps as many entries as the server remembers ids (max_size), so a known id's entry is there.
     Should it be gone all the same (deleted by hand here), a late claim of that run gets the old entry's ID, reads

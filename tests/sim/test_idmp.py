@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
+from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import pytest
 
-from anarchon import RedisBackend, StoreUnavailableError
+from anarchon import RedisBackend, RunContext, Scheduler, StoreUnavailableError
 from anarchon._adapters import RedisPyAsync
 from anarchon._errors import StoreReplyError
 from anarchon._store import Connection, Store
@@ -19,7 +21,7 @@ from anarchon._strategies.idmp import CONFIGURE
 from sim.links import Link
 from sim.servers.testing import ServerUnderTest
 from sim.vtime import run_virtual
-from sim.world import EPOCH_S, SimStore
+from sim.world import EPOCH_S, SimClock, SimStore
 from tests.anarchon.support import claim_one, record, request, server_ms
 
 # (command, pause in seconds afterwards). Durations are short so that expiry can be seen in real time.
@@ -192,6 +194,95 @@ async def test_idmp_on_the_emulation_no_late_skip_beside_a_run_whose_id_max_size
         assert not await backend.strategy.skip(backend.store, late, policy, "skipped-late", "too late")
         history = await backend.strategy.history(backend.store, "sync", 10)
         assert [r.status for r in history if r.slot == slot] == ["ok"]
+
+
+async def test_idmp_on_the_emulation_a_late_skip_claims_nothing_once_it_keeps_max_size_ids() -> None:
+    """As the contract test on Redis 8.6: a run still going whose id two later runs pushed out, and a run nobody
+    claimed, are not recorded skipped, and the skips push out no run's id."""
+    async with emulated_idmp(duration_sec=300, max_size=2) as (backend, store):
+        policy = JobPolicy(late_after_ms=100)
+        base = await server_ms(store) - 10_000
+        for slot in (base, base + 1000, base + 2000):
+            assert (await claim_one(backend, request(slot, f"t{slot}"), policy)).outcome is Outcome.WON
+        for slot in (base, base + 500):
+            late = request(slot, f"late{slot}")
+            assert not await backend.strategy.skip(backend.store, late, policy, "skipped-late", "too late")
+        assert (await claim_one(backend, request(base + 1000, "again"), policy)).outcome is Outcome.LOST
+        assert await backend.strategy.history(backend.store, "sync", 10) == []
+
+
+def _idmp_instances(
+    store: SimStore, names: str, max_size: int, work_s: float, ran: Counter[int]
+) -> list[Scheduler[Any]]:
+    """Instances of a job every second (max_late_ms 1 s) under idmp on ``store``, counting the runs of each slot."""
+
+    async def work(run: RunContext) -> None:
+        ran[run.slot] += 1
+        await asyncio.sleep(work_s)
+
+    instances = []
+    for name in names:
+        strategy = {"name": "idmp", "duration_sec": 300, "max_size": max_size}
+        scheduler = Scheduler(RedisBackend(redis=Link(store.connection(), name), strategy=strategy),
+                              instance_id=name, clock=SimClock(), random=random.Random(name))  # fmt: skip
+        scheduler.add_job("j", "* * * * * *", work, max_late_ms=1000)
+        instances.append(scheduler)
+    return instances
+
+
+def test_idmp_a_paused_instance_records_no_skip_of_a_run_going_on_whose_id_later_runs_pushed_out() -> None:
+    """A job every second that works 20 s, max_size 10. b is paused 15 s; at its resume it skips the slot it had
+    due, which a still runs, its id pushed out by the runs since. Before, the skip was recorded beside a's ok."""
+
+    async def main() -> dict[int, list[str]]:
+        ran: Counter[int] = Counter()
+        a, b = _idmp_instances(SimStore((8, 6)), "ab", 10, 20.0, ran)
+        for scheduler in (a, b):
+            await scheduler.start()
+        await asyncio.sleep(5.5)
+        assert isinstance(b.clock, SimClock)
+        b.clock.pause()
+        await asyncio.sleep(15)
+        b.clock.resume()
+        await asyncio.sleep(30)
+        records: dict[int, list[str]] = {}
+        for kept in await a.history("j", limit=1000):
+            records.setdefault(kept.slot, []).append(kept.status)
+        for scheduler in (a, b):
+            await scheduler.stop(timeout=0.1)
+        return records
+
+    records = run_virtual(main(), epoch_s=EPOCH_S, seed=1)
+    assert {slot: statuses for slot, statuses in records.items() if len(statuses) > 1} == {}
+
+
+def test_idmp_skips_of_paused_instances_push_out_no_run_a_late_claim_would_win_again() -> None:
+    """max_size 2, a job every second: c and d are paused a second apart and resume 0.5 s after the slot at 30 s.
+    Each first skips the slot it had due, then claims the slot at 30 s, which a ran. Before, the skips' new ids
+    pushed that slot's out, and c ran it again."""
+
+    async def main() -> Counter[int]:
+        ran: Counter[int] = Counter()
+        a, c, d = _idmp_instances(SimStore((8, 6)), "acd", 2, 0.0, ran)
+        for scheduler in (a, c, d):
+            await scheduler.start()
+        await asyncio.sleep(9.7)
+        assert isinstance(c.clock, SimClock)
+        assert isinstance(d.clock, SimClock)
+        c.clock.pause()
+        await asyncio.sleep(1.0)
+        d.clock.pause()
+        await asyncio.sleep(19.8)
+        c.clock.resume()
+        d.clock.resume()
+        await asyncio.sleep(5)
+        for scheduler in (a, c, d):
+            await scheduler.stop(timeout=0.1)
+        return ran
+
+    ran = run_virtual(main(), epoch_s=EPOCH_S, seed=1)
+    assert ran[(EPOCH_S + 30) * 1000] == 1
+    assert {slot: count for slot, count in ran.items() if count > 1} == {}
 
 
 async def test_idmp_on_the_emulation_records_a_late_skip_only_while_it_remembers_the_run() -> None:

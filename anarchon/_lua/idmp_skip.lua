@@ -1,0 +1,21 @@
+-- idmp skip claim: claim a late run for the record of its skip, where the answer can tell whether the run was
+-- claimed. Not once the server tracks as many idempotent ids as a producer may keep (IDMP-MAXSIZE): the run's own
+-- id may have been pushed out by later runs' (the claim would win a run that ran, or is running), and a new id
+-- would push out the oldest one the server keeps (a late claim of that run would win it again).
+-- KEYS[1]  the job's runs stream
+-- ARGV[1]  the producer id (the job)     ARGV[2]  the run's slot (its idempotent id)     ARGV[3]  MAXLEN (~)
+-- ARGV[4..] the entry's fields and values
+-- returns the ID of the run's entry (this claim's, or the one of the claim that came first); false, claiming
+--   nothing, when there is no stream (a store that lost it) or it tracks IDMP-MAXSIZE ids already
+local key = KEYS[1]
+if redis.call('EXISTS', key) == 0 then
+  return false
+end
+local info = redis.call('XINFO', 'STREAM', key)
+local fields = {}
+for i = 1, #info, 2 do fields[info[i]] = info[i + 1] end
+if tonumber(fields['iids-tracked']) >= tonumber(fields['idmp-maxsize']) then
+  return false
+end
+return redis.call('XADD', key, 'NOMKSTREAM', 'IDMP', ARGV[1], ARGV[2], 'MAXLEN', '~', ARGV[3], '*',
+  unpack(ARGV, 4))
