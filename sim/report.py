@@ -61,9 +61,11 @@ CHECKER_RULES = {
     "known: a claim answered before another was sent was accepted first, and no two claims share a fence "
     "(claim-only strategies: scheduled runs only, as documented). Each execution runs with the fence its claim "
     "was told.",
-    "lateness": "Each run starts no later than its job's jitter_ms + max_late_ms (catch_up_ms under lease, if "
-    "larger) + 1 s after its slot: 61 s with the defaults, 6 s in late-claim. A run that starts early (a clock "
-    "ahead) is not judged: the lateness table shows how early.",
+    "lateness": "Each scheduled run starts no later than its job's jitter_ms + max_late_ms (catch_up_ms under lease, "
+    "if larger) + 1 s after its slot: 61 s with the defaults, 6 s in late-claim, 11 s in lost-reply. Judged for the "
+    "slots due after the scenario begins: an earlier one, which an instance whose clock is behind runs after it "
+    "starts, is P2's to judge. A run that starts early (a clock ahead) is not judged: the lateness table shows how "
+    "early.",
 }
 RATE_CHECKERS = ("P1", "P2", "P3", "P5")
 COLOURS = {"lease": "#1b6ca8", "stream-id": "#d1495b", "script": "#edae49", "idmp": "#66a182"}
