@@ -116,7 +116,8 @@ def claim(
         new_fence = None
         if r.lease_end <= now:
             if other_end is not None:  # renewed, it would run beside another live run: the caller waits for it
-                return store, Claim(Outcome.RUNNING, r.attempt, r.fence, other_end - now)
+                asked = replace(r, lease_end=now)  # asked for now: not abandoned by trim meanwhile
+                return store.put(run, asked), Claim(Outcome.RUNNING, r.attempt, r.fence, other_end - now)
             # Other runs took fences while the lease was out: the renewal, whose first answer nobody heard, takes
             # the next, so that the fences acknowledged keep growing.
             new_fence = store.fence + 1 if store.fence > r.fence else None
@@ -128,7 +129,8 @@ def claim(
         interrupted = replace(r.close("interrupted", slot, now), token=token)  # the state keeps the closer's token
         return trim(store.put(run, interrupted), now, policy), Claim(Outcome.DONE, r.attempt, r.fence, given_up=True)
     if other_end is not None:  # a takeover would run beside another live run: the backup waits for its lease
-        return store, Claim(Outcome.RUNNING, r.attempt, r.fence, other_end - now)
+        asked = replace(r, lease_end=-now if r.lease_end < 0 else now)  # asked for now: not abandoned by trim
+        return store.put(run, asked), Claim(Outcome.RUNNING, r.attempt, r.fence, other_end - now)
     return _start(store, run, token, now, policy, r.attempt + 1)
 
 

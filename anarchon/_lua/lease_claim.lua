@@ -146,6 +146,8 @@ else
     if r.lease_end <= now then
       local live_end = live_other_end()
       if live_end then
+        r.lease_end = now -- asked for now (see the takeover's wait below)
+        save_run(run, r)
         return reply('running', r.attempt, r.fence, live_end - now)
       end
       if job_fence > r.fence then
@@ -172,6 +174,10 @@ else
   end
   local live_end = live_other_end()
   if live_end then -- taking the run over now would run it beside another one: wait for that one's lease
+    -- Asked for now (handed back or not, as it was): trim closes as abandoned only a run nobody asked for in
+    -- keep_ms, and a backup may wait longer than that for a long run (a run_now) to end.
+    r.lease_end = r.lease_end < 0 and -now or now
+    save_run(run, r)
     return reply('running', r.attempt, r.fence, live_end - now)
   end
   record_result(run, r, 'interrupted', now, '"' .. ended .. '; taken over by attempt ' .. (r.attempt + 1) .. '"')

@@ -1599,6 +1599,48 @@ def test_a_catch_up_waits_for_a_live_run_of_the_job_and_skips_none_of_its_slots(
     assert [(ran[slot], statuses.get(slot)) for slot in old] == left + [(1, ["ok"])] * 11
 
 
+def test_a_run_handed_back_while_a_long_run_now_holds_the_job_is_taken_over_once_it_ends() -> None:
+    """A rolling deploy: a stops and hands its run of the slot at 300 s back; before b, its backup, asks again, a
+    run_now on c takes the job (the run handed back holds no lease), and b waits for it (overlap forbidden). The
+    manual run works 120 s, past keep_ms: before, its finish's trim closed the run b waited for as abandoned
+    ("no instance claimed the run again"), and the slot never ran to its end. b's waiting claims now mark the
+    run asked for: b takes it over when the manual run ends."""
+
+    async def main() -> tuple[list[tuple[str, int]], str]:
+        server = fakeredis.FakeServer()
+        records: list[tuple[str, int]] = []
+
+        async def work(run: RunContext) -> None:
+            await asyncio.sleep(120 if run.manual else 10)
+
+        def instance(name: str, offset_ms: int = 0) -> Scheduler[Any]:
+            scheduler = _virtual_instance(server, name, lease_ms=1000, heartbeat_ms=300)
+            assert isinstance(scheduler.clock, SimClock)
+            scheduler.clock.offset_ms = offset_ms
+            scheduler.add_job("j", "*/5 * * * *", work, max_late_ms=1000)
+            return scheduler
+
+        a, b, c = instance("a"), instance("b", -100), instance("c")  # b asks just after a: a wins, b is its backup
+        await a.start()
+        await b.start()
+        await asyncio.sleep(300.5)
+        await a.stop(timeout=0)
+        await c.start()
+        manual = asyncio.ensure_future(c.run_now("j"))
+        await asyncio.sleep(200)
+        for record in await b.history("j", limit=50):
+            if record.slot == (VIRTUAL_EPOCH_S + 300) * 1000:
+                records.append((record.status, record.attempt))
+        status = (await manual).status
+        for scheduler in (b, c):
+            await scheduler.stop()
+        return records, status
+
+    records, manual = run_virtual(main(), epoch_s=VIRTUAL_EPOCH_S, seed=1)
+    assert manual == "ok"
+    assert records == [("ok", 2), ("interrupted", 1)]
+
+
 def test_a_catch_up_claims_no_slot_that_left_catch_up_ms_meanwhile() -> None:
     """A catch-up runs its slots one after another, and long runs take it far past ``catch_up_ms``. The store
     keeps a run's state about that long: a later claim would find it trimmed and run again a slot that another
