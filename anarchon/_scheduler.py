@@ -932,7 +932,7 @@ class Scheduler(Generic[M]):
         """A manual run the store recorded skipped-overlap: its record as history() shows it (which run was still
         running, on the store's clock), or one made here if it cannot be read."""
         with contextlib.suppress(StoreError):
-            for record in await self.backend.strategy.history(self.backend.store, request.job, 10):
+            for record in await self.backend.strategy.records_at(self.backend.store, request.job, request.slot):
                 if record.run == request.run:
                     return record
         return self._local_record(request, "skipped-overlap", "another run of the job was still running")

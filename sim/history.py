@@ -161,6 +161,9 @@ class RecordingStrategy:
     async def history(self, store: Store, job: str, limit: int) -> list[RunRecord]:
         return await self.inner.history(store, job, limit)
 
+    async def records_at(self, store: Store, job: str, slot: int) -> list[RunRecord]:
+        return await self.inner.records_at(store, job, slot)
+
     async def _call(self, op: str, request: RunRequest, call: Awaitable[T]) -> T:
         self._record("invoke", op, request)
         try:

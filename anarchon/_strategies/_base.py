@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
 from .._errors import StoreError
-from .._records import RunRecord, Status, decode_record
+from .._records import RunRecord, Status, decode_record, result_score
 from .._store import Script, ServerInfo, Store, as_list, as_text
 
 
@@ -131,9 +131,18 @@ class Strategy(Protocol):
         """Attempts newest first."""
         ...
 
+    async def records_at(self, store: Store, job: str, slot: int) -> list[RunRecord]:
+        """The attempts recorded at ``slot`` (a scheduled run's, and any manual run's begun at that ms)."""
+        ...
+
 
 async def read_history(store: Store, job: str, results_key: str, limit: int) -> list[RunRecord]:
     members = as_list(await store.execute("ZREVRANGE", results_key, 0, limit - 1))
+    return [decode_record(job, as_text(member)) for member in members]
+
+
+async def read_records_at(store: Store, job: str, results_key: str, slot: int) -> list[RunRecord]:
+    members = as_list(await store.execute("ZRANGEBYSCORE", results_key, result_score(slot, 0), result_score(slot, 99)))
     return [decode_record(job, as_text(member)) for member in members]
 
 

@@ -14,7 +14,7 @@ from .._errors import StoreError
 from .._keys import KeySpace
 from .._records import RunRecord, Status, encode_record, result_score
 from .._store import Command, Reply, Script, ScriptCall, ServerInfo, Store, as_list, as_text
-from ._base import CLAIM_MARGIN_MS, Claim, JobPolicy, Outcome, RunRequest, fence_of, read_history
+from ._base import CLAIM_MARGIN_MS, Claim, JobPolicy, Outcome, RunRequest, fence_of, read_history, read_records_at
 
 TRIM_STREAM = Script.load("stream_trim")
 SERVER_TIME = Script.load("server_time")
@@ -169,6 +169,9 @@ class ClaimOnlyStrategy:
 
     async def history(self, store: Store, job: str, limit: int) -> list[RunRecord]:
         return await read_history(store, job, self.keys.claim(job).results, limit)
+
+    async def records_at(self, store: Store, job: str, slot: int) -> list[RunRecord]:
+        return await read_records_at(store, job, self.keys.claim(job).results, slot)
 
 
 def entry_token(entry: Reply) -> str | None:

@@ -14,7 +14,7 @@ from .._errors import StoreError
 from .._keys import KeySpace
 from .._records import RunRecord, Status
 from .._store import Reply, Script, ScriptCall, ServerInfo, Store, as_text
-from ._base import OUTCOMES, Claim, JobPolicy, RunRequest, read_history
+from ._base import OUTCOMES, Claim, JobPolicy, RunRequest, read_history, read_records_at
 
 CLAIM = Script.load("lease_claim")
 HEARTBEAT = Script.load("lease_heartbeat")
@@ -104,3 +104,6 @@ class LeaseStrategy:
 
     async def history(self, store: Store, job: str, limit: int) -> list[RunRecord]:
         return await read_history(store, job, self.keys.lease(job).results, limit)
+
+    async def records_at(self, store: Store, job: str, slot: int) -> list[RunRecord]:
+        return await read_records_at(store, job, self.keys.lease(job).results, slot)

@@ -1641,6 +1641,37 @@ def test_a_run_handed_back_while_a_long_run_now_holds_the_job_is_taken_over_once
     assert records == [("ok", 2), ("interrupted", 1)]
 
 
+def test_a_run_now_skipped_for_overlap_returns_the_record_the_store_holds() -> None:
+    """b's clock is 15 s behind, a job every second that works 3 s: b's run_now, skipped for overlap, is recorded at
+    its slot, the 15th newest of the job's records. Before, run_now looked among the 10 newest only, and returned a
+    record made locally (another message, b's times) instead of the store's."""
+
+    async def main() -> tuple[RunRecord, list[RunRecord]]:
+        server = fakeredis.FakeServer()
+
+        async def work(run: RunContext) -> None:
+            await asyncio.sleep(3)
+
+        a, b = _virtual_instance(server, "a"), _virtual_instance(server, "b")
+        assert isinstance(b.clock, SimClock)
+        b.clock.offset_ms = -15_000
+        for scheduler in (a, b):
+            scheduler.add_job("j", "* * * * * *", work)
+            await scheduler.start()
+        await asyncio.sleep(40.5)
+        returned = await b.run_now("j")
+        stored = [record for record in await a.history("j", limit=1000) if record.run == returned.run]
+        for scheduler in (a, b):
+            await scheduler.stop()
+        return returned, stored
+
+    returned, stored = run_virtual(main(), epoch_s=VIRTUAL_EPOCH_S, seed=1)
+    assert returned.status == "skipped-overlap"
+    assert stored == [returned]
+    assert returned.message is not None
+    assert returned.message.startswith("run ")  # the store's: which run was still running
+
+
 def test_a_catch_up_claims_no_slot_that_left_catch_up_ms_meanwhile() -> None:
     """A catch-up runs its slots one after another, and long runs take it far past ``catch_up_ms``. The store
     keeps a run's state about that long: a later claim would find it trimmed and run again a slot that another
