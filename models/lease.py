@@ -116,8 +116,9 @@ def claim(
         new_fence = None
         if r.lease_end <= now:
             if other_end is not None:  # renewed, it would run beside another live run: the caller waits for it
-                asked = replace(r, lease_end=now)  # asked for now: not abandoned by trim meanwhile
-                return store.put(run, asked), Claim(Outcome.RUNNING, r.attempt, r.fence, other_end - now)
+                return _waited(store, run, r, live, slot, now), Claim(
+                    Outcome.RUNNING, r.attempt, r.fence, other_end - now
+                )
             # Other runs took fences while the lease was out: the renewal, whose first answer nobody heard, takes
             # the next, so that the fences acknowledged keep growing.
             new_fence = store.fence + 1 if store.fence > r.fence else None
@@ -129,9 +130,16 @@ def claim(
         interrupted = replace(r.close("interrupted", slot, now), token=token)  # the state keeps the closer's token
         return trim(store.put(run, interrupted), now, policy), Claim(Outcome.DONE, r.attempt, r.fence, given_up=True)
     if other_end is not None:  # a takeover would run beside another live run: the backup waits for its lease
-        asked = replace(r, lease_end=-now if r.lease_end < 0 else now)  # asked for now: not abandoned by trim
-        return store.put(run, asked), Claim(Outcome.RUNNING, r.attempt, r.fence, other_end - now)
+        return _waited(store, run, r, live, slot, now), Claim(Outcome.RUNNING, r.attempt, r.fence, other_end - now)
     return _start(store, run, token, now, policy, r.attempt + 1)
+
+
+def _waited(store: LeaseStore, run: str, r: Run, live: list[tuple[str, Run]], slot: int, now: int) -> LeaseStore:
+    """A claim waiting for the live runs marks the run asked for now (keeping a hand-back's sign), so that trim
+    does not abandon it; not when one of them is of a later slot (the job has moved on: trim may close it)."""
+    if any(not other.startswith("m") and run_slot(other) > slot for other, _ in live):
+        return store
+    return store.put(run, replace(r, lease_end=-now if r.lease_end < 0 else now))
 
 
 def _live_others(store: LeaseStore, run: str, now: int, policy: JobPolicy) -> list[tuple[str, Run]]:

@@ -55,17 +55,20 @@ local slot, manual = run_slot(run)
 -- waits for the job's other runs can go ahead. The same whatever order SMEMBERS lists them in (sorted for an
 -- intset, hash or insertion order once a manual run id joined; ties go to the greater run id).
 -- Third: whether one of the live runs is of a scheduled slot still ahead of `now` (begun early, by an instance
--- whose clock runs ahead).
+-- whose clock runs ahead). Fourth: whether one is of a scheduled slot later than this run's.
 local function live_other(now)
-  local latest, latest_end, early = nil, now, false
+  local latest, latest_end, early, later = nil, now, false, false
   for _, other in ipairs(redis.call('SMEMBERS', ACTIVE)) do
     local o = other ~= run and load_run(other)
-    if o and o.lease_end > now and o.manual == '0' and tonumber(o.slot) > now then early = true end
+    if o and o.lease_end > now and o.manual == '0' then
+      if tonumber(o.slot) > now then early = true end
+      if tonumber(o.slot) > tonumber(slot) then later = true end
+    end
     if o and (o.lease_end > latest_end or (o.lease_end == latest_end and latest and other > latest)) then
       latest, latest_end = other, o.lease_end
     end
   end
-  if latest then return latest, latest_end, early end
+  if latest then return latest, latest_end, early, later end
   return nil
 end
 
@@ -128,10 +131,18 @@ else
   end
   now = now or server_now() -- read above when another attempt holds the run
   -- The lease end of another run of the job that is live now (nil if none, or if overlap is allowed): a retried
-  -- claim whose lease ran out waits for it, and so does a takeover.
-  local function live_other_end()
+  -- claim whose lease ran out waits for it, and so does a takeover. Such a wait marks the run asked for now
+  -- (its lease end set to now, keeping a hand-back's sign): trim closes as abandoned only a run nobody asked for
+  -- in keep_ms, and a backup may wait longer than that for a long run (a run_now) to end. Not a wait for a later
+  -- slot's run: the job has moved on, and behind a job whose runs follow each other closely such waits would
+  -- never end; trim closes the run once keep_ms has passed.
+  local function wait_for_live_other()
     if overlap_allowed then return nil end
-    local _, lease_end = live_other(now)
+    local _, lease_end, _, later = live_other(now)
+    if lease_end and not later then
+      r.lease_end = r.lease_end < 0 and -now or now
+      save_run(run, r)
+    end
     return lease_end
   end
   if r.token == token then
@@ -144,10 +155,8 @@ else
     end
     local new_fence = nil
     if r.lease_end <= now then
-      local live_end = live_other_end()
+      local live_end = wait_for_live_other()
       if live_end then
-        r.lease_end = now -- asked for now (see the takeover's wait below)
-        save_run(run, r)
         return reply('running', r.attempt, r.fence, live_end - now)
       end
       if job_fence > r.fence then
@@ -172,12 +181,8 @@ else
     trim(now, tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9]))
     return reply('done', r.attempt, r.fence, 0) .. ' given-up'
   end
-  local live_end = live_other_end()
+  local live_end = wait_for_live_other()
   if live_end then -- taking the run over now would run it beside another one: wait for that one's lease
-    -- Asked for now (handed back or not, as it was): trim closes as abandoned only a run nobody asked for in
-    -- keep_ms, and a backup may wait longer than that for a long run (a run_now) to end.
-    r.lease_end = r.lease_end < 0 and -now or now
-    save_run(run, r)
     return reply('running', r.attempt, r.fence, live_end - now)
   end
   record_result(run, r, 'interrupted', now, '"' .. ended .. '; taken over by attempt ' .. (r.attempt + 1) .. '"')
