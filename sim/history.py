@@ -95,6 +95,9 @@ class RecordingStrategy:
         self.scripts = inner.scripts
         self._attempts: dict[str, int] = {}  # token -> the attempt its claim won
         self.runs: dict[str, str] = {}  # token -> the run its claim named (a manual run's id is not its slot)
+        # Its process was killed: what the scheduler object still calls (its stop() after the kill, where the
+        # simulator ends it) is nothing the process did, and goes unrecorded.
+        self.killed = False
 
     def _record(self, kind: str, op: str, request: RunRequest, value: str = "") -> None:
         attempt = self._attempts.get(request.token, 0)
@@ -128,6 +131,8 @@ class RecordingStrategy:
         await self.inner.prepare(store, jobs)
 
     async def claim(self, store: Store, requests: Sequence[tuple[RunRequest, JobPolicy]]) -> list[Claim | StoreError]:
+        if self.killed:
+            return await self.inner.claim(store, requests)
         for request, _ in requests:
             self.runs[request.token] = request.run
             self._record("invoke", "claim", request)
@@ -165,6 +170,8 @@ class RecordingStrategy:
         return await self.inner.records_at(store, job, slot)
 
     async def _call(self, op: str, request: RunRequest, call: Awaitable[T]) -> T:
+        if self.killed:
+            return await call
         self._record("invoke", op, request)
         try:
             result = await call

@@ -211,6 +211,7 @@ class SimInstance:
     stopping: bool = False  # its process is stopping (a stop fault): down for new faults, but it can still crash
     stop_at_resume: Scheduler[Any] | None = None  # told to stop while paused: it acts on it at the resume
     serving: bool = False  # its process has started (a restart within a pause waits for the resume to start)
+    recorder: RecordingStrategy | None = None  # its process's strategy, which writes its operations to the history
 
     def __post_init__(self) -> None:
         self.clock = SimClock(self.spec.offset_ms, self.spec.drift)
@@ -240,7 +241,11 @@ class SimInstance:
         return None
 
     async def run_now(self, job: str) -> str | None:
-        assert self.scheduler is not None
+        # A paused process (SIGSTOP) takes the call when it resumes, as live mode's reads it from its stdin then:
+        # the manual run is named, claimed and leased by its clock of that moment.
+        await self.clock.gate()
+        if self.scheduler is None or not self.serving:
+            return "its process went down before it could take the call"
         try:
             await self.scheduler.run_now(job)
         except StoreError as error:
@@ -256,7 +261,7 @@ class SimInstance:
         backend: RedisBackend[Any] = RedisBackend(
             redis=self.link, strategy=world.scenario.strategy_option(world.strategy)
         )  # type: ignore[call-overload]
-        recorder = RecordingStrategy(backend.strategy, world.history, self.name, world.now)
+        recorder = self.recorder = RecordingStrategy(backend.strategy, world.history, self.name, world.now)
         backend.strategy = recorder
         scheduler: Scheduler[Any] = Scheduler(
             backend,
@@ -318,6 +323,8 @@ class SimInstance:
         self.serving = False
         self.stopping = False
         self.link.kill()
+        if self.recorder is not None:  # a killed process attempts nothing more: the stop below is bookkeeping
+            self.recorder.killed = True
         # Its jobs stopped where they are: when the kill came, or when the pause it came in began.
         self._stop_jobs(self.world.now() if self.paused_at is None else self.paused_at)
         scheduler, self.scheduler = self.scheduler, None

@@ -30,7 +30,7 @@ from sim.history import Execution, History, RecordingStrategy
 from sim.links import Link, NotSent
 from sim.replica import written_keys
 from sim.run import Outcome, simulate
-from sim.scenario import FaultSpec, ScenarioError, parse
+from sim.scenario import FaultSpec, Scenario, ScenarioError, parse
 from sim.vtime import SimulationDeadlock, run_virtual
 from sim.world import EPOCH_S, SimClock, SimStore, World
 
@@ -1210,3 +1210,41 @@ def test_a_fault_on_the_winner_strikes_the_instance_whose_run_started_first() ->
     assert World._target(Stub(instances=instances), winner).name == "b"  # type: ignore[arg-type, union-attr]
     idle = {name: Stub(name=name, up=name != "a", running_jobs={}) for name in "abc"}
     assert World._target(Stub(instances=idle), winner).name == "b"  # type: ignore[arg-type, union-attr]
+
+
+def _two_instances(faults: list[dict[str, Any]]) -> Scenario:
+    """a (its clock 300 ms ahead) and b, a job every 10 s that works 6 s, and ``faults``."""
+    return parse({
+        "name": "unit", "duration_s": 90, "scheduler": {"lease_ms": 3000, "heartbeat_ms": 1000},
+        "instances": [{"name": "a", "offset_ms": 300}, {"name": "b"}],
+        "jobs": [{"name": "tick", "cron": "*/10 * * * * *", "work_s": 6.0}],
+        "faults": faults,
+    })  # fmt: skip
+
+
+@pytest.mark.parametrize("strategy", scenarios.STRATEGIES)
+def test_a_manual_run_asked_of_a_paused_instance_runs_when_it_resumes(strategy: str) -> None:
+    """A paused process (SIGSTOP) takes a run_now when it resumes, as live mode's reads it from its stdin then: the
+    manual run is named and leased by its clock of that moment, and runs its work to the end. Before, the call ran
+    in the pause (named at 45.3 s by a's clock), and its lease, counted from then, cut the run as it began."""
+    pause = {"at_s": 41, "kind": "pause", "instance": "a", "duration_s": 15}
+    outcome = simulate(_two_instances([pause, {"at_s": 45, "kind": "manual", "instance": "a", "job": "tick"}]),
+                       strategy, 1)  # fmt: skip
+    [manual] = [e for e in outcome.history.executions if e.manual]
+    assert (manual.instance, manual.started, manual.completed) == ("a", 56.0, True)
+    assert true_s(manual.slot, EPOCH_S) == pytest.approx(56.3)
+    assert not [e for e in outcome.history.events if e.process == "a" and 41 < e.t < 56]
+
+
+@pytest.mark.parametrize("strategy", scenarios.STRATEGIES)
+def test_a_killed_instance_records_nothing_until_it_restarts(strategy: str) -> None:
+    """SIGKILL: the process attempts nothing more. Before, the simulator's stop() of the dead scheduler recorded a
+    release (lease) or finish, sent and failed at the kill, which no live history can show."""
+    crash = {"at_s": 42, "kind": "crash", "instance": "a", "restart_after_s": 20}
+    outcome = simulate(_two_instances([crash]), strategy, 1)
+    assert [e for e in outcome.history.events if e.process == "a" and 42 <= e.t < 62] == []
+    slot_40 = int((EPOCH_S + 40) * 1000)
+    ran = [
+        (e.started, e.ended, e.completed) for e in outcome.history.executions if (e.instance, e.slot) == ("a", slot_40)
+    ]
+    assert ran == [(39.7, 42.0, False)]
