@@ -45,6 +45,11 @@ class StreamIdmp:
     added: int = 0
     duplicates: int = 0
 
+    @property
+    def tracked(self) -> int:
+        """The idempotent ids it keeps, every producer's (XINFO's iids-tracked)."""
+        return sum(len(ids) for ids in self.producers.values())
+
     def expire(self, now_ms: int) -> None:
         threshold = now_ms - self.duration_s * 1000
         for pid in list(self.producers):
@@ -206,7 +211,7 @@ class IdmpConnection:
                 return None
             stream = self.state.streams.setdefault(key, StreamIdmp())
             stream.expire(self._now_ms())
-            if sum(len(ids) for ids in stream.producers.values()) >= stream.maxsize:
+            if stream.tracked >= stream.maxsize:
                 return None
             add = ["XADD", key, "NOMKSTREAM", "IDMP", producer, slot, "MAXLEN", "~", maxlen, "*", *fields]
             return await self._xadd_idmp_locked(add, _xadd_options(add))
@@ -221,7 +226,7 @@ class IdmpConnection:
             "idmp-duration": stream.duration_s,
             "idmp-maxsize": stream.maxsize,
             "pids-tracked": len(stream.producers),
-            "iids-tracked": sum(len(ids) for ids in stream.producers.values()),
+            "iids-tracked": stream.tracked,
             "iids-added": stream.added,
             "iids-duplicates": stream.duplicates,
         }

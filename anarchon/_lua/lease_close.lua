@@ -38,9 +38,10 @@ end
 -- same keep_ms; one with a longer keep_ms is refused the slots between, though they never ran).
 -- A run left active by instances that all died, or handed back when every instance stopped, is closed as
 -- interrupted once nobody can claim it any more: at each trim, so that its record comes with the job's next
--- runs. A backup that waits to take a run over (for another run of the job) marks when it asked, in lease_end:
--- a run it still waits for is not abandoned. The rest is done, without history_ttl_ms, once the finished runs are a tenth over history_size (at
--- least one): most finishes then cost an SRANDMEMBER and a ZCARD here instead of six commands.
+-- runs. A backup that waits to take a run over for a run_now or an earlier slot's run marks when it asked, in
+-- lease_end (lease_claim): a run it still waits for is not abandoned. The rest is done, without history_ttl_ms,
+-- once the finished runs are a tenth over history_size (at least one): most finishes then cost an SRANDMEMBER and
+-- a ZCARD here instead of six commands.
 local function trim(now, history_size, keep_ms, ttl_ms)
   local horizon = now - keep_ms
   -- A few at random per call: the check stays cheap however many runs are in progress, and over many calls

@@ -115,14 +115,20 @@ class IdmpStrategy(ClaimOnlyStrategy):
         ids = await store.execute_many(adds)
         if None in ids:
             ids = await self._add_to_vanished(store, [r.job for r, _ in requests], adds, ids)
+        return await self._read_back(store, [r for r, _ in requests], ids)
+
+    async def _read_back(
+        self, store: Store, requests: Sequence[RunRequest], ids: Sequence[Reply | StoreError]
+    ) -> list[Claim | StoreError]:
+        """Each request's claim, from the entry its XADD IDMP answered: won where that entry holds its token."""
         reads = [
             ("XRANGE", self.keys.claim(r.job).runs, as_text(entry_id), as_text(entry_id))
-            for (r, _), entry_id in zip(requests, ids, strict=True)
+            for r, entry_id in zip(requests, ids, strict=True)
             if not isinstance(entry_id, StoreError)
         ]
         entries = iter(await store.execute_many(reads))
         claims: list[Claim | StoreError] = []
-        for (request, _), entry_id in zip(requests, ids, strict=True):
+        for request, entry_id in zip(requests, ids, strict=True):
             if isinstance(entry_id, StoreError):
                 claims.append(entry_id)
                 continue
@@ -145,13 +151,12 @@ class IdmpStrategy(ClaimOnlyStrategy):
         maxlen = max(policy.history_size, self.max_size)
         try:
             entry_id = await store.run(SKIP_CLAIM, (runs,), (request.job, request.slot, maxlen, *fields))
-            if entry_id is None:
-                return Claim(Outcome.LOST)
-            entry = await store.execute("XRANGE", runs, as_text(entry_id), as_text(entry_id))
         except StoreError as error:
             return error
-        won = entry_token(entry) == request.token
-        return Claim(Outcome.WON, 1, fence_of(as_text(entry_id))) if won else Claim(Outcome.LOST)
+        if entry_id is None:
+            return Claim(Outcome.LOST)
+        [claim] = await self._read_back(store, [request], [entry_id])
+        return claim
 
     async def _add_to_vanished(
         self, store: Store, jobs: Sequence[str], adds: Sequence[Command], ids: Sequence[Reply | StoreError]
