@@ -27,25 +27,68 @@
 --   "done"     the run finished, was skipped, or used up its attempts (then it was recorded as interrupted),
 --              or trim has forgotten it: its slot is not after the job's "forgotten" slot (attempt and fence 0),
 --              or the caller's own attempt has handed it back (this is a copy of its claim that came late)
+-- include: server_now
+local run, token, runner, lease_ms_text = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+-- The run's state, the job's fence counter and its "forgotten" slot (see lease_state): one read.
+local fields = redis.call('HMGET', KEYS[1], run, 'fence', 'forgotten')
+local now -- the server's ms (TIME), read only where an answer depends on it (see also the attempt's start)
+
+-- Start attempt `attempt` (text) of the run of `slot` (manual: "1" or "0"): a runs entry, the run's state, the
+-- job's next fence; `fence_counter` is the job's (false before its first attempt). Claims stay short: trimming
+-- (of the runs stream too) is left to finish, which follows every won claim.
+local function start(attempt, fence_counter, slot, manual)
+  local fence = string.format('%d', (fence_counter or 0) + 1)
+  local entry = redis.call('XADD', KEYS[4], '*', 'run', run, 'slot', slot, 'attempt', attempt, 'token', token,
+    'runner', runner, 'fence', fence)
+  -- The attempt starts now. An id of sequence 0 is the server's ms (nearly every claim: no TIME needed); a later
+  -- sequence means the stream's last id was at or past the clock, ahead of it after the clock was set back (or a
+  -- failover to a server whose clock is behind), and a lease counted from it would hold the run from backups for
+  -- as long as the clock is behind.
+  local started = now or string.match(entry, '^(%d+)%-0$') or server_now()
+  local lease_end = string.format('%d', started + lease_ms_text)
+  redis.call('HSET', KEYS[1], run, 'running|' .. attempt .. '|' .. token .. '|' .. runner .. '|' .. lease_end .. '|' ..
+    fence .. '|' .. slot .. '|' .. manual .. '|' .. started, 'fence', fence)
+  if not fence_counter then
+    -- The job's first attempt on this store (first deployed, or the store lost its data): a catch-up reaches back
+    -- to this run's slot and no further (unless one that asked before any claim set an earlier moment).
+    redis.call('HSETNX', KEYS[1], 'since', tonumber(slot) - 1)
+  end
+  redis.call('SADD', KEYS[2], run)
+  return 'won ' .. attempt .. ' ' .. fence .. ' ' .. lease_ms_text
+end
+
+-- The two commonest claims are answered before the shared functions are defined (lease_state, lease_close): Lua
+-- builds each function a script defines anew on every call, and they would cost these claims a fifth more.
+if not fields[1] then
+  -- A run's first claim, with no other run of the job in progress or overlap allowed, starts its first attempt:
+  -- nearly every claim that wins. Its slot is compared with the forgotten one as text: both are integers
+  -- without leading zeros (tonumber, which calls strtod, costs more than the rest of the comparison).
+  local manual, slot = string.match(run, '^(m?)(%d+)')
+  local forgotten = fields[3] or '0'
+  if (#slot > #forgotten or (#slot == #forgotten and slot > forgotten))
+      and (ARGV[6] == '1' or redis.call('SCARD', KEYS[2]) == 0) then
+    return start('1', fields[2], slot, manual == 'm' and '1' or '0')
+  end
+else
+  -- A backup's claim of a run another attempt holds with a live lease: where instances share jobs, every one
+  -- asks for every run and all but one are told this. Read from the state's first six fields (see lease_state).
+  local status, attempt, holder, lease_end, fence =
+    string.match(fields[1], '^(%l+)|(%d+)|([^|]*)|[^|]*|(%-?%d+)|(%d+)|')
+  if status == 'running' and holder ~= token then
+    now = server_now()
+    if tonumber(lease_end) > now then
+      return 'running ' .. attempt .. ' ' .. fence .. ' ' .. string.format('%d', lease_end - now)
+    end
+  end
+end
+
 -- include: lease_state
-local run, token, runner = ARGV[1], ARGV[2], ARGV[3]
 
 local function reply(answer, attempt, fence, lease_ms_left)
   return answer .. ' ' .. attempt .. ' ' .. fence .. ' ' .. lease_ms_left
 end
 
-local r, job_fence, forgotten = load_run(run, true)
-local now -- the server's ms (TIME), read only where an answer depends on it (see also the attempt's start)
--- A backup's claim of a run another attempt holds with a live lease: where instances share jobs, every one
--- asks for every run and all but one are told this. Answered before the functions that end runs are defined
--- (lease_close below), which would cost such a claim about a third more.
-if r and r.status == 'running' and r.token ~= token then
-  now = server_now()
-  if r.lease_end > now then
-    return reply('running', r.attempt, r.fence, r.lease_end - now)
-  end
-end
-
+local r, job_fence, forgotten = parse_run(fields[1]), tonumber(fields[2] or '0'), tonumber(fields[3] or '0')
 -- include: lease_close
 local lease_ms, max_attempts, overlap_allowed = tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6] == '1'
 local waits_for_overlap = ARGV[6] == 'wait'
@@ -159,7 +202,7 @@ else
       if live_end then
         return reply('running', r.attempt, r.fence, live_end - now)
       end
-      if job_fence > r.fence then
+      if job_fence > tonumber(r.fence) then
         -- Other runs took fences while this lease was out, and nobody has heard this one's (its answer was
         -- lost): the renewed lease takes the next, so the fences its holders hear keep growing.
         new_fence = job_fence + 1
@@ -174,7 +217,7 @@ else
     return reply('running', r.attempt, r.fence, r.lease_end - now)
   end
   local ended = r.lease_end < 0 and 'handed back' or 'lease expired'
-  if r.attempt >= max_attempts then
+  if tonumber(r.attempt) >= max_attempts then
     close_run(run, r, 'interrupted', now, '"' .. ended .. '; no attempts left"')
     r.token = token -- recorded as the attempt's; kept as this claim's, for a copy of it that may come again
     save_run(run, r)
@@ -189,25 +232,4 @@ else
   attempt = r.attempt + 1
 end
 
--- Start the attempt. Written out, not as a function: Lua builds each function a script defines anew on every
--- call. Attempt and fence become text once, not at each of their uses (the runs entry, the state, the reply).
--- Trimming (of the runs stream too) is left to finish, which follows every won claim: claims stay short.
-attempt = tostring(attempt)
-local fence = tostring(job_fence + 1)
-local entry = redis.call('XADD', RUNS, '*', 'run', run, 'slot', slot, 'attempt', attempt, 'token', token,
-  'runner', runner, 'fence', fence)
--- The attempt starts now. An id of sequence 0 is the server's ms (nearly every claim: no TIME needed); a later
--- sequence means the stream's last id was at or past the clock, ahead of it after the clock was set back (or a
--- failover to a server whose clock is behind), and a lease counted from it would hold the run from backups for
--- as long as the clock is behind.
-local id_ms, sequence = string.match(entry, '^(%d+)-(%d+)$')
-local started = now or (sequence == '0' and id_ms) or server_now()
-local value = run_value('running', attempt, token, runner, started + lease_ms, fence, slot, manual, started)
-redis.call('HSET', STATE, run, value, 'fence', fence)
-if job_fence == 0 then
-  -- The job's first attempt on this store (first deployed, or the store lost its data): a catch-up reaches back
-  -- to this run's slot and no further (unless one that asked before any claim set an earlier moment).
-  redis.call('HSETNX', STATE, 'since', tonumber(slot) - 1)
-end
-redis.call('SADD', ACTIVE, run)
-return reply('won', attempt, fence, ARGV[4])
+return start(tostring(attempt), fields[2], slot, manual)

@@ -22,26 +22,20 @@ local function run_slot(run)
   return slot, manual == 'm' and '1' or '0'
 end
 
-local function server_now()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- A run's state as a table, read from its stored value (nil for none). Only lease_end becomes a number: the
+-- other fields are mostly copied into values and replies, where a number would cost a conversion each way
+-- (tonumber calls strtod, and a number joined to text is printed by sprintf); compare attempt and fence with
+-- tonumber.
+local function parse_run(value)
+  if not value then return nil end
+  local status, attempt, token, runner, lease_end, fence, slot, manual, started = string.match(value, RUN_PATTERN)
+  return { status = status, attempt = attempt, token = token, runner = runner, lease_end = tonumber(lease_end),
+    fence = fence, slot = slot, manual = manual, started = started }
 end
 
--- A run's state as a table (nil when the store has none), and with `with_fence`, the job's fence counter and
--- its "forgotten" slot: read in the same command, so that a claim costs one read.
-local function load_run(run, with_fence)
-  local value, fence_counter, forgotten
-  if with_fence then
-    local fields = redis.call('HMGET', STATE, run, 'fence', 'forgotten')
-    value, fence_counter, forgotten = fields[1], tonumber(fields[2] or '0'), tonumber(fields[3] or '0')
-  else
-    value = redis.call('HGET', STATE, run)
-  end
-  if not value then return nil, fence_counter, forgotten end
-  local status, attempt, token, runner, lease_end, fence, slot, manual, started = string.match(value, RUN_PATTERN)
-  return { status = status, attempt = tonumber(attempt), token = token, runner = runner,
-    lease_end = tonumber(lease_end), fence = tonumber(fence), slot = slot, manual = manual, started = started },
-    fence_counter, forgotten
+-- A run's state as a table (nil when the store has none).
+local function load_run(run)
+  return parse_run(redis.call('HGET', STATE, run))
 end
 
 -- A run's state as stored.
