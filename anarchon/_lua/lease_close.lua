@@ -52,7 +52,7 @@ local function trim(now, history_size, keep_ms, ttl_ms)
       redis.call('SREM', ACTIVE, run)
     elseif math.abs(r.lease_end) < horizon and tonumber(r.slot) < horizon then
       local ended = r.lease_end < 0 and 'handed back' or 'lease expired'
-      close_run(run, r, 'interrupted', now, '"abandoned: ' .. ended .. ' and no instance claimed the run again"')
+      close_run(run, r, 'interrupted', now, '"abandoned: ' .. ended .. '; no instance took the run over"')
     end
   end
   local slack = math.max(1, math.floor(history_size / 10))

@@ -864,7 +864,7 @@ async def test_lease_a_run_nobody_took_over_is_closed_at_the_jobs_next_finish(ta
     history = await backend.strategy.history(backend.store, "sync", 10)
     assert [(r.slot, r.status, r.message) for r in history] == [
         (following.slot, "ok", None),
-        (handed.slot, "interrupted", "abandoned: handed back and no instance claimed the run again"),
+        (handed.slot, "interrupted", "abandoned: handed back; no instance took the run over"),
     ]
 
 

@@ -1603,7 +1603,7 @@ def test_a_run_handed_back_while_a_long_run_now_holds_the_job_is_taken_over_once
     """A rolling deploy: a stops and hands its run of the slot at 300 s back; before b, its backup, asks again, a
     run_now on c takes the job (the run handed back holds no lease), and b waits for it (overlap forbidden). The
     manual run works 120 s, past keep_ms: before, its finish's trim closed the run b waited for as abandoned
-    ("no instance claimed the run again"), and the slot never ran to its end. b's waiting claims now mark the
+    ("no instance took the run over"), and the slot never ran to its end. b's waiting claims now mark the
     run asked for: b takes it over when the manual run ends."""
 
     async def main() -> tuple[list[tuple[str, int]], str]:
