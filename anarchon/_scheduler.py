@@ -939,9 +939,9 @@ class Scheduler(Generic[M]):
 
     def _hand_back_unanswered(self, request: RunRequest) -> None:
         """A manual claim whose answer never came (the store went out of reach, or the caller gave up): handed back
-        in the background (see _release_unanswered). Not once stop() has begun: it would not wait for it, and the
-        connection is about to close."""
-        if self.backend.leases and self._started:
+        in the background (see _release_unanswered), also once stop() has begun, which waits for it as for the
+        hand-backs of scheduled claims."""
+        if self.backend.leases:
             self._spawn(self._release_unanswered(request), "anarchon-hand-back")
 
     async def history(self, name: str, limit: int = 50) -> list[RunRecord]:

@@ -2322,13 +2322,15 @@ async def test_run_now_while_a_scheduled_run_is_going(target: StoreTarget, overl
 
 
 class HeldReplies:
-    """A store connection whose replies wait while ``held`` is clear (the commands themselves run at once)."""
+    """A store connection whose replies wait while ``held`` is clear (the commands themselves run at once); with
+    ``lose_held``, the next reply that waited is lost."""
 
     def __init__(self, inner: Connection) -> None:
         self.inner = inner
         self.held = asyncio.Event()
         self.held.set()
         self.waiting = asyncio.Event()
+        self.lose_held = False
 
     async def execute(self, command: Any) -> Any:
         return await self._held(self.inner.execute(command))
@@ -2339,7 +2341,11 @@ class HeldReplies:
     async def _held(self, sending: Awaitable[Any]) -> Any:
         reply = await sending
         self.waiting.set()
-        await self.held.wait()
+        if not self.held.is_set():
+            await self.held.wait()
+            if self.lose_held:
+                self.lose_held = False
+                raise StoreUnavailableError("the reply was lost")
         return reply
 
     def __getattr__(self, name: str) -> Any:
@@ -2411,6 +2417,45 @@ async def test_a_manual_claim_on_its_way_when_stop_begins_is_answered_and_its_ru
     assert ledger.executions == []
     [stored] = await scheduler.history("job")
     assert (stored.status, stored.message) == ("interrupted", "the scheduler stopped")
+
+
+@pytest.mark.parametrize("unanswered", ["reply lost", "caller gave up"])
+async def test_a_manual_claim_left_unanswered_as_stop_begins_is_handed_back(
+    target: StoreTarget, unanswered: str
+) -> None:
+    """run_now's claim wins in the store while stop() waits for its answer, which never comes: the reply is lost,
+    or the caller gives up waiting. The run is handed back, as an unanswered scheduled claim is when stop()
+    begins: left claimed, its lease (30 s) would keep the job's scheduled runs on every instance from starting
+    (skipped-overlap) until it ran out."""
+    ledger = Ledger()
+    backend, link = target.linked_backend("lease")
+    held = HeldReplies(link.inner)
+    link.inner = held
+    a = Scheduler(backend, instance_id="a", lease_ms=30_000)
+    a.add_job("tick", "0 0 1 1 *", ledger.job("a"))
+    await a.start()
+    held.held.clear()
+    held.waiting.clear()
+    asking = asyncio.create_task(a.run_now("tick"))
+    await asyncio.wait_for(held.waiting.wait(), 5)  # the claim ran (and won) in the store; its answer waits
+    stopping = asyncio.create_task(a.stop(timeout=5))
+    await asyncio.sleep(0.2)
+    if unanswered == "reply lost":
+        held.lose_held = True
+    else:
+        asking.cancel()
+    held.held.set()
+    with pytest.raises(StoreUnavailableError if unanswered == "reply lost" else asyncio.CancelledError):
+        await asking
+    await stopping
+    b = Scheduler(target.backend("lease"), instance_id="b", lease_ms=30_000)
+    b.add_job("tick", "* * * * * *", ledger.job("b"))
+    async with b:
+        await eventually(lambda: len(ledger.of("tick")) >= 2, cap_s=5)
+        history = await b.history("tick")
+    instances = [e.instance for e in ledger.executions]
+    assert len(instances) >= 2 and set(instances) == {"b"}
+    assert [r.status for r in history if not r.manual and r.status != "ok"] == []
 
 
 async def test_a_claim_whose_answer_never_came_is_handed_back_when_stop_begins(target: StoreTarget) -> None:
