@@ -107,7 +107,10 @@ class StoreModel(Generic[S]):
         quantum), is left alone; any other is claimed."""
         if now <= slot + MAX_LATE or (self.remembers is not None and now > slot + self.remembers):
             return store
-        return self.claim(store, slot, token, now)[0]
+        return self.claim_for_skip(store, slot, token, now)[0]
+
+    def claim_for_skip(self, store: S, slot: int, token: str, now: int) -> tuple[S, Claim]:
+        return self.claim(store, slot, token, now)
 
     def stop_run(self, store: S, slot: int, token: str, now: int, attempt: int, manual: bool) -> S:
         """What ``Scheduler.stop`` leaves of a run it cuts short."""
@@ -178,6 +181,11 @@ class ScriptModel(StoreModel[script.ScriptStore]):
 
     def claim(self, store: script.ScriptStore, slot: int, token: str, now: int) -> tuple[script.ScriptStore, Claim]:
         return script.claim(store, slot, token, now, WINDOW, POLICY)
+
+    def claim_for_skip(
+        self, store: script.ScriptStore, slot: int, token: str, now: int
+    ) -> tuple[script.ScriptStore, Claim]:
+        return script.claim(store, slot, token, now, WINDOW, POLICY, for_skip=True)
 
 
 MODELS: dict[str, StoreModel[Any]] = {

@@ -1,8 +1,9 @@
 """script: script_claim.lua scans the job's runs stream within ``window_ms`` and appends a claim if absent.
 
 A run is remembered while its entry is younger than the window: a claim that arrives later finds nothing and
-wins again. Trimming deletes only entries older than the window, so it never changes an answer; it is modelled
-because it is part of the script.
+wins again. A late skip's claim looks back to the window before the slot (an early claim, by an instance whose
+clock ran ahead, is older than the window before the skip). Trimming deletes only entries older than the window
+whose slots are too, so it never changes an answer; it is modelled because it is part of the script.
 """
 
 from __future__ import annotations
@@ -21,11 +22,12 @@ class ScriptStore:
 
 
 def claim(
-    store: ScriptStore, slot: int, token: str, now: int, window_ms: int, policy: JobPolicy
+    store: ScriptStore, slot: int, token: str, now: int, window_ms: int, policy: JobPolicy, *, for_skip: bool = False
 ) -> tuple[ScriptStore, Claim]:
     oldest = now - window_ms
-    for entry_id, entry_slot, entry_token in reversed(store.entries):  # XREVRANGE runs + <oldest>
-        if entry_id[0] < oldest:
+    scan_from = slot - window_ms if for_skip else oldest
+    for entry_id, entry_slot, entry_token in reversed(store.entries):  # XREVRANGE runs + <scan_from>
+        if entry_id[0] < scan_from:
             break
         if entry_slot == slot:
             return store, won(entry_fence(entry_id)) if entry_token == token else LOST
@@ -43,5 +45,6 @@ def claim(
 def _delete_before(
     entries: tuple[tuple[EntryId, int, str], ...], cutoff: int, count: int
 ) -> tuple[tuple[EntryId, int, str], ...]:
-    doomed = [entry for entry in entries if entry[0][0] < cutoff][:count]
-    return entries[len(doomed) :]  # entries are in id order, so the doomed ones are the first
+    read = [entry for entry in entries if entry[0][0] < cutoff][:count]  # XRANGE runs - <cutoff - 1> COUNT count
+    doomed = {entry for entry in read if entry[1] < cutoff}  # an entry whose slot is in the window stays
+    return tuple(entry for entry in entries if entry not in doomed)

@@ -2,10 +2,14 @@
 -- KEYS[1]  the job's runs stream
 -- ARGV[1] slot (epoch ms)    ARGV[2] token    ARGV[3] runner    ARGV[4] window_ms
 -- ARGV[5] history_size       ARGV[6] history_ttl_ms ("0": none)
+-- ARGV[7] "skip" for a late skip's claim (see below), absent for a run's claim
 -- returns {answer, entry id}
 --   "won"   this call appended the claim, or the caller's own token already holds it (a retried claim)
 --   "lost"  another token claimed the run within the window
--- Entries older than window_ms are not looked at: a claim arriving later than that wins again.
+-- Entries older than window_ms are not looked at: a claim arriving later than that wins again. A late skip's
+-- claim looks further back, to window_ms before the slot: an instance whose clock runs ahead claims a slot early,
+-- by up to window_ms (less jitter_ms and max_late_ms) if the window is sized for the instances' clocks, and its
+-- entry is kept while the slot is inside the window (see the trim below), for as long as a skip may come.
 -- TIME followed by writes needs effects replication, the default from Redis 5.0 (the oldest supported).
 
 local runs = KEYS[1]
@@ -14,6 +18,7 @@ local window_ms, history_size, ttl_ms = tonumber(ARGV[4]), tonumber(ARGV[5]), to
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local oldest = now - window_ms
+local scan_from = ARGV[7] == 'skip' and tonumber(slot) - window_ms or oldest
 
 -- Newest first, a page at a time: the claims that lose (every instance but one claims each run) find the
 -- winner's entry among the newest, and read no further; the first claim of a run reads the whole window. The
@@ -21,7 +26,7 @@ local oldest = now - window_ms
 -- Entries are written as: slot, token, runner, so fields[2] is the slot and fields[4] the token.
 local from, page = '+', 8
 while true do
-  local entries = redis.call('XREVRANGE', runs, from, oldest, 'COUNT', page)
+  local entries = redis.call('XREVRANGE', runs, from, scan_from, 'COUNT', page)
   for _, entry in ipairs(entries) do
     local fields = entry[2]
     if fields[2] == slot then
@@ -40,10 +45,11 @@ while true do
 end
 local id = redis.call('XADD', runs, '*', 'slot', slot, 'token', token, 'runner', runner)
 
--- Trim to about history_size entries (and history_ttl_ms), never inside the window a claim still reads.
+-- Trim to about history_size entries (and history_ttl_ms), never inside the window a claim still reads, nor an
+-- entry whose slot is inside it (an early claim, which a late skip's claim of its slot still looks for).
 local function delete_before(cutoff, count)
   for _, entry in ipairs(redis.call('XRANGE', runs, '-', cutoff - 1, 'COUNT', count)) do
-    redis.call('XDEL', runs, entry[1])
+    if tonumber(entry[2][2]) < cutoff then redis.call('XDEL', runs, entry[1]) end
   end
 end
 local excess = redis.call('XLEN', runs) - history_size

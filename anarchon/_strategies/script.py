@@ -21,6 +21,9 @@ class ScriptStrategy(ClaimOnlyStrategy):
     name = "script"
     scripts: tuple[Script, ...] = (CLAIM, *ClaimOnlyStrategy.scripts)
     runs_aged_by_ttl = False  # the claim script ages them, keeping its window
+    # A late skip's claim looks back to window_ms before the slot, where an early claim of it is (and is kept):
+    # a skip is recorded until window_ms after the slot, however far ahead the early claimant's clock ran.
+    early_claim_margin_ms = 0
 
     def __init__(self, keys: KeySpace, window_ms: int) -> None:
         super().__init__(keys)
@@ -29,11 +32,21 @@ class ScriptStrategy(ClaimOnlyStrategy):
     async def claim_scheduled(
         self, store: Store, requests: Sequence[tuple[RunRequest, JobPolicy]]
     ) -> list[Claim | StoreError]:
+        return await self._claim(store, requests)
+
+    async def claim_for_skip(self, store: Store, request: RunRequest, policy: JobPolicy) -> Claim | StoreError:
+        [claim] = await self._claim(store, [(request, policy)], for_skip=True)
+        return claim
+
+    async def _claim(
+        self, store: Store, requests: Sequence[tuple[RunRequest, JobPolicy]], *, for_skip: bool = False
+    ) -> list[Claim | StoreError]:
+        mode = ("skip",) if for_skip else ()
         calls = [
             ScriptCall(
                 CLAIM,
                 (self.keys.claim(r.job).runs,),
-                (r.slot, r.token, r.runner, self.window_ms, policy.history_size, policy.history_ttl_ms or 0),
+                (r.slot, r.token, r.runner, self.window_ms, policy.history_size, policy.history_ttl_ms or 0, *mode),
             )
             for r, policy in requests
         ]

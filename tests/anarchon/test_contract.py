@@ -396,17 +396,39 @@ def remembering(strategy: str, seconds: int) -> Any:
 async def test_a_late_skip_is_recorded_only_while_the_store_remembers_the_run(
     target: StoreTarget, strategy: str
 ) -> None:
-    """Past what the store remembers of a run (lease: keep_ms; script: window_ms; idmp: duration_sec, each less a
-    minute for an instance that claimed early; stream-id: forever) its claim could win again although the run
-    ran: no skip is recorded then."""
+    """Past what the store remembers of a run (lease: keep_ms; script: window_ms; idmp: duration_sec less a minute
+    for an instance that claimed early; stream-id: forever) its claim could win again although the run ran: no
+    skip is recorded then. A script skip's claim finds an early claim however early (see the next test): its
+    skips are recorded through the whole window."""
     backend = await target.started_backend(remembering(strategy, 120))
     policy = JobPolicy(late_after_ms=100, keep_ms=1_000)
     now = await target.server_ms()
-    remembered, forgotten = now - 500, now - 61_000
-    for slot in (forgotten, remembered):  # in slot order: stream-id refuses an earlier slot after a later one
+    forgotten = now - (121_000 if strategy == "script" else 61_000)
+    remembered = [now - 65_000, now - 500] if strategy == "script" else [now - 500]
+    for slot in (forgotten, *remembered):  # in slot order: stream-id refuses an earlier slot after a later one
         request = RunRequest("sync", run_id(slot), slot, f"t{slot}", "b")
         recorded = await backend.strategy.skip(backend.store, request, policy, "skipped-late", "too late")
-        assert recorded is (slot == remembered or strategy == "stream-id"), slot - now
+        assert recorded is (slot in remembered or strategy == "stream-id"), slot - now
+
+
+async def test_script_a_late_skip_finds_the_claim_of_a_clock_far_ahead(target: StoreTarget) -> None:
+    """An instance whose clock ran 100 s ahead claimed a slot 130 s ago (its entry is older than the 120 s window,
+    its slot inside it) and runs it still: no result yet. A late skip of the slot must not claim it again and
+    record a skip beside the run. Its claim looks back to window_ms before the slot, and trims keep an entry
+    whose slot is inside the window."""
+    backend = await target.started_backend({"name": "script", "window_ms": 120_000})
+    policy = JobPolicy(late_after_ms=100, history_size=1)
+    now = await target.server_ms()
+    slot = now - 30_000
+    runs = backend.keys.claim("sync").runs
+    await target.raw("XADD", runs, f"{now - 130_000}-0", "slot", slot, "token", "early", "runner", "a")
+    # A claim of a later slot trims the stream to history_size, but not the entry whose slot is inside the window.
+    assert (await claim_one(backend, request(now, "b"), policy)).outcome is Outcome.WON
+    late = RunRequest("sync", run_id(slot), slot, "late", "c")
+    assert not await backend.strategy.skip(backend.store, late, policy, "skipped-late", "too late")
+    assert await backend.strategy.history(backend.store, "sync", 10) == []
+    entries = await target.raw("XRANGE", runs, "-", "+")
+    assert [(fields[1], fields[3]) for _, fields in entries] == [(str(slot), "early"), (str(now), "b")]
 
 
 async def test_once_started_every_command_names_a_job_key(target: StoreTarget, strategy: str) -> None:

@@ -32,6 +32,7 @@ from anarchon import RunRecord
 from anarchon._records import Status
 from anarchon._store import as_list, as_text
 from anarchon._strategies import Claim, JobPolicy, Outcome, RunRequest
+from anarchon._strategies.script import ScriptStrategy
 from models import idmp, lease, script, stream_id
 from tests.models.support import SLOT, FenceMap, Harness, assert_same_claim, bind, one_claim
 
@@ -298,14 +299,21 @@ class ScriptMachine(StoreMachine):
     def choose_policy(self, history_size: int, ttl_ms: int | None) -> None:
         self.policy = JobPolicy(history_size=history_size, history_ttl_ms=ttl_ms)
 
-    @rule(slot=SLOTS, token=TOKENS, short=st.booleans())
-    def claim(self, slot: int, token: str, short: bool) -> None:
+    @rule(slot=SLOTS, token=TOKENS, short=st.booleans(), for_skip=st.booleans())
+    def claim(self, slot: int, token: str, short: bool, for_skip: bool) -> None:
+        """``for_skip``: a late skip's claim, which reads back to the window before the slot."""
         window_ms = SHORT_MS if short else LONG_MS
-        backend = self.backends[window_ms]
+        strategy, store = self.backends[window_ms].strategy, self.backends[window_ms].store
+        assert isinstance(strategy, ScriptStrategy)
         if short:
             self.harness.settle()
-        now, results = self.timed(backend.strategy.claim(backend.store, [(self.request(slot, token), self.policy)]))
-        self.model, expected = script.claim(self.model, slot, token, now, window_ms, self.policy)
+        request = self.request(slot, token)
+        if for_skip:
+            now, result = self.timed(strategy.claim_for_skip(store, request, self.policy))
+            results = [result]
+        else:
+            now, results = self.timed(strategy.claim(store, [(request, self.policy)]))
+        self.model, expected = script.claim(self.model, slot, token, now, window_ms, self.policy, for_skip=for_skip)
         assert_same_claim(expected, one_claim(results), self.slack_ms, self.fences)
 
 
