@@ -1242,6 +1242,18 @@ class Scheduler(Generic[M]):
                          now - failing.since, failing.total)  # fmt: skip
             self._failing = None
 
+    def _late_retry_ended(self, name: str, *, reached_store: bool) -> None:
+        """A failed claim of job ``name``, retried past its lateness, ended as a skip: none of the job's claims is
+        failing now, and its next may be far off (a daily job's, a day later), so it no longer holds back the line
+        that says claims reach the store again. A skip that reached the store says the job's commands do; one that
+        did not leaves the line to the next claim that is answered."""
+        if not self._started or (failing := self._failing) is None:
+            return
+        if reached_store:
+            self._note_failures([], (name,))
+        else:
+            failing.out_of_reach.discard(name)
+
     def _request(self, entry: _Due) -> RunRequest:
         _, _, job, slot, _, _, token = entry
         if token is None:
@@ -1352,7 +1364,9 @@ class Scheduler(Generic[M]):
             except StoreError as error:
                 log.warning("job %s slot %d skipped: %s; the skip was not recorded: %s", job.name, slot, message,
                             error, extra=extra)  # fmt: skip
+                self._late_retry_ended(job.name, reached_store=False)
                 continue
+            self._late_retry_ended(job.name, reached_store=True)
             if recorded:
                 log.warning("job %s slot %d skipped: %s", job.name, slot, message, extra=extra)
             elif request.retry and self.backend.strategy.leases:

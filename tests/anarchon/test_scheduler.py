@@ -55,7 +55,7 @@ from anarchon._errors import StoreError
 from anarchon._heartbeats import HeartbeatThread
 from anarchon._job import Job, JobOptions
 from anarchon._keys import KeySpace
-from anarchon._scheduler import SchedulerThread
+from anarchon._scheduler import RETRY_MAX_S, SchedulerThread
 from anarchon._store import Command, Connection, Reply
 from anarchon._strategies import Claim, JobPolicy, Outcome, RunRequest, run_id
 from anarchon._strategies._claim_only import TRIM_STREAM
@@ -526,6 +526,40 @@ async def test_claims_failing_through_an_outage_take_a_few_lines_of_the_log(
     assert met, back.getMessage()
     assert 2.0 <= float(met[1]) < 6
     assert int(met[2]) == first_count + int(total[1])
+
+
+@pytest.mark.parametrize(("jobs", "outage_s"), [(("tick", "daily"), 150), (("daily",), 80)])
+def test_the_line_saying_claims_reach_the_store_again_comes_when_a_late_retry_is_skipped(
+    caplog: pytest.LogCaptureFixture, jobs: tuple[str, ...], outage_s: int
+) -> None:
+    """A daily job whose slot (09:00) falls in an outage that began at 08:59:30: its claim, retried past
+    max_late_ms, ends as a skip, and its next claim is a day away. The line saying that claims reach the store
+    again waited for that claim (none came in the minute after the outage, nor in the next hour). It now comes
+    with the next claim answered (beside a job every second; the daily job's skip failed in the 150 s outage), or
+    with the skip, once the store answers it (the daily job alone; the outage over before its last retry)."""
+    caplog.set_level(logging.INFO, logger="anarchon")
+
+    async def work(run: RunContext) -> None:
+        await asyncio.sleep(0.01)
+
+    async def main() -> list[str]:
+        link = Link(adapt(fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer())))
+        scheduler = Scheduler(RedisBackend(redis=link), instance_id="a", clock=SimClock())
+        for name in jobs:
+            scheduler.add_job(name, "* * * * * *" if name == "tick" else "0 9 * * *", work)
+        async with scheduler:
+            await asyncio.sleep(3570)  # 08:59:30
+            link.cut()
+            await asyncio.sleep(outage_s)
+            link.heal()
+            await asyncio.sleep(60)
+            return [r.getMessage() for r in caplog.records if "reach the store again" in r.getMessage()]
+
+    [said] = run_virtual(main(), epoch_s=VIRTUAL_EPOCH_S, seed=1)  # 08:00:00
+    met = re.fullmatch(r"claims reach the store again, after (\d+\.\d) s; \d+ claims failed meanwhile", said)
+    assert met, said
+    failing_s = outage_s if "tick" in jobs else outage_s - 30  # since the first claim that failed
+    assert failing_s <= float(met[1]) <= failing_s + RETRY_MAX_S, said
 
 
 async def test_a_claim_the_store_refuses_is_no_outage_in_the_log(
