@@ -48,7 +48,7 @@ local function start(attempt, fence_counter, slot, manual)
   local lease_end = string.format('%d', started + lease_ms_text)
   redis.call('HSET', KEYS[1], run, 'running|' .. attempt .. '|' .. token .. '|' .. runner .. '|' .. lease_end .. '|' ..
     fence .. '|' .. slot .. '|' .. manual .. '|' .. started, 'fence', fence)
-  if not fence_counter then
+  if (fence_counter or '0') == '0' then
     -- The job's first attempt on this store (first deployed, or the store lost its data): a catch-up reaches back
     -- to this run's slot and no further (unless one that asked before any claim set an earlier moment).
     redis.call('HSETNX', KEYS[1], 'since', tonumber(slot) - 1)
