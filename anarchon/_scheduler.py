@@ -940,8 +940,9 @@ class Scheduler(Generic[M]):
     def _hand_back_unanswered(self, request: RunRequest) -> None:
         """A manual claim whose answer never came (the store went out of reach, or the caller gave up): handed back
         in the background (see _release_unanswered), also once stop() has begun, which waits for it as for the
-        hand-backs of scheduled claims."""
-        if self.backend.leases:
+        hand-backs of scheduled claims. Not once stop()'s timeout has passed: it gave up on the store (the claim
+        was cancelled for it), and waits for nothing it did not cancel."""
+        if self.backend.leases and (self._started or self.clock.monotonic() < self._stop_deadline):
             self._spawn(self._release_unanswered(request), "anarchon-hand-back")
 
     async def history(self, name: str, limit: int = 50) -> list[RunRecord]:

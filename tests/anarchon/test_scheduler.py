@@ -2426,23 +2426,32 @@ async def test_a_manual_claim_that_went_unanswered_is_handed_back_and_holds_up_n
     assert [r.status for r in history if not r.manual and r.slot > asked_ms and r.status != "ok"] == []
 
 
+async def _run_now_unanswered_as_stop_begins(
+    target: StoreTarget, ledger: Ledger, job: str
+) -> tuple[Scheduler[Any], HeldReplies, asyncio.Task[RunRecord], asyncio.Task[None]]:
+    """An instance (leases of 30 s) whose run_now of ``job`` won in the store while its answer waits (``held``),
+    and whose stop() has begun: the scheduler, its connection, the run_now and the stop."""
+    backend, link = target.linked_backend("lease")
+    held = HeldReplies(link.inner)
+    link.inner = held
+    scheduler = Scheduler(backend, instance_id="a", lease_ms=30_000)
+    scheduler.add_job(job, "0 0 1 1 *", ledger.job("a"))
+    await scheduler.start()
+    held.held.clear()
+    held.waiting.clear()
+    asking = asyncio.create_task(scheduler.run_now(job))
+    await asyncio.wait_for(held.waiting.wait(), 5)  # the claim ran in the store; its answer waits
+    stopping = asyncio.create_task(scheduler.stop(timeout=5))
+    await asyncio.sleep(0.2)
+    return scheduler, held, asking, stopping
+
+
 async def test_a_manual_claim_on_its_way_when_stop_begins_is_answered_and_its_run_recorded(target: StoreTarget) -> None:
     """stop() waits for run_now's claim as for the scheduled ones. The run it wins is not started, and recorded (a
     manual run is not handed back) before the connection closes: left claimed, its lease would keep the job's
     scheduled runs on every instance from starting (skipped-overlap) until it ran out."""
     ledger = Ledger()
-    backend, link = target.linked_backend("lease")
-    held = HeldReplies(link.inner)
-    link.inner = held
-    scheduler = Scheduler(backend, instance_id="a", lease_ms=30_000)
-    scheduler.add_job("job", "0 0 1 1 *", ledger.job("a"))
-    await scheduler.start()
-    held.held.clear()
-    held.waiting.clear()
-    asking = asyncio.create_task(scheduler.run_now("job"))
-    await asyncio.wait_for(held.waiting.wait(), 5)  # the claim ran in the store; its answer waits
-    stopping = asyncio.create_task(scheduler.stop(timeout=5))
-    await asyncio.sleep(0.2)
+    scheduler, held, asking, stopping = await _run_now_unanswered_as_stop_begins(target, ledger, "job")
     assert not stopping.done()  # it waits for the claim's answer
     held.held.set()
     await stopping
@@ -2462,18 +2471,7 @@ async def test_a_manual_claim_left_unanswered_as_stop_begins_is_handed_back(
     begins: left claimed, its lease (30 s) would keep the job's scheduled runs on every instance from starting
     (skipped-overlap) until it ran out."""
     ledger = Ledger()
-    backend, link = target.linked_backend("lease")
-    held = HeldReplies(link.inner)
-    link.inner = held
-    a = Scheduler(backend, instance_id="a", lease_ms=30_000)
-    a.add_job("tick", "0 0 1 1 *", ledger.job("a"))
-    await a.start()
-    held.held.clear()
-    held.waiting.clear()
-    asking = asyncio.create_task(a.run_now("tick"))
-    await asyncio.wait_for(held.waiting.wait(), 5)  # the claim ran (and won) in the store; its answer waits
-    stopping = asyncio.create_task(a.stop(timeout=5))
-    await asyncio.sleep(0.2)
+    _, held, asking, stopping = await _run_now_unanswered_as_stop_begins(target, ledger, "tick")
     if unanswered == "reply lost":
         held.lose_held = True
     else:
@@ -2491,6 +2489,31 @@ async def test_a_manual_claim_left_unanswered_as_stop_begins_is_handed_back(
     assert len(instances) >= 2
     assert set(instances) == {"b"}
     assert [r.status for r in history if not r.manual and r.status != "ok"] == []
+
+
+async def test_a_stop_that_gives_up_on_a_manual_claim_leaves_nothing_behind_it(
+    fake_target: StoreTarget, caplog: pytest.LogCaptureFixture
+) -> None:
+    """stop()'s timeout passes while run_now's claim has no answer (the store does not answer): stop() cancels the
+    claim and gives up on the store. Nothing starts in its place: a hand-back started then would outlive stop(),
+    send on a connection the app may close, and log after the scheduler said it stopped."""
+    caplog.set_level(logging.INFO, logger="anarchon")
+    backend, link = fake_target.linked_backend("lease")
+    held = HeldReplies(link.inner)
+    link.inner = held
+    scheduler = Scheduler(backend, instance_id="a", lease_ms=30_000)
+    scheduler.add_job("tick", "0 0 1 1 *", Ledger().job("a"))
+    await scheduler.start()
+    held.held.clear()
+    held.waiting.clear()
+    asking = asyncio.create_task(scheduler.run_now("tick"))
+    await asyncio.wait_for(held.waiting.wait(), 5)  # the claim ran in the store; its answer waits
+    await scheduler.stop(timeout=0.2)
+    said_before = len(caplog.records)
+    held.held.set()
+    await asyncio.gather(asking, return_exceptions=True)
+    await asyncio.sleep(0.3)
+    assert [r.getMessage() for r in caplog.records[said_before:]] == []
 
 
 async def test_a_claim_whose_answer_never_came_is_handed_back_when_stop_begins(target: StoreTarget) -> None:
