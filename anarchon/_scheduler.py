@@ -136,9 +136,11 @@ _Failed: TypeAlias = tuple[str, int, StoreError, int, float]  # a claim that fai
 
 class _Failing:
     """Claims failing: since when (monotonic), how many in all, those not said yet (the first SAID_RUNS of them
-    kept to name), and the jobs whose last claim could not reach the store."""
+    kept to name), the jobs whose last claim could not reach the store, and those whose last claim, retried past
+    its lateness, ended as a skip that could not reach the store either (with their node: no claim of theirs may
+    come for a day, and an answer from their node says they would reach it)."""
 
-    __slots__ = ("out_of_reach", "said_at", "since", "total", "unreachable", "unsaid", "unsaid_count")
+    __slots__ = ("given_up", "out_of_reach", "said_at", "since", "total", "unreachable", "unsaid", "unsaid_count")
 
     def __init__(self, since: float) -> None:
         self.since = since
@@ -146,6 +148,7 @@ class _Failing:
         self.total = self.unsaid_count = 0
         self.unsaid: list[_Failed] = []
         self.out_of_reach: set[str] = set()
+        self.given_up: dict[str, Hashable] = {}
         self.unreachable = False  # some claim could not reach the store (others were refused: an answer)
 
     def add(self, failed: list[_Failed]) -> None:
@@ -1232,10 +1235,14 @@ class Scheduler(Generic[M]):
         if failing is None:
             failing = self._failing = _Failing(now)
         failing.add(failed)
-        failing.out_of_reach.difference_update(answered)
+        reached = set(answered)
+        failing.out_of_reach.difference_update(reached)
+        if failing.given_up and reached:
+            nodes = {self.backend.lane(name) for name in reached}
+            failing.given_up = {name: node for name, node in failing.given_up.items() if node not in nodes}
         if failed and now - failing.said_at >= FAILING_SAID_S:
             failing.say(now)
-        if not failing.out_of_reach:
+        if not failing.out_of_reach and not failing.given_up:
             if failing.unsaid:
                 failing.say(now)
             if failing.unreachable:
@@ -1245,15 +1252,17 @@ class Scheduler(Generic[M]):
 
     def _late_retry_ended(self, name: str, *, reached_store: bool) -> None:
         """A failed claim of job ``name``, retried past its lateness, ended as a skip: none of the job's claims is
-        failing now, and its next may be far off (a daily job's, a day later), so it no longer holds back the line
-        that says claims reach the store again. A skip that reached the store says the job's commands do; one that
-        did not leaves the line to the next claim that is answered."""
+        failing now, and its next may be far off (a daily job's, a day later). A skip that reached the store says
+        the job's commands do. One that did not holds back the line that says claims reach the store again until
+        a claim on the job's node (any claim, where the store is one node) is answered."""
         if not self._started or (failing := self._failing) is None:
             return
         if reached_store:
+            failing.given_up.pop(name, None)
             self._note_failures([], (name,))
-        else:
+        elif name in failing.out_of_reach:
             failing.out_of_reach.discard(name)
+            failing.given_up[name] = self.backend.lane(name)
 
     def _request(self, entry: _Due) -> RunRequest:
         _, _, job, slot, _, _, token = entry

@@ -56,7 +56,7 @@ from anarchon._heartbeats import HeartbeatThread
 from anarchon._job import Job, JobOptions
 from anarchon._keys import KeySpace
 from anarchon._scheduler import RETRY_MAX_S, SchedulerThread
-from anarchon._store import Command, Connection, Reply
+from anarchon._store import Command, Connection, Reply, command_key
 from anarchon._strategies import Claim, JobPolicy, Outcome, RunRequest, run_id
 from anarchon._strategies._claim_only import TRIM_STREAM
 from anarchon._strategies.lease import CLAIM, FINISH
@@ -560,6 +560,65 @@ def test_the_line_saying_claims_reach_the_store_again_comes_when_a_late_retry_is
     assert met, said
     failing_s = outage_s if "tick" in jobs else outage_s - 30  # since the first claim that failed
     assert failing_s <= float(met[1]) <= failing_s + RETRY_MAX_S, said
+
+
+class TwoNodes:
+    """A store of two nodes, as a cluster's connection says (``lane``): the keys of jobs named "daily…" on node "b",
+    the others on "a". A node in ``down`` does not answer."""
+
+    def __init__(self, inner: Connection) -> None:
+        self.inner = inner
+        self.down: set[str] = set()
+
+    def lane(self, key: Any) -> str:
+        return "b" if "daily" in str(key) else "a"
+
+    async def execute(self, command: Any) -> Any:
+        self._check([command])
+        return await self.inner.execute(command)
+
+    async def execute_many(self, commands: Any) -> Any:
+        self._check(commands)
+        return await self.inner.execute_many(commands)
+
+    def _check(self, commands: Sequence[Any]) -> None:
+        if any(self.lane(command_key(command)) in self.down for command in commands):
+            raise StoreUnavailableError("node b does not answer")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def test_the_line_saying_claims_reach_the_store_again_waits_for_a_late_retrys_node(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Node b, of a daily job and one every 5 minutes, does not answer from 08:59:30 for 10 minutes; node a, of a
+    job every second, answers throughout. The daily job's claim, retried past max_late_ms, ends as a skip that fails
+    too. The line saying claims reach the store again waits for a claim on node b (09:10), not for the next one on
+    node a (the next second)."""
+    caplog.set_level(logging.INFO, logger="anarchon")
+
+    async def work(run: RunContext) -> None:
+        await asyncio.sleep(0.01)
+
+    async def main() -> list[str]:
+        nodes = TwoNodes(adapt(fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer())))
+        scheduler = Scheduler(RedisBackend(redis=nodes), instance_id="a", clock=SimClock())
+        scheduler.add_job("tick", "* * * * * *", work)
+        scheduler.add_job("daily", "0 9 * * *", work)
+        scheduler.add_job("daily-five", "0 */5 * * * *", work)
+        async with scheduler:
+            await asyncio.sleep(3570)  # 08:59:30
+            nodes.down.add("b")
+            await asyncio.sleep(600)
+            nodes.down.clear()
+            await asyncio.sleep(60)
+            return [r.getMessage() for r in caplog.records if "reach the store again" in r.getMessage()]
+
+    [said] = run_virtual(main(), epoch_s=VIRTUAL_EPOCH_S, seed=1)  # 08:00:00
+    met = re.fullmatch(r"claims reach the store again, after (\d+\.\d) s; \d+ claims failed meanwhile", said)
+    assert met, said
+    assert 600 <= float(met[1]) <= 630, said  # from 09:00, the daily job's first failure, to 09:10
 
 
 async def test_a_claim_the_store_refuses_is_no_outage_in_the_log(
