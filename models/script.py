@@ -2,8 +2,9 @@
 
 A run is remembered while its entry is younger than the window: a claim that arrives later finds nothing and
 wins again. A late skip's claim looks back to the window before the slot (an early claim, by an instance whose
-clock ran ahead, is older than the window before the skip). Trimming deletes only entries older than the window
-whose slots are too, so it never changes an answer; it is modelled because it is part of the script.
+clock ran ahead, is older than the window before the skip), and claims nothing once the slot is more than the
+window past. Trimming deletes only entries older than the window whose slots are too (or that were made more than
+the window before their slot), so it never changes an answer; it is modelled because it is part of the script.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ def claim(
 ) -> tuple[ScriptStore, Claim]:
     oldest = now - window_ms
     scan_from = slot - window_ms if for_skip else oldest
+    if for_skip and slot < oldest:  # too late to tell: nothing is claimed
+        return store, LOST
     for entry_id, entry_slot, entry_token in reversed(store.entries):  # XREVRANGE runs + <scan_from>
         if entry_id[0] < scan_from:
             break
@@ -36,15 +39,16 @@ def claim(
     # XRANGE runs - <cutoff - 1> COUNT n, each deleted: at most n entries from ms before the cutoff.
     excess = len(entries) - policy.history_size
     if excess > 0:
-        entries = _delete_before(entries, oldest, min(excess, 100))
+        entries = _delete_before(entries, oldest, min(excess, 100), window_ms)
     if policy.history_ttl_ms:
-        entries = _delete_before(entries, min(oldest, now - policy.history_ttl_ms), 100)
+        entries = _delete_before(entries, min(oldest, now - policy.history_ttl_ms), 100, window_ms)
     return ScriptStore(entries, entry_id), won(entry_fence(entry_id))
 
 
 def _delete_before(
-    entries: tuple[tuple[EntryId, int, str], ...], cutoff: int, count: int
+    entries: tuple[tuple[EntryId, int, str], ...], cutoff: int, count: int, window_ms: int
 ) -> tuple[tuple[EntryId, int, str], ...]:
     read = [entry for entry in entries if entry[0][0] < cutoff][:count]  # XRANGE runs - <cutoff - 1> COUNT count
-    doomed = {entry for entry in read if entry[1] < cutoff}  # an entry whose slot is in the window stays
+    # An early claim whose slot is in the window stays, if made no more than window_ms before its slot.
+    doomed = {entry for entry in read if entry[1] < cutoff or entry[0][0] < entry[1] - window_ms}
     return tuple(entry for entry in entries if entry not in doomed)

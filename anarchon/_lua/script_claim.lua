@@ -6,6 +6,8 @@
 -- returns {answer, entry id}
 --   "won"   this call appended the claim, or the caller's own token already holds it (a retried claim)
 --   "lost"  another token claimed the run within the window
+--   "late"  (a skip's claim) the slot is more than window_ms past: nothing is claimed (the run's claim, kept while
+--           its slot was in the window, may be gone)
 -- Entries older than window_ms are not looked at: a claim arriving later than that wins again. A late skip's
 -- claim looks further back, to window_ms before the slot: an instance whose clock runs ahead claims a slot early,
 -- by up to window_ms (less jitter_ms and max_late_ms) if the window is sized for the instances' clocks, and its
@@ -18,7 +20,11 @@ local window_ms, history_size, ttl_ms = tonumber(ARGV[4]), tonumber(ARGV[5]), to
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local oldest = now - window_ms
-local scan_from = ARGV[7] == 'skip' and tonumber(slot) - window_ms or oldest
+local scan_from = oldest
+if ARGV[7] == 'skip' then
+  scan_from = tonumber(slot) - window_ms
+  if tonumber(slot) < oldest then return { 'late', '' } end
+end
 
 -- Newest first, a page at a time: the claims that lose (every instance but one claims each run) find the
 -- winner's entry among the newest, and read no further; the first claim of a run reads the whole window. The
@@ -46,10 +52,14 @@ end
 local id = redis.call('XADD', runs, '*', 'slot', slot, 'token', token, 'runner', runner)
 
 -- Trim to about history_size entries (and history_ttl_ms), never inside the window a claim still reads, nor an
--- entry whose slot is inside it (an early claim, which a late skip's claim of its slot still looks for).
+-- early claim whose slot is inside it (made at most window_ms before its slot), which a late skip's claim of the
+-- slot still looks for. One made further ahead goes: kept, a clock years ahead would hold up the trim for years.
 local function delete_before(cutoff, count)
   for _, entry in ipairs(redis.call('XRANGE', runs, '-', cutoff - 1, 'COUNT', count)) do
-    if tonumber(entry[2][2]) < cutoff then redis.call('XDEL', runs, entry[1]) end
+    local entry_slot = tonumber(entry[2][2])
+    if entry_slot < cutoff or tonumber(string.match(entry[1], '^%d+')) < entry_slot - window_ms then
+      redis.call('XDEL', runs, entry[1])
+    end
   end
 end
 local excess = redis.call('XLEN', runs) - history_size

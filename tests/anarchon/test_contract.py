@@ -415,12 +415,15 @@ async def test_script_a_late_skip_finds_the_claim_of_a_clock_far_ahead(target: S
     """An instance whose clock ran 100 s ahead claimed a slot 130 s ago (its entry is older than the 120 s window,
     its slot inside it) and runs it still: no result yet. A late skip of the slot must not claim it again and
     record a skip beside the run. Its claim looks back to window_ms before the slot, and trims keep an entry
-    whose slot is inside the window."""
+    whose slot is inside the window, if it was made no more than window_ms before its slot: one of a clock 210 s
+    ahead goes (kept, a clock a year ahead would hold up every trim for a year). A skip's claim of a slot more
+    than window_ms past claims nothing: trims may have taken its early claim."""
     backend = await target.started_backend({"name": "script", "window_ms": 120_000})
     policy = JobPolicy(late_after_ms=100, history_size=1)
     now = await target.server_ms()
     slot = now - 30_000
     runs = backend.keys.claim("sync").runs
+    await target.raw("XADD", runs, f"{now - 200_000}-0", "slot", now + 10_000, "token", "far", "runner", "z")
     await target.raw("XADD", runs, f"{now - 130_000}-0", "slot", slot, "token", "early", "runner", "a")
     # A claim of a later slot trims the stream to history_size, but not the entry whose slot is inside the window.
     assert (await claim_one(backend, request(now, "b"), policy)).outcome is Outcome.WON
@@ -429,6 +432,9 @@ async def test_script_a_late_skip_finds_the_claim_of_a_clock_far_ahead(target: S
     assert await backend.strategy.history(backend.store, "sync", 10) == []
     entries = await target.raw("XRANGE", runs, "-", "+")
     assert [(fields[1], fields[3]) for _, fields in entries] == [(str(slot), "early"), (str(now), "b")]
+    too_late = RunRequest("sync", run_id(now - 121_000), now - 121_000, "late", "c")
+    assert (await backend.strategy.claim_for_skip(backend.store, too_late, policy)).outcome is Outcome.LOST
+    assert len(await target.raw("XRANGE", runs, "-", "+")) == 2
 
 
 async def test_once_started_every_command_names_a_job_key(target: StoreTarget, strategy: str) -> None:
