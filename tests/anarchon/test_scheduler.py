@@ -528,6 +528,41 @@ async def test_claims_failing_through_an_outage_take_a_few_lines_of_the_log(
     assert int(met[2]) == first_count + int(total[1])
 
 
+def _claims_back_line_after_s(
+    caplog: pytest.LogCaptureFixture,
+    jobs: dict[str, str],
+    wrap: Callable[[Connection], Any],
+    cut: Callable[[Any], object],
+    heal: Callable[[Any], object],
+    outage_s: int,
+) -> float:
+    """Run ``jobs`` (name: cron) on one instance in virtual time from 08:00, on the embedded store reached through
+    ``wrap(connection)``, which ``cut`` puts out of reach at 08:59:30 and ``heal`` brings back ``outage_s`` later;
+    then a minute more. The seconds that the one line saying claims reach the store again counts."""
+    caplog.set_level(logging.INFO, logger="anarchon")
+
+    async def work(run: RunContext) -> None:
+        await asyncio.sleep(0.01)
+
+    async def main() -> list[str]:
+        connection = wrap(adapt(fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer())))
+        scheduler = Scheduler(RedisBackend(redis=connection), instance_id="a", clock=SimClock())
+        for name, cron in jobs.items():
+            scheduler.add_job(name, cron, work)
+        async with scheduler:
+            await asyncio.sleep(3570)  # 08:59:30
+            cut(connection)
+            await asyncio.sleep(outage_s)
+            heal(connection)
+            await asyncio.sleep(60)
+            return [r.getMessage() for r in caplog.records if "reach the store again" in r.getMessage()]
+
+    [said] = run_virtual(main(), epoch_s=VIRTUAL_EPOCH_S, seed=1)  # 08:00:00
+    met = re.fullmatch(r"claims reach the store again, after (\d+\.\d) s; \d+ claims failed meanwhile", said)
+    assert met, said
+    return float(met[1])
+
+
 @pytest.mark.parametrize(("jobs", "outage_s"), [(("tick", "daily"), 150), (("daily",), 80)])
 def test_the_line_saying_claims_reach_the_store_again_comes_when_a_late_retry_is_skipped(
     caplog: pytest.LogCaptureFixture, jobs: tuple[str, ...], outage_s: int
@@ -537,29 +572,10 @@ def test_the_line_saying_claims_reach_the_store_again_comes_when_a_late_retry_is
     again waited for that claim (none came in the minute after the outage, nor in the next hour). It now comes
     with the next claim answered (beside a job every second; the daily job's skip failed in the 150 s outage), or
     with the skip, once the store answers it (the daily job alone; the outage over before its last retry)."""
-    caplog.set_level(logging.INFO, logger="anarchon")
-
-    async def work(run: RunContext) -> None:
-        await asyncio.sleep(0.01)
-
-    async def main() -> list[str]:
-        link = Link(adapt(fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer())))
-        scheduler = Scheduler(RedisBackend(redis=link), instance_id="a", clock=SimClock())
-        for name in jobs:
-            scheduler.add_job(name, "* * * * * *" if name == "tick" else "0 9 * * *", work)
-        async with scheduler:
-            await asyncio.sleep(3570)  # 08:59:30
-            link.cut()
-            await asyncio.sleep(outage_s)
-            link.heal()
-            await asyncio.sleep(60)
-            return [r.getMessage() for r in caplog.records if "reach the store again" in r.getMessage()]
-
-    [said] = run_virtual(main(), epoch_s=VIRTUAL_EPOCH_S, seed=1)  # 08:00:00
-    met = re.fullmatch(r"claims reach the store again, after (\d+\.\d) s; \d+ claims failed meanwhile", said)
-    assert met, said
+    crons = {name: "* * * * * *" if name == "tick" else "0 9 * * *" for name in jobs}
+    after_s = _claims_back_line_after_s(caplog, crons, Link, Link.cut, Link.heal, outage_s)
     failing_s = outage_s if "tick" in jobs else outage_s - 30  # since the first claim that failed
-    assert failing_s <= float(met[1]) <= failing_s + RETRY_MAX_S, said
+    assert failing_s <= after_s <= failing_s + RETRY_MAX_S
 
 
 class TwoNodes:
@@ -596,29 +612,11 @@ def test_the_line_saying_claims_reach_the_store_again_waits_for_a_late_retrys_no
     job every second, answers throughout. The daily job's claim, retried past max_late_ms, ends as a skip that fails
     too. The line saying claims reach the store again waits for a claim on node b (09:10), not for the next one on
     node a (the next second)."""
-    caplog.set_level(logging.INFO, logger="anarchon")
-
-    async def work(run: RunContext) -> None:
-        await asyncio.sleep(0.01)
-
-    async def main() -> list[str]:
-        nodes = TwoNodes(adapt(fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer())))
-        scheduler = Scheduler(RedisBackend(redis=nodes), instance_id="a", clock=SimClock())
-        scheduler.add_job("tick", "* * * * * *", work)
-        scheduler.add_job("daily", "0 9 * * *", work)
-        scheduler.add_job("daily-five", "0 */5 * * * *", work)
-        async with scheduler:
-            await asyncio.sleep(3570)  # 08:59:30
-            nodes.down.add("b")
-            await asyncio.sleep(600)
-            nodes.down.clear()
-            await asyncio.sleep(60)
-            return [r.getMessage() for r in caplog.records if "reach the store again" in r.getMessage()]
-
-    [said] = run_virtual(main(), epoch_s=VIRTUAL_EPOCH_S, seed=1)  # 08:00:00
-    met = re.fullmatch(r"claims reach the store again, after (\d+\.\d) s; \d+ claims failed meanwhile", said)
-    assert met, said
-    assert 600 <= float(met[1]) <= 630, said  # from 09:00, the daily job's first failure, to 09:10
+    crons = {"tick": "* * * * * *", "daily": "0 9 * * *", "daily-five": "0 */5 * * * *"}
+    after_s = _claims_back_line_after_s(
+        caplog, crons, TwoNodes, lambda nodes: nodes.down.add("b"), lambda nodes: nodes.down.clear(), 600
+    )
+    assert 600 <= after_s <= 630  # from 09:00, the daily job's first failure, to 09:10
 
 
 async def test_a_claim_the_store_refuses_is_no_outage_in_the_log(
