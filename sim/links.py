@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 
 from anarchon import StoreUnavailableError
-from anarchon._errors import StoreError
+from anarchon._errors import StoreError, StoreReplyError
 from anarchon._store import Command, Connection, Reply, ServerInfo
 
 
@@ -72,7 +72,14 @@ class Link:
 
     async def execute(self, command: Command) -> Reply:
         await self._pass(sent=False)
-        reply = await self.inner.execute(command)
+        try:
+            reply = await self.inner.execute(command)
+        except StoreReplyError:
+            # An error reply (NOSCRIPT, a refused XADD) is a reply like any other: it may be the one lost.
+            if (lost := self._lost()) is not None:
+                raise lost from None
+            await self._pass(sent=True)
+            raise
         if (lost := self._lost()) is not None:
             raise lost
         await self._pass(sent=True)

@@ -18,7 +18,7 @@ import fakeredis
 import pytest
 import redis.exceptions
 
-from anarchon import RedisBackend, Scheduler, StoreUnavailableError
+from anarchon import RedisBackend, Scheduler, StoreError, StoreUnavailableError
 from anarchon._adapters import adapt
 from anarchon._strategies._claim_only import SERVER_TIME
 from anarchon._strategies.lease import CLAIM as LEASE_CLAIM
@@ -755,6 +755,29 @@ def test_a_cut_with_the_reply_lost_lets_the_next_command_reach_the_store_and_dro
     # In a run: the claim that met such a cut is an unknown outcome ("info") in the history
     outcome = simulate(scenarios.load("lost-reply"), "stream-id", 1)
     assert [(e.t, e.process, e.op) for e in outcome.history.events if e.kind == "info"] == [(40.0, "a", "claim")]
+
+
+def test_a_cut_with_the_reply_lost_may_lose_an_error_reply() -> None:
+    """The command on its way when the link is cut may be one the store refuses (NOSCRIPT before a failover's
+    EVAL, stream-id's refused XADD): its error reply is the one lost, and the command after it is not sent. The
+    loss moved on to the next command instead, which then ran with its reply lost: after NOSCRIPT, the EVAL that
+    follows it (a cut-off instance winning a run on the new primary that nobody hears of)."""
+
+    async def main() -> tuple[list[type[BaseException]], Any]:
+        link = Link(adapt(fakeredis.FakeAsyncRedis()), "a")
+        link.cut(reply_lost=True)
+        raised = []
+        for command in (("EVALSHA", "0" * 40, 0), ("SET", "k", "1")):
+            try:
+                await link.execute(command)
+            except StoreError as error:
+                raised.append(type(error))
+        link.heal()
+        return raised, await link.execute(("GET", "k"))
+
+    raised, value = asyncio.run(main())
+    assert raised == [StoreUnavailableError, NotSent]
+    assert value is None  # the SET was never sent
 
 
 def test_the_zombie_resumes_and_ends_its_work_beside_its_backup() -> None:
