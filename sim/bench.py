@@ -397,7 +397,7 @@ def burst(target: str, jobs: int, instances: int = 3) -> dict[str, Any]:
                     raise RuntimeError(f"a burst instance exited with {process.returncode}")
                 served = json.loads(output)
                 runs.extend((job, slot, late) for job, slot, late in served["runs"])
-                instance_cpu_s.append(round(served["cpu_s"], 2))
+                instance_cpu_s.append(round(served["cpu_s"], 3))  # ms: an instance that wins few runs uses little
             server_cpu_s = _cpu_seconds(server) - cpu_before_s
         finally:
             for process in processes:
