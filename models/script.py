@@ -26,9 +26,9 @@ def claim(
     store: ScriptStore, slot: int, token: str, now: int, window_ms: int, policy: JobPolicy, *, for_skip: bool = False
 ) -> tuple[ScriptStore, Claim]:
     oldest = now - window_ms
-    scan_from = slot - window_ms if for_skip else oldest
     if for_skip and slot < oldest:  # too late to tell: nothing is claimed
         return store, LOST
+    scan_from = slot - window_ms if for_skip else oldest
     for entry_id, entry_slot, entry_token in reversed(store.entries):  # XREVRANGE runs + <scan_from>
         if entry_id[0] < scan_from:
             break

@@ -27,7 +27,7 @@
 --   "done"     the run finished, was skipped, or used up its attempts (then it was recorded as interrupted),
 --              or trim has forgotten it: its slot is not after the job's "forgotten" slot (attempt and fence 0),
 --              or the caller's own attempt has handed it back (this is a copy of its claim that came late)
--- include: server_now
+-- include: lease_run
 local run, token, runner, lease_ms_text = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 -- The run's state, the job's fence counter and its "forgotten" slot (see lease_state): one read.
 local fields = redis.call('HMGET', KEYS[1], run, 'fence', 'forgotten')
@@ -46,8 +46,8 @@ local function start(attempt, fence_counter, slot, manual)
   -- as long as the clock is behind.
   local started = now or string.match(entry, '^(%d+)%-0$') or server_now()
   local lease_end = string.format('%d', started + lease_ms_text)
-  redis.call('HSET', KEYS[1], run, 'running|' .. attempt .. '|' .. token .. '|' .. runner .. '|' .. lease_end .. '|' ..
-    fence .. '|' .. slot .. '|' .. manual .. '|' .. started, 'fence', fence)
+  local value = run_value('running', attempt, token, runner, lease_end, fence, slot, manual, started)
+  redis.call('HSET', KEYS[1], run, value, 'fence', fence)
   if (fence_counter or '0') == '0' then
     -- The job's first attempt on this store (first deployed, or the store lost its data): a catch-up reaches back
     -- to this run's slot and no further (unless one that asked before any claim set an earlier moment).
@@ -63,17 +63,16 @@ if not fields[1] then
   -- A run's first claim, with no other run of the job in progress or overlap allowed, starts its first attempt:
   -- nearly every claim that wins. Its slot is compared with the forgotten one as text: both are integers
   -- without leading zeros (tonumber, which calls strtod, costs more than the rest of the comparison).
-  local manual, slot = string.match(run, '^(m?)(%d+)')
+  local slot, manual = run_slot(run)
   local forgotten = fields[3] or '0'
   if (#slot > #forgotten or (#slot == #forgotten and slot > forgotten))
       and (ARGV[6] == '1' or redis.call('SCARD', KEYS[2]) == 0) then
-    return start('1', fields[2], slot, manual == 'm' and '1' or '0')
+    return start('1', fields[2], slot, manual)
   end
 else
   -- A backup's claim of a run another attempt holds with a live lease: where instances share jobs, every one
-  -- asks for every run and all but one are told this. Read from the state's first six fields (see lease_state).
-  local status, attempt, holder, lease_end, fence =
-    string.match(fields[1], '^(%l+)|(%d+)|([^|]*)|[^|]*|(%-?%d+)|(%d+)|')
+  -- asks for every run and all but one are told this. Read from the state's fields, with no table made.
+  local status, attempt, holder, lease_end, fence = string.match(fields[1], RUN_HEAD_PATTERN)
   if status == 'running' and holder ~= token then
     now = server_now()
     if tonumber(lease_end) > now then

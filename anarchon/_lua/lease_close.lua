@@ -1,5 +1,5 @@
 -- Ending runs: their history records, closing them, trimming the job's history. Shared by the lease scripts that
--- end runs (claim, finish, skip), pasted in after lease_state, whose keys and functions it uses.
+-- end runs (claim, finish, skip), pasted in after lease_run and lease_state, whose keys and functions it uses.
 
 -- History ordering: newest slot first, then highest attempt. Built as text because a Lua number would print
 -- 15 digits in exponent form.

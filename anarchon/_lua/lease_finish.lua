@@ -4,7 +4,7 @@
 -- ARGV[3] status: "ok" | "error" | "interrupted"    ARGV[4] message as a JSON literal ('null' or "…")
 -- ARGV[5] history_size    ARGV[6] keep_ms    ARGV[7] history_ttl_ms ("0": none)
 -- returns 1 if recorded, 0 if refused (not the current attempt's token, or the run already ended)
--- include: server_now
+-- include: lease_run
 -- include: lease_state
 -- include: lease_close
 local run, token = ARGV[1], ARGV[2]

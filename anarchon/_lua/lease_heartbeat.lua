@@ -4,7 +4,7 @@
 -- returns the lease ms left after the extension, or 0 when refused: the token is not the current attempt's
 -- (a backup took over), the run is no longer running, or the attempt handed it back (a negative lease end:
 -- this heartbeat was sent before the hand-back and arrived after it).
--- include: server_now
+-- include: lease_run
 -- include: lease_state
 local run, token, lease_ms = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local r = load_run(run)

@@ -8,7 +8,7 @@
 -- KEYS[1..5]  the job's state, active, slots, runs, results keys (see lease_state)
 -- ARGV[1] run id    ARGV[2] token of the caller's attempt
 -- returns 1 if released, 0 if refused (not the current attempt's token, or the run already ended)
--- include: server_now
+-- include: lease_run
 -- include: lease_state
 local run, token = ARGV[1], ARGV[2]
 local r = load_run(run)

@@ -12,7 +12,7 @@
 --   start it) is handed back, as lease_release does, and 0 returned: instances that claimed it meanwhile were
 --   told it was running and stand by to take it over, as after a crash. With none, trim closes it once keep_ms
 --   has passed ("abandoned: handed back").
--- include: server_now
+-- include: lease_run
 -- include: lease_state
 -- include: lease_close
 local run, token = ARGV[1], ARGV[2]

@@ -1,5 +1,5 @@
--- A run's state, shared by every lease script (pasted in where a script says "-- include: lease_state": a
--- script sent to Redis cannot include another). Every lease script receives the job's five keys as KEYS[1..5]:
+-- A run's state, shared by every lease script (pasted in where a script says "-- include: lease_state", after
+-- lease_run, whose functions it uses: a script sent to Redis cannot include another). Every lease script receives the job's five keys as KEYS[1..5]:
 --   state (hash), active (set), slots (sorted set), runs (stream), results (sorted set).
 -- The state hash holds one field per run, named by the run id, whose value is
 --   status|attempt|token|runner|lease_end|fence|slot|manual|started
@@ -14,13 +14,6 @@
 -- TIME followed by writes needs effects replication, the default from Redis 5.0 (the oldest supported).
 
 local STATE, ACTIVE, SLOTS, RUNS, RESULTS = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local RUN_PATTERN = '^([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)$'
-
--- The slot and the manual flag ("1"/"0") a run id carries: "<slot>" or "m<slot>-<tag>".
-local function run_slot(run)
-  local manual, slot = string.match(run, '^(m?)(%d+)')
-  return slot, manual == 'm' and '1' or '0'
-end
 
 -- A run's state as a table, read from its stored value (nil for none). Only lease_end becomes a number: the
 -- other fields are mostly copied into values and replies, where a number would cost a conversion each way
@@ -36,12 +29,6 @@ end
 -- A run's state as a table (nil when the store has none).
 local function load_run(run)
   return parse_run(redis.call('HGET', STATE, run))
-end
-
--- A run's state as stored.
-local function run_value(status, attempt, token, runner, lease_end, fence, slot, manual, started)
-  return status .. '|' .. attempt .. '|' .. token .. '|' .. runner .. '|' .. lease_end .. '|' .. fence .. '|' ..
-    slot .. '|' .. manual .. '|' .. started
 end
 
 -- Write a run's state; `fence_counter`, when given, is the job's new fence counter, written in the same command.
