@@ -66,6 +66,10 @@ class StreamIdConfig:
         return False
 
 
+# The most runs an idmp stream may be set to remember per job (IDMP-MAXSIZE), by any deploy.
+IDMP_MAX_SIZE_LIMIT: Final = 10_000
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class IdmpConfig:
     name: Literal["idmp"] = "idmp"
@@ -74,7 +78,7 @@ class IdmpConfig:
 
     def __post_init__(self) -> None:
         check_int("strategy.duration_sec", self.duration_sec, 1, 86_400)
-        check_int("strategy.max_size", self.max_size, 1, 10_000)
+        check_int("strategy.max_size", self.max_size, 1, IDMP_MAX_SIZE_LIMIT)
 
     @property
     def leases(self) -> bool:

@@ -150,10 +150,16 @@ class ClaimOnlyStrategy:
         return commands
 
     async def _trim_streams(self, store: Store, record: RunRecord, policy: JobPolicy) -> None:
-        if policy.history_ttl_ms:
-            streams = self.streams_aged_by_ttl(record.job, policy)
+        if trims := self.stream_trims(record, policy):
             with contextlib.suppress(StoreError):  # the record is stored; the next one's trim does this one's
-                await store.run_many([ScriptCall(TRIM_STREAM, (key,), (record.ended - kept,)) for key, kept in streams])
+                await store.run_many(trims)
+
+    def stream_trims(self, record: RunRecord, policy: JobPolicy) -> list[ScriptCall]:
+        """The scripts that trim the job's streams once ``record`` is stored: those ``history_ttl_ms`` ages."""
+        if not policy.history_ttl_ms:
+            return []
+        streams = self.streams_aged_by_ttl(record.job, policy)
+        return [ScriptCall(TRIM_STREAM, (key,), (record.ended - kept,)) for key, kept in streams]
 
     def streams_aged_by_ttl(self, job: str, policy: JobPolicy) -> list[tuple[str, int]]:
         """The job's streams that ``history_ttl_ms`` trims, each with how long it keeps its entries: the runs

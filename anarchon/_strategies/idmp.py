@@ -3,11 +3,12 @@
 The server keeps the first entry for an idempotent id and answers repeats with that entry's ID, without an
 error, so every claimer reads the entry back and compares tokens. A run is remembered for ``duration_sec`` (and
 up to ``max_size`` runs per job); a claim arriving later than that wins again. The stream keeps at least as many
-entries as the server remembers ids (``max_size``): a retried claim that read back nothing would be told "lost"
-although its first try won. A deploy that lengthens ``duration_sec`` or raises ``max_size`` makes the server forget
-every run it remembers (XCFGSET clears them): the stream's runs are then added again, copied, in the same script.
-A stream never gets a shorter duration or a smaller size than it has: an instance of another deploy may still
-claim a run as late as its own, longer duration allows.
+entries as the server remembers ids (its IDMP-MAXSIZE, which may be another deploy's, larger than ``max_size``):
+a retried claim that read back nothing would be told "lost" although its first try won. A deploy that lengthens
+``duration_sec`` or raises ``max_size`` makes the server forget every run it remembers (XCFGSET clears them):
+the stream's runs are then added again, copied, in the same script. A stream never gets a shorter duration or a
+smaller size than it has: an instance of another deploy may still claim a run as late as its own, longer
+duration allows.
 """
 
 from __future__ import annotations
@@ -17,21 +18,25 @@ import contextlib
 import logging
 from collections.abc import Sequence
 
+from .._config import IDMP_MAX_SIZE_LIMIT
 from .._errors import StoreError, StoreUnavailableError, UnsupportedStrategyError
 from .._keys import KeySpace
-from .._store import Command, Reply, Script, ServerInfo, Store, as_list, as_text
+from .._records import RunRecord
+from .._store import Command, Reply, Script, ScriptCall, ServerInfo, Store, as_list, as_text
 from ._base import Claim, JobPolicy, Outcome, RunRequest, fence_of
 from ._claim_only import ClaimOnlyStrategy, entry_token
 
 OTHER_STRATEGIES = ("lease", "stream-id", "script")
 CONFIGURE = Script.load("idmp_configure")
 SKIP_CLAIM = Script.load("idmp_skip")
+TRIM_RUNS = Script.load("idmp_trim")
 log = logging.getLogger("anarchon")
 
 
 class IdmpStrategy(ClaimOnlyStrategy):
     name = "idmp"
-    scripts: tuple[Script, ...] = (*ClaimOnlyStrategy.scripts, CONFIGURE, SKIP_CLAIM)
+    scripts: tuple[Script, ...] = (*ClaimOnlyStrategy.scripts, CONFIGURE, SKIP_CLAIM, TRIM_RUNS)
+    runs_aged_by_ttl = False  # idmp_trim.lua ages them, by the stream's own duration
 
     def __init__(self, keys: KeySpace, duration_sec: int, max_size: int) -> None:
         super().__init__(keys)
@@ -42,9 +47,6 @@ class IdmpStrategy(ClaimOnlyStrategy):
         # registered before start or after it. Concurrent first claims share one configuration: a second
         # XCFGSET after a claim's XADD would clear the id that claim registered.
         self._configured: dict[str, asyncio.Future[None]] = {}
-
-    def runs_read_back_ms(self, policy: JobPolicy) -> int:
-        return self.duration_sec * 1000  # every claim reads back the entry its IDMP id names, while it is known
 
     def check_server(self, server: ServerInfo) -> None:
         if not server.has_idmp:
@@ -107,7 +109,7 @@ class IdmpStrategy(ClaimOnlyStrategy):
         adds = [
             (
                 "XADD", self.keys.claim(r.job).runs, "NOMKSTREAM", "IDMP", r.job, r.slot,
-                "MAXLEN", "~", max(policy.history_size, self.max_size), "*", "slot", r.slot, "token", r.token,
+                "MAXLEN", "~", claim_max_len(policy), "*", "slot", r.slot, "token", r.token,
                 "runner", r.runner,
             )
             for r, policy in requests
@@ -148,15 +150,21 @@ class IdmpStrategy(ClaimOnlyStrategy):
         be told)."""
         runs = self.keys.claim(request.job).runs
         fields = ("slot", request.slot, "token", request.token, "runner", request.runner)
-        maxlen = max(policy.history_size, self.max_size)
         try:
-            entry_id = await store.run(SKIP_CLAIM, (runs,), (request.job, request.slot, maxlen, *fields))
+            entry_id = await store.run(SKIP_CLAIM, (runs,), (request.job, request.slot, claim_max_len(policy), *fields))
         except StoreError as error:
             return error
         if entry_id is None:
             return Claim(Outcome.LOST)
         [claim] = await self._read_back(store, [request], [entry_id])
         return claim
+
+    def stream_trims(self, record: RunRecord, policy: JobPolicy) -> list[ScriptCall]:
+        """The runs stream trimmed to what the stream's own settings need kept (see idmp_trim.lua), after every
+        record; the manual stream as ``history_ttl_ms`` ages it."""
+        runs = self.keys.claim(record.job).runs
+        trim = ScriptCall(TRIM_RUNS, (runs,), (policy.history_size, record.ended, policy.history_ttl_ms or 0))
+        return [trim, *super().stream_trims(record, policy)]
 
     async def _add_to_vanished(
         self, store: Store, jobs: Sequence[str], adds: Sequence[Command], ids: Sequence[Reply | StoreError]
@@ -182,3 +190,10 @@ class IdmpStrategy(ClaimOnlyStrategy):
             elif ids[i] is None:
                 ids[i] = gone
         return ids
+
+
+def claim_max_len(policy: JobPolicy) -> int:
+    """How many entries a claim's XADD leaves in the runs stream: a bound on a job whose runs are never recorded
+    (their instances die), not the trim itself, which follows each record. Whatever a deploy set the stream to
+    remember (IDMP-MAXSIZE, at most IDMP_MAX_SIZE_LIMIT), the entries of the runs it remembers stay."""
+    return max(policy.history_size, IDMP_MAX_SIZE_LIMIT)

@@ -1160,6 +1160,32 @@ async def test_idmp_an_instance_with_a_shorter_duration_does_not_shorten_the_str
     assert (await claim_one(shorter, request(SLOT, "c"), JobPolicy())).outcome is Outcome.LOST
 
 
+async def test_idmp_an_instance_with_a_smaller_size_keeps_the_runs_the_stream_remembers(target: StoreTarget) -> None:
+    """Instances of two deploys side by side: b's settings (900 s, 1,000 runs), which the stream has, and a's (300 s,
+    100 runs). a claims and records 400 runs. Trimmed to a's own size, the stream would hold about 100 entries while
+    the server remembers 400 ids: b's claim retried after its answer was lost would read nothing back and be told
+    "lost" (nobody runs that run), and a deploy that raises the settings again could add back only the runs still
+    there (a late claim of the others would win them again)."""
+    if not target.supports_idmp:
+        pytest.skip(f"idmp needs Redis 8.6+; {target.name} is {target.describe}")
+    b = await target.started_backend({"name": "idmp", "duration_sec": 900, "max_size": 1000})
+    a = await target.started_backend({"name": "idmp", "duration_sec": 300, "max_size": 100})
+    policy = JobPolicy(history_size=100)
+    first = await target.server_ms() - 600_000
+    mine = request(first, "b")
+    assert (await claim_one(b, mine, policy)).outcome is Outcome.WON  # its answer lost, say
+    for i in range(1, 400):
+        req = request(first + i * 1000, f"a{i}")
+        claim = await claim_one(a, req, policy)
+        assert claim.outcome is Outcome.WON
+        assert await a.strategy.finish(a.store, req, claim, policy, record(req, claim))
+    assert (await claim_one(b, mine._replace(retry=True), policy)).outcome is Outcome.WON
+    raised = await target.started_backend({"name": "idmp", "duration_sec": 1800, "max_size": 1000})
+    assert await _idmp_settings(target, "cron:sync:runs") == (1800, 1000)
+    for i in (0, 1, 250, 399):
+        assert (await claim_one(raised, request(first + i * 1000, "late"), policy)).outcome is Outcome.LOST, i
+
+
 async def test_idmp_configures_a_job_added_after_start_before_its_first_claim(target: StoreTarget) -> None:
     """A job registered on a running scheduler gets its stream's duration and size too: with the server's
     defaults (100 s) a claim later than that would win the run again. Its first claims, concurrent, configure
