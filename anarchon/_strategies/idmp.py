@@ -84,8 +84,10 @@ class IdmpStrategy(ClaimOnlyStrategy):
             )  # fmt: skip
         if (duration_sec, max_size) != (self.duration_sec, self.max_size):
             log.warning(
-                "idmp: the stream %s keeps duration_sec=%d, max_size=%d, set by another deploy, instead of this "
-                "instance's %d and %d: its instances may claim runs as late as those allow",
+                "idmp: the stream %s keeps duration_sec=%d, max_size=%d (an instance asked for them: another "
+                "deploy's, or an earlier one's) instead of this instance's %d and %d: a stream's settings are never "
+                "lowered, as an instance with those may still claim runs as late as they allow (lowering them "
+                "takes XCFGSET by hand, once none runs)",
                 runs, duration_sec, max_size, self.duration_sec, self.max_size,
             )  # fmt: skip
 
