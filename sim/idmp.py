@@ -13,7 +13,7 @@ connection wrapper answers ``XADD … IDMP``, ``XCFGSET`` and the IDMP fields of
   value (not when it sets the same one); new streams start at 100 s and 100 ids.
 
 fakeredis runs a script's ``redis.call`` itself, past this wrapper: the scripts of anarchon's that send IDMP commands,
-the idmp strategy's configure and skip claim, are answered here, step by step as their Lua does them.
+the idmp strategy's configure, skip claim and trim, are answered here, step by step as their Lua does them.
 
 The state is part of the dataset: :class:`IdmpState` is snapshotted and restored with it across a failover.
 """
@@ -29,12 +29,13 @@ from dataclasses import dataclass, field
 
 from anarchon._errors import StoreError, StoreReplyError
 from anarchon._store import Command, Connection, Reply, ServerInfo, as_list
-from anarchon._strategies.idmp import CONFIGURE, SKIP_CLAIM
+from anarchon._strategies.idmp import CONFIGURE, SKIP_CLAIM, TRIM_RUNS
 
 DEFAULT_DURATION_S = 100
 DEFAULT_MAXSIZE = 100
 CONFIGURE_SCRIPT = frozenset({CONFIGURE.sha, CONFIGURE.source})  # EVALSHA or EVAL of it
 SKIP_CLAIM_SCRIPT = frozenset({SKIP_CLAIM.sha, SKIP_CLAIM.source})
+TRIM_RUNS_SCRIPT = frozenset({TRIM_RUNS.sha, TRIM_RUNS.source})
 
 
 @dataclass
@@ -100,6 +101,8 @@ class IdmpConnection:
             return await self._configure(*(text(a) for a in command[3:7]))
         elif name in ("EVALSHA", "EVAL") and text(command[1]) in SKIP_CLAIM_SCRIPT:
             return await self._skip_claim(*(text(a) for a in command[3:]))
+        elif name in ("EVALSHA", "EVAL") and text(command[1]) in TRIM_RUNS_SCRIPT:
+            return await self._trim_runs(*(text(a) for a in command[3:7]))
         return await self.inner.execute(command)
 
     async def execute_many(self, commands: Sequence[Command]) -> list[Reply | StoreError]:
@@ -213,8 +216,26 @@ class IdmpConnection:
             stream.expire(self._now_ms())
             if stream.tracked >= stream.maxsize:
                 return None
+            since = max(0, int(slot) - stream.duration_s * 1000)
+            for entry in as_list(await self.inner.execute(["XRANGE", key, since, "+"])):
+                entry_id, entry_fields = as_list(entry, 2)
+                values = [text(value) for value in as_list(entry_fields)]
+                if "slot" in values[::2] and values[values[::2].index("slot") * 2 + 1] == slot:
+                    return text(entry_id)
             add = ["XADD", key, "NOMKSTREAM", "IDMP", producer, slot, "MAXLEN", "~", maxlen, "*", *fields]
             return await self._xadd_idmp_locked(add, _xadd_options(add))
+
+    async def _trim_runs(self, key: str, history_size: str, ended: str, ttl_ms: str) -> Reply:
+        """anarchon/_lua/idmp_trim.lua, one step for each of its commands."""
+        async with self.state.lock:
+            if not await self.inner.execute(["EXISTS", key]):
+                return 0
+            stream = self.state.streams.setdefault(key, StreamIdmp())
+            await self.inner.execute(["XTRIM", key, "MAXLEN", "~", max(int(history_size), stream.maxsize)])
+            if int(ttl_ms) > 0:
+                kept_ms = max(int(ttl_ms), stream.duration_s * 1000)
+                await self.inner.execute(["XTRIM", key, "MINID", int(ended) - kept_ms])
+            return await self.inner.execute(["XLEN", key])
 
     async def _xinfo(self, command: Command) -> Reply:
         reply = await self.inner.execute(command)

@@ -64,9 +64,7 @@ def scaled(scenario: Scenario, factor: float = SCALE) -> Scenario:
     defaults of the time options it leaves unset included (lease_ms, max_late_ms, window_ms, duration_sec, …),
     and the run cut ``SETTLE_AFTER_FAULTS_S`` scenario seconds after the last fault heals. The library's own
     constants (retry delays, stop grace) stay as they are: live runs wait for a store that answers no more than
-    a production instance would. So does the minute an idmp skip keeps clear of the end of what the store
-    remembers (CLAIM_MARGIN_MS): with a duration compressed to two minutes or less, idmp records no late skip
-    live."""
+    a production instance would."""
     for spec in scenario.faults:
         if spec.kind in VIRTUAL_ONLY:
             raise ScenarioError(f"{scenario.name}: {spec.kind} is a fault of the virtual mode's replication log only")

@@ -14,7 +14,7 @@ from .._errors import StoreError
 from .._keys import KeySpace
 from .._records import RunRecord, Status, encode_record, result_score
 from .._store import Command, Reply, Script, ScriptCall, ServerInfo, Store, as_list, as_text
-from ._base import CLAIM_MARGIN_MS, Claim, JobPolicy, Outcome, RunRequest, fence_of, read_history, read_records_at
+from ._base import Claim, JobPolicy, Outcome, RunRequest, fence_of, read_history, read_records_at
 
 TRIM_STREAM = Script.load("stream_trim")
 SERVER_TIME = Script.load("server_time")
@@ -25,10 +25,9 @@ class ClaimOnlyStrategy:
     leases = False
     claims_in_slot_order = False
     scripts: tuple[Script, ...] = (TRIM_STREAM, SERVER_TIME)
-    remembers_ms: int | None = None  # how long after its slot the store still knows a run was claimed (None: ever)
-    # How much sooner than remembers_ms a late skip stops being recorded: for an instance whose clock ran ahead
-    # and claimed the run early, which the store forgets that much sooner.
-    early_claim_margin_ms = CLAIM_MARGIN_MS
+    # How long after its slot the store still knows a run was claimed (None: ever). Also a claim made before the
+    # slot (an instance's clock ahead): a skip's claim looks that far back before the slot for one.
+    remembers_ms: int | None = None
     runs_aged_by_ttl = True  # False where the claim script ages the runs stream itself
 
     def __init__(self, keys: KeySpace) -> None:
@@ -93,14 +92,13 @@ class ClaimOnlyStrategy:
         """Record the skip of a run that the store's clock also sees as late and that no instance claimed: the run
         is claimed for the skip first. An instance whose clock ran ahead then skips no run the others are about
         to run, and a late instance records no skip beside the run that another one ran. Past what the store
-        remembers (``remembers_ms``, less ``early_claim_margin_ms`` for an instance whose clock ran ahead and
-        claimed early) the claim could win again although the run ran: no skip is recorded."""
+        remembers (``remembers_ms``) the claim could win again although the run ran: no skip is recorded."""
         time = await store.run(SERVER_TIME, [self.keys.claim(request.job).runs], [])
         seconds, micros = (int(as_text(part)) for part in as_list(time, 2))
         now = seconds * 1000 + micros // 1000
         if now <= request.slot + policy.late_after_ms:
             return False
-        if self.remembers_ms is not None and now > request.slot + self.remembers_ms - self.early_claim_margin_ms:
+        if self.remembers_ms is not None and now > request.slot + self.remembers_ms:
             return False
         # Written without runner and token, so the same skip reported by several instances is stored once.
         record = RunRecord(

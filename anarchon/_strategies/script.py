@@ -21,9 +21,6 @@ class ScriptStrategy(ClaimOnlyStrategy):
     name = "script"
     scripts: tuple[Script, ...] = (CLAIM, *ClaimOnlyStrategy.scripts)
     runs_aged_by_ttl = False  # the claim script ages them, keeping its window
-    # A late skip's claim looks back to window_ms before the slot, where an early claim of it is (and is kept):
-    # a skip is recorded until window_ms after the slot, however far ahead the early claimant's clock ran.
-    early_claim_margin_ms = 0
 
     def __init__(self, keys: KeySpace, window_ms: int) -> None:
         super().__init__(keys)

@@ -396,15 +396,15 @@ def remembering(strategy: str, seconds: int) -> Any:
 async def test_a_late_skip_is_recorded_only_while_the_store_remembers_the_run(
     target: StoreTarget, strategy: str
 ) -> None:
-    """Past what the store remembers of a run (lease: keep_ms; script: window_ms; idmp: duration_sec less a minute
-    for an instance that claimed early; stream-id: forever) its claim could win again although the run ran: no
-    skip is recorded then. A script skip's claim finds an early claim however early (see the next test): its
-    skips are recorded through the whole window."""
+    """Past what the store remembers of a run (lease: keep_ms; script: window_ms; idmp: duration_sec; stream-id:
+    forever) its claim could win again although the run ran: no skip is recorded then. A script or idmp skip's
+    claim finds an early claim (see the next tests): their skips are recorded through the whole window."""
     backend = await target.started_backend(remembering(strategy, 120))
     policy = JobPolicy(late_after_ms=100, keep_ms=1_000)
     now = await target.server_ms()
-    forgotten = now - (121_000 if strategy == "script" else 61_000)
-    remembered = [now - 65_000, now - 500] if strategy == "script" else [now - 500]
+    forgets = strategy in ("script", "idmp")
+    forgotten = now - (121_000 if forgets else 61_000)
+    remembered = [now - 65_000, now - 500] if forgets else [now - 500]
     for slot in (forgotten, *remembered):  # in slot order: stream-id refuses an earlier slot after a later one
         request = RunRequest("sync", run_id(slot), slot, f"t{slot}", "b")
         recorded = await backend.strategy.skip(backend.store, request, policy, "skipped-late", "too late")
@@ -435,6 +435,24 @@ async def test_script_a_late_skip_finds_the_claim_of_a_clock_far_ahead(target: S
     too_late = RunRequest("sync", run_id(now - 121_000), now - 121_000, "late", "c")
     assert (await backend.strategy.claim_for_skip(backend.store, too_late, policy)).outcome is Outcome.LOST
     assert len(await target.raw("XRANGE", runs, "-", "+")) == 2
+
+
+async def test_idmp_a_late_skip_finds_the_claim_of_a_clock_ahead_the_server_forgot(target: StoreTarget) -> None:
+    """An instance whose clock ran 2 s ahead claimed a slot early and runs it still; the server forgets the claim's
+    id 3 to 4 s (duration_sec, counted in whole seconds) after the claim, before the slot's duration is over. A
+    late skip of the slot then must not claim it again and record a skip beside the run: its claim looks for the
+    slot's entry among those of the stream's duration before the slot."""
+    if not target.supports_idmp:
+        pytest.skip(f"idmp needs Redis 8.6+; {target.name} is {target.describe}")
+    backend = await target.started_backend({"name": "idmp", "duration_sec": 3, "max_size": 100})
+    policy = JobPolicy(late_after_ms=100)
+    slot = await target.server_ms() + 2_000
+    assert (await claim_one(backend, request(slot, "early"), policy)).outcome is Outcome.WON
+    await asyncio.sleep(4.3)  # the id is forgotten; the slot is 2.3 s past, inside its duration
+    late = RunRequest("sync", run_id(slot), slot, "late", "b")
+    assert not await backend.strategy.skip(backend.store, late, policy, "skipped-late", "too late")
+    assert await backend.strategy.history(backend.store, "sync", 10) == []
+    assert await target.raw("XLEN", backend.keys.claim("sync").runs) == 1
 
 
 async def test_once_started_every_command_names_a_job_key(target: StoreTarget, strategy: str) -> None:

@@ -16,8 +16,8 @@ from anarchon import RedisBackend, RunContext, Scheduler, StoreUnavailableError
 from anarchon._adapters import RedisPyAsync
 from anarchon._errors import StoreReplyError
 from anarchon._store import Connection, Store
-from anarchon._strategies import JobPolicy, Outcome
-from anarchon._strategies.idmp import CONFIGURE
+from anarchon._strategies import JobPolicy, Outcome, RunRequest, run_id
+from anarchon._strategies.idmp import CONFIGURE, SKIP_CLAIM, TRIM_RUNS
 from sim.links import Link
 from sim.servers.testing import ServerUnderTest
 from sim.vtime import run_virtual
@@ -155,6 +155,59 @@ async def test_emulated_idmp_runs_the_configure_script_like_redis_8_6(real_serve
     assert expected[-1] == "duration 900 maxsize 80"
 
 
+async def skip_and_trim(connection: Connection) -> list[str]:
+    """The idmp strategy's skip claim and trim scripts on a stream configured to remember 3 ids: the answers,
+    entry IDs replaced by the step that made them, then the stream's length."""
+    store = Store(connection, owned=True)
+    now = await server_ms(store)
+    made: dict[str, int] = {}
+    early, unclaimed, forgotten = now + 1_000, now - 5_000, now - 4_000
+
+    def skip(slot: int, token: str) -> tuple[Any, ...]:
+        return ("skip", slot, 1000, "slot", slot, "token", token)
+
+    steps: list[tuple[Any, ...]] = [
+        ("configure", 300, 3),  # a new stream, set: it tracks no id
+        ("XADD", "s", "IDMP", "job", early, "*", "slot", early, "token", "a"),  # a claim before its slot
+        skip(early, "k1"),  # its id is known: a's entry
+        skip(unclaimed, "k2"),  # nobody claimed it: the skip's own entry
+        ("XADD", "s", "*", "slot", forgotten, "token", "z"),  # a claim whose id the server no longer knows
+        skip(forgotten, "k3"),  # found among the entries of the duration before the slot: z's entry
+        ("XADD", "s", "IDMP", "job", now, "*", "slot", now, "token", "b"),  # ids tracked: 3 of 3
+        skip(now - 3_000, "k4"),  # its id may have been pushed out: nothing claimed
+        ("trim", 1, now + 400_000, 1),  # a record's trim: the 300 s duration kept, all older entries go
+    ]
+    answers = []
+    for step, command in enumerate(steps):
+        if command[0] == "configure":
+            reply = await store.run(CONFIGURE, ["s"], [*command[1:], "job"])
+        elif command[0] == "skip":
+            reply = await store.run(SKIP_CLAIM, ["s"], ["job", *command[1:]])
+        elif command[0] == "trim":
+            reply = await store.run(TRIM_RUNS, ["s"], command[1:])
+        else:
+            reply = await store.execute(*command)
+        if isinstance(reply, (str, bytes)) and "-" in str(reply):
+            answers.append(f"entry of step {made.setdefault(str(reply), step)}")
+        else:
+            answers.append(str(reply))
+    await store.close()
+    return answers
+
+
+async def test_emulated_idmp_runs_the_skip_claim_and_trim_scripts_like_redis_8_6(real_server: ServerUnderTest) -> None:
+    if real_server.target != "redis-8.6":
+        pytest.skip(f"IDMP exists on redis-8.6 only; {real_server.target} has none to compare with")
+    expected, got = await asyncio.gather(
+        skip_and_trim(RedisPyAsync(real_server.async_client())), skip_and_trim(SimStore((8, 6)).connection())
+    )
+    assert got == expected
+    assert expected[1:] == [  # the program does test what it says
+        "entry of step 1", "entry of step 1", "entry of step 3", "entry of step 4", "entry of step 4",
+        "entry of step 6", "None", "0",
+    ]  # fmt: skip
+
+
 # The idmp strategy on the emulation: the contract tests of idmp skip on fake (fakeredis is Redis 7), so these run
 # its rules on the IDMP the simulator judges it by, on every test run.
 
@@ -289,9 +342,28 @@ async def test_idmp_on_the_emulation_records_a_late_skip_only_while_it_remembers
     async with emulated_idmp(duration_sec=120, max_size=100) as (backend, store):
         policy = JobPolicy(late_after_ms=100, keep_ms=1_000)
         now = await server_ms(store)
-        for slot, recorded in ((now - 61_000, False), (now - 500, True)):  # less a minute for an early claim
+        for slot, recorded in ((now - 121_000, False), (now - 65_000, True), (now - 500, True)):
             req = request(slot, f"t{slot}")
             assert await backend.strategy.skip(backend.store, req, policy, "skipped-late", "too late") is recorded
+
+
+def test_idmp_on_the_emulation_a_late_skip_finds_the_claim_of_a_clock_two_minutes_ahead() -> None:
+    """An instance whose clock ran 2 minutes ahead claimed a slot early and runs it still; the server forgets the
+    claim's id 300 s (duration_sec) after it, 180 s after the slot. A late skip at 200 s must not claim the slot
+    again and record a skip beside the run. Before, a skip was recorded until a minute before the slot's duration
+    ended, which did not cover a clock more than a minute ahead."""
+
+    async def main() -> None:
+        async with emulated_idmp(duration_sec=300, max_size=100) as (backend, store):
+            policy = JobPolicy(late_after_ms=60_000)
+            slot = await server_ms(store) + 120_000
+            assert (await claim_one(backend, request(slot, "early"), policy)).outcome is Outcome.WON
+            await asyncio.sleep(320)
+            late = RunRequest("sync", run_id(slot), slot, "late", "b")
+            assert not await backend.strategy.skip(backend.store, late, policy, "skipped-late", "too late")
+            assert await backend.strategy.history(backend.store, "sync", 10) == []
+
+    run_virtual(main(), epoch_s=EPOCH_S, seed=1)
 
 
 async def test_idmp_on_the_emulation_a_late_claim_of_a_run_whose_entry_is_gone_loses() -> None:
