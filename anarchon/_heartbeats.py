@@ -43,6 +43,7 @@ class _Held:
     deadline: float  # keeper clock seconds: past it, the lease may be gone
     next_beat: float
     lose: Callable[[str], object]
+    failed_beats: int = 0  # since the last one the store answered: only the first is a warning
 
 
 class LeaseKeeper:
@@ -169,8 +170,12 @@ class LeaseKeeper:
                     raise answer
                 # Whatever went wrong, the run's lease may still be kept by the next try before its deadline:
                 # ending the keeper instead would leave every run it holds unaware of losing its lease.
+                # A warning for a run's first failure, and debug for its retries: in an outage every run held
+                # retries, each several times before its deadline. Its lease lost is said in any case.
                 unexpected = not isinstance(answer, StoreError | TimeoutError)
-                log.warning("job %s: heartbeat failed: %s", run.request.job, answer, exc_info=unexpected)
+                level = logging.DEBUG if run.failed_beats else logging.WARNING
+                run.failed_beats += 1
+                log.log(level, "job %s: heartbeat failed: %s", run.request.job, answer, exc_info=unexpected)
                 failed = self.clock.monotonic()
                 run.next_beat = failed + max(RETRY_MIN_S, min(RETRY_S, (run.deadline - failed) / 2))
             elif answer <= 0:
@@ -179,6 +184,9 @@ class LeaseKeeper:
                         "the heartbeat was refused: the run is not this attempt's (taken over, or lost by the store)"
                     )
             else:
+                if run.failed_beats:
+                    log.info("job %s: heartbeat kept the lease, after %d failed", run.request.job, run.failed_beats)
+                    run.failed_beats = 0
                 run.deadline = sent + answer / 1000 - self.margin_s
                 run.next_beat = sent + self.heartbeat_s
 

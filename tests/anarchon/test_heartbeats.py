@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import logging
 from typing import cast
 
 import pytest
@@ -133,6 +134,49 @@ def test_a_failed_heartbeat_of_a_short_lease_is_tried_again_before_the_lease_end
 
     beats, lost = run_virtual(main(), epoch_s=1_700_000_000, seed=1)
     assert (beats, lost) == ([1.0, 1.475, 2.475, 3.475], [])
+
+
+class FailingWhileDownStrategy:
+    """Its heartbeats fail while the store is down: from 1 s to 2.5 s and from 5 s to 5.5 s."""
+
+    def __init__(self, clock: SimClock) -> None:
+        self.clock = clock
+
+    async def heartbeat(self, store: Store, request: RunRequest, policy: JobPolicy) -> int:
+        now = self.clock.monotonic()
+        if 1 <= now < 2.5 or 5 <= now < 5.5:
+            raise StoreUnavailableError("connection refused")
+        return 10_000
+
+
+def test_a_run_says_its_heartbeats_fail_once_per_outage(caplog: pytest.LogCaptureFixture) -> None:
+    """Lease 10 s, heartbeat 1 s: the beats at 1 s and 5 s fail, and each is tried again every second (until it
+    keeps the lease). The first failure of each outage is a warning, its retries debug lines, and the beat that
+    gets through says so: not a warning for every try of every run held."""
+    caplog.set_level(logging.DEBUG, logger="anarchon")
+
+    async def main() -> list[str]:
+        clock = SimClock()
+        keeper = LeaseKeeper(
+            cast(Strategy, FailingWhileDownStrategy(clock)), cast(Store, None), clock, heartbeat_ms=1000, margin_ms=0
+        )
+        lost: list[str] = []
+        serving = asyncio.create_task(keeper.serve())
+        keeper.hold(REQUEST, JobPolicy(), clock.monotonic(), 10_000, lost.append)
+        await asyncio.sleep(7)
+        serving.cancel()
+        await asyncio.gather(serving, return_exceptions=True)
+        return lost
+
+    assert run_virtual(main(), epoch_s=1_700_000_000, seed=1) == []
+    said = [(r.levelname, r.getMessage()) for r in caplog.records if "heartbeat" in r.getMessage()]
+    assert said == [
+        ("WARNING", "job job: heartbeat failed: connection refused"),
+        ("DEBUG", "job job: heartbeat failed: connection refused"),
+        ("INFO", "job job: heartbeat kept the lease, after 2 failed"),
+        ("WARNING", "job job: heartbeat failed: connection refused"),
+        ("INFO", "job job: heartbeat kept the lease, after 1 failed"),
+    ]
 
 
 def hold_noting_the_loss(keeper: LeaseKeeper, request: RunRequest, lease_ms: int, lost: dict[str, float]) -> None:
