@@ -1740,9 +1740,11 @@ class Scheduler(Generic[M]):
 
     def _lose(self, running: _Running, reason: str) -> None:
         request = running.request
-        if running.ended:  # its result is on its way to the store, which takes it if no backup has taken over
-            log.info("job %s slot %d: the lease ended before the store had the run's result: %s", request.job,
-                     request.slot, reason, extra={"job": request.job, "slot": request.slot})  # fmt: skip
+        if running.ended:
+            # Its result is on its way to the store, whose answer to it says whether a backup took over (refused)
+            # or not. A heartbeat sent as the job ended is most often refused because that result came first.
+            log.debug("job %s slot %d: a heartbeat was refused after the job ended: %s", request.job,
+                      request.slot, reason, extra={"job": request.job, "slot": request.slot})  # fmt: skip
             return
         log.warning(
             "job %s slot %d: lease lost: %s",
