@@ -66,8 +66,8 @@ class StreamIdConfig:
         return False
 
 
-# The most runs an idmp stream may be set to remember per job (IDMP-MAXSIZE), by any deploy.
-IDMP_MAX_SIZE_LIMIT: Final = 10_000
+# The longest an idmp stream may be set to remember a run (IDMP-DURATION), by any deploy.
+IDMP_MAX_DURATION_S: Final = 86_400
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -77,8 +77,8 @@ class IdmpConfig:
     max_size: int = 1000
 
     def __post_init__(self) -> None:
-        check_int("strategy.duration_sec", self.duration_sec, 1, 86_400)
-        check_int("strategy.max_size", self.max_size, 1, IDMP_MAX_SIZE_LIMIT)
+        check_int("strategy.duration_sec", self.duration_sec, 1, IDMP_MAX_DURATION_S)
+        check_int("strategy.max_size", self.max_size, 1, 10_000)
 
     @property
     def leases(self) -> bool:

@@ -102,7 +102,7 @@ class IdmpConnection:
         elif name in ("EVALSHA", "EVAL") and text(command[1]) in SKIP_CLAIM_SCRIPT:
             return await self._skip_claim(*(text(a) for a in command[3:]))
         elif name in ("EVALSHA", "EVAL") and text(command[1]) in TRIM_RUNS_SCRIPT:
-            return await self._trim_runs(*(text(a) for a in command[3:7]))
+            return await self._trim_runs(*(text(a) for a in command[3:6]))
         return await self.inner.execute(command)
 
     async def execute_many(self, commands: Sequence[Command]) -> list[Reply | StoreError]:
@@ -207,7 +207,7 @@ class IdmpConnection:
                     await self._xadd_idmp_locked(add, _xadd_options(add))
             return [len(copied), *wanted]
 
-    async def _skip_claim(self, key: str, producer: str, slot: str, maxlen: str, *fields: str) -> Reply:
+    async def _skip_claim(self, key: str, producer: str, slot: str, min_id: str, *fields: str) -> Reply:
         """anarchon/_lua/idmp_skip.lua, one step for each of its commands."""
         async with self.state.lock:
             if not await self.inner.execute(["EXISTS", key]):
@@ -216,25 +216,33 @@ class IdmpConnection:
             stream.expire(self._now_ms())
             if stream.tracked >= stream.maxsize:
                 return None
-            since = max(0, int(slot) - stream.duration_s * 1000)
-            for entry in as_list(await self.inner.execute(["XRANGE", key, since, "+"])):
-                entry_id, entry_fields = as_list(entry, 2)
-                values = [text(value) for value in as_list(entry_fields)]
-                if "slot" in values[::2] and values[values[::2].index("slot") * 2 + 1] == slot:
-                    return text(entry_id)
-            add = ["XADD", key, "NOMKSTREAM", "IDMP", producer, slot, "MAXLEN", "~", maxlen, "*", *fields]
+            duration_ms = stream.duration_s * 1000
+            since = max(0, int(slot) - duration_ms)
+            until = min(int(slot), self._now_ms() - duration_ms + 1000)
+            if until >= since:
+                for entry in as_list(await self.inner.execute(["XRANGE", key, since, until])):
+                    entry_id, entry_fields = as_list(entry, 2)
+                    values = [text(value) for value in as_list(entry_fields)]
+                    if "slot" in values[::2] and values[values[::2].index("slot") * 2 + 1] == slot:
+                        return text(entry_id)
+            add = ["XADD", key, "NOMKSTREAM", "IDMP", producer, slot, "MINID", "~", min_id, "*", *fields]
             return await self._xadd_idmp_locked(add, _xadd_options(add))
 
-    async def _trim_runs(self, key: str, history_size: str, ended: str, ttl_ms: str) -> Reply:
+    async def _trim_runs(self, key: str, history_size: str, ttl_ms: str) -> Reply:
         """anarchon/_lua/idmp_trim.lua, one step for each of its commands."""
         async with self.state.lock:
             if not await self.inner.execute(["EXISTS", key]):
                 return 0
             stream = self.state.streams.setdefault(key, StreamIdmp())
-            await self.inner.execute(["XTRIM", key, "MAXLEN", "~", max(int(history_size), stream.maxsize)])
+            now, kept_ms = self._now_ms(), 2 * stream.duration_s * 1000
+            excess = int(text(await self.inner.execute(["XLEN", key]))) - max(int(history_size), stream.maxsize)
+            if excess > 0:
+                oldest = as_list(await self.inner.execute(["XRANGE", key, "-", now - kept_ms - 1, "COUNT", excess]))
+                if oldest:
+                    last_ms = int(text(as_list(oldest[-1], 2)[0]).split("-")[0])
+                    await self.inner.execute(["XTRIM", key, "MINID", last_ms + 1])
             if int(ttl_ms) > 0:
-                kept_ms = max(int(ttl_ms), stream.duration_s * 1000)
-                await self.inner.execute(["XTRIM", key, "MINID", int(ended) - kept_ms])
+                await self.inner.execute(["XTRIM", key, "MINID", now - max(int(ttl_ms), kept_ms)])
             return await self.inner.execute(["XLEN", key])
 
     async def _xinfo(self, command: Command) -> Reply:

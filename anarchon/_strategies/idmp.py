@@ -18,7 +18,7 @@ import contextlib
 import logging
 from collections.abc import Sequence
 
-from .._config import IDMP_MAX_SIZE_LIMIT
+from .._config import IDMP_MAX_DURATION_S
 from .._errors import StoreError, StoreUnavailableError, UnsupportedStrategyError
 from .._keys import KeySpace
 from .._records import RunRecord
@@ -111,7 +111,7 @@ class IdmpStrategy(ClaimOnlyStrategy):
         adds = [
             (
                 "XADD", self.keys.claim(r.job).runs, "NOMKSTREAM", "IDMP", r.job, r.slot,
-                "MAXLEN", "~", claim_max_len(policy), "*", "slot", r.slot, "token", r.token,
+                "MINID", "~", claim_min_id(r), "*", "slot", r.slot, "token", r.token,
                 "runner", r.runner,
             )
             for r, policy in requests
@@ -153,7 +153,7 @@ class IdmpStrategy(ClaimOnlyStrategy):
         runs = self.keys.claim(request.job).runs
         fields = ("slot", request.slot, "token", request.token, "runner", request.runner)
         try:
-            entry_id = await store.run(SKIP_CLAIM, (runs,), (request.job, request.slot, claim_max_len(policy), *fields))
+            entry_id = await store.run(SKIP_CLAIM, (runs,), (request.job, request.slot, claim_min_id(request), *fields))
         except StoreError as error:
             return error
         if entry_id is None:
@@ -165,7 +165,7 @@ class IdmpStrategy(ClaimOnlyStrategy):
         """The runs stream trimmed to what the stream's own settings need kept (see idmp_trim.lua), after every
         record; the manual stream as ``history_ttl_ms`` ages it."""
         runs = self.keys.claim(record.job).runs
-        trim = ScriptCall(TRIM_RUNS, (runs,), (policy.history_size, record.ended, policy.history_ttl_ms or 0))
+        trim = ScriptCall(TRIM_RUNS, (runs,), (policy.history_size, policy.history_ttl_ms or 0))
         return [trim, *super().stream_trims(record, policy)]
 
     async def _add_to_vanished(
@@ -194,8 +194,9 @@ class IdmpStrategy(ClaimOnlyStrategy):
         return ids
 
 
-def claim_max_len(policy: JobPolicy) -> int:
-    """How many entries a claim's XADD leaves in the runs stream: a bound on a job whose runs are never recorded
-    (their instances die), not the trim itself, which follows each record. Whatever a deploy set the stream to
-    remember (IDMP-MAXSIZE, at most IDMP_MAX_SIZE_LIMIT), the entries of the runs it remembers stay."""
-    return max(policy.history_size, IDMP_MAX_SIZE_LIMIT)
+def claim_min_id(request: RunRequest) -> int:
+    """What a claim's XADD trims of the runs stream: entries three days older than its slot. Each record trims
+    the stream (idmp_trim.lua); this bounds one whose runs are never recorded (their instances die). It never
+    takes an entry of the last two IDMP durations, which a late skip's claim looks through (idmp_skip.lua), even
+    for an instance whose clock runs up to a day ahead."""
+    return request.slot - 3 * IDMP_MAX_DURATION_S * 1000

@@ -8,6 +8,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -455,6 +456,43 @@ async def test_idmp_a_late_skip_finds_the_claim_of_a_clock_ahead_the_server_forg
     assert await target.raw("XLEN", backend.keys.claim("sync").runs) == 1
 
 
+async def test_idmp_history_ttl_ms_keeps_the_entries_a_late_skip_looks_through(target: StoreTarget) -> None:
+    """As above, with history_ttl_ms 1 ms: a record of another slot, once the server forgot the early claim's id,
+    ages the runs stream. It must keep the early claim's entry, which a skip of its slot looks for until the
+    slot's duration is over: every entry of the last two durations stays."""
+    if not target.supports_idmp:
+        pytest.skip(f"idmp needs Redis 8.6+; {target.name} is {target.describe}")
+    backend = await target.started_backend({"name": "idmp", "duration_sec": 3, "max_size": 100})
+    policy = JobPolicy(late_after_ms=100, history_ttl_ms=1)
+    slot = await target.server_ms() + 2_000
+    assert (await claim_one(backend, request(slot, "early"), policy)).outcome is Outcome.WON
+    await asyncio.sleep(4.3)  # the id is forgotten; the slot is 2.3 s past, inside its duration
+    other = request(slot + 1_000, "other")
+    claim = await claim_one(backend, other, policy)
+    assert await backend.strategy.finish(backend.store, other, claim, policy, record(other, claim))
+    late = RunRequest("sync", run_id(slot), slot, "late", "b")
+    assert not await backend.strategy.skip(backend.store, late, policy, "skipped-late", "too late")
+    assert [r.slot for r in await backend.strategy.history(backend.store, "sync", 10)] == [other.slot]
+
+
+async def test_idmp_the_runs_stream_is_aged_by_the_servers_clock(target: StoreTarget) -> None:
+    """A record of an instance whose clock runs 6 s ahead, with history_ttl_ms 1 ms, must not age out the entry of
+    a run the server still remembers (duration 4 s): its claim, retried after its answer was lost, would read
+    nothing back and be told "lost", and nobody would run the run."""
+    if not target.supports_idmp:
+        pytest.skip(f"idmp needs Redis 8.6+; {target.name} is {target.describe}")
+    backend = await target.started_backend({"name": "idmp", "duration_sec": 4, "max_size": 100})
+    policy = JobPolicy(history_ttl_ms=1)
+    now = await target.server_ms()
+    mine = request(now - 500, "mine")
+    assert (await claim_one(backend, mine, policy)).outcome is Outcome.WON  # its answer lost, say
+    ahead = request(now + 60_000, "ahead")
+    claim = await claim_one(backend, ahead, policy)
+    recorded = replace(record(ahead, claim), ended=await target.server_ms() + 6_000)
+    assert await backend.strategy.finish(backend.store, ahead, claim, policy, recorded)
+    assert (await claim_one(backend, mine._replace(retry=True), policy)).outcome is Outcome.WON
+
+
 async def test_once_started_every_command_names_a_job_key(target: StoreTarget, strategy: str) -> None:
     """Claims, heartbeats, finishes, late skips, catch-ups and history reads each name a key of their job: on a
     cluster each goes to the job's node, in that node's queue (a command without a key goes to any node, in a
@@ -605,7 +643,7 @@ async def test_a_won_claim_retried_after_many_later_runs_still_wins(target: Stor
 @pytest.mark.parametrize("claim_only", ["stream-id", "idmp", "script"])
 async def test_history_ttl_ms_ages_the_claim_only_streams_out(target: StoreTarget, claim_only: str) -> None:
     """The manual stream and the runs stream (script's claim script ages its runs itself); idmp keeps its runs
-    for its IDMP duration at least (a claim reads its entry back)."""
+    for two IDMP durations at least (a claim reads its entry back, a late skip's claim looks through them)."""
     if claim_only == "idmp" and not target.supports_idmp:
         pytest.skip(f"idmp needs Redis 8.6+; {target.name} is {target.describe}")
     backend = await target.started_backend(remembering(claim_only, 1))
@@ -620,7 +658,7 @@ async def test_history_ttl_ms_ages_the_claim_only_streams_out(target: StoreTarge
 
     await run_once(manual=True)
     await run_once(manual=False)
-    await asyncio.sleep(1.2)  # past history_ttl_ms, and past idmp's duration_sec of 1
+    await asyncio.sleep(2.2 if claim_only == "idmp" else 1.2)  # past history_ttl_ms, and twice idmp's duration_sec
     await run_once(manual=False)  # its record trims what is older than history_ttl_ms
     manual = await target.raw("XRANGE", "cron:sync:manual", "-", "+")
     runs = await target.raw("XRANGE", "cron:sync:runs", "-", "+")

@@ -156,26 +156,33 @@ async def test_emulated_idmp_runs_the_configure_script_like_redis_8_6(real_serve
 
 
 async def skip_and_trim(connection: Connection) -> list[str]:
-    """The idmp strategy's skip claim and trim scripts on a stream configured to remember 3 ids: the answers,
-    entry IDs replaced by the step that made them, then the stream's length."""
+    """The idmp strategy's skip claim and trim scripts on a stream of 300 s: the answers, entry IDs replaced by the
+    step that made them. Its first two entries are older than the stream's duration (written with explicit IDs
+    before it was set): claims whose ids the server no longer knows."""
     store = Store(connection, owned=True)
     now = await server_ms(store)
     made: dict[str, int] = {}
-    early, unclaimed, forgotten = now + 1_000, now - 5_000, now - 4_000
+    early, unclaimed, forgotten = now + 1_000, now - 5_000, now - 400_000
 
     def skip(slot: int, token: str) -> tuple[Any, ...]:
         return ("skip", slot, 1000, "slot", slot, "token", token)
 
     steps: list[tuple[Any, ...]] = [
-        ("configure", 300, 3),  # a new stream, set: it tracks no id
+        ("XADD", "s", f"{now - 700_000}-1", "slot", now - 700_000, "token", "old"),
+        ("XADD", "s", f"{now - 650_000}-1", "slot", forgotten, "token", "z"),  # 250 s before its slot
+        ("configure", 300, 100),
         ("XADD", "s", "IDMP", "job", early, "*", "slot", early, "token", "a"),  # a claim before its slot
         skip(early, "k1"),  # its id is known: a's entry
         skip(unclaimed, "k2"),  # nobody claimed it: the skip's own entry
-        ("XADD", "s", "*", "slot", forgotten, "token", "z"),  # a claim whose id the server no longer knows
         skip(forgotten, "k3"),  # found among the entries of the duration before the slot: z's entry
-        ("XADD", "s", "IDMP", "job", now, "*", "slot", now, "token", "b"),  # ids tracked: 3 of 3
-        skip(now - 3_000, "k4"),  # its id may have been pushed out: nothing claimed
-        ("trim", 1, now + 400_000, 1),  # a record's trim: the 300 s duration kept, all older entries go
+        ("trim", "s", 1, 1),  # a record's trim, history_ttl_ms 1: the entries of the last two durations (600 s) kept
+        skip(unclaimed, "k4"),  # k2's entry
+        ("XADD", "t", f"{now - 700_000}-2", "slot", 1, "token", "t1"),
+        ("XADD", "t", f"{now - 690_000}-2", "slot", 2, "token", "t2"),
+        ("XADD", "t", "*", "slot", 3, "token", "t3"),
+        ("XADD", "t", "*", "slot", 4, "token", "t4"),
+        ("XCFGSET", "t", "IDMP-DURATION", 300, "IDMP-MAXSIZE", 1),
+        ("trim", "t", 1, 0),  # one entry more than max_size is three, but those of the last 600 s stay: t3, t4
     ]
     answers = []
     for step, command in enumerate(steps):
@@ -184,7 +191,7 @@ async def skip_and_trim(connection: Connection) -> list[str]:
         elif command[0] == "skip":
             reply = await store.run(SKIP_CLAIM, ["s"], ["job", *command[1:]])
         elif command[0] == "trim":
-            reply = await store.run(TRIM_RUNS, ["s"], command[1:])
+            reply = await store.run(TRIM_RUNS, [command[1]], command[2:])
         else:
             reply = await store.execute(*command)
         if isinstance(reply, (str, bytes)) and "-" in str(reply):
@@ -202,9 +209,10 @@ async def test_emulated_idmp_runs_the_skip_claim_and_trim_scripts_like_redis_8_6
         skip_and_trim(RedisPyAsync(real_server.async_client())), skip_and_trim(SimStore((8, 6)).connection())
     )
     assert got == expected
-    assert expected[1:] == [  # the program does test what it says
-        "entry of step 1", "entry of step 1", "entry of step 3", "entry of step 4", "entry of step 4",
-        "entry of step 6", "None", "0",
+    assert expected == [  # the program does test what it says
+        "entry of step 0", "entry of step 1", "[0, 300, 100]", "entry of step 3", "entry of step 3",
+        "entry of step 5", "entry of step 1", "2", "entry of step 5", "entry of step 9", "entry of step 10",
+        "entry of step 11", "entry of step 12", "OK", "2",
     ]  # fmt: skip
 
 
