@@ -34,6 +34,9 @@ IDLE_S = 60.0
 # short lease gets its retries too), and no sooner than RETRY_MIN_S.
 RETRY_S = 1.0
 RETRY_MIN_S = 0.01
+# Why a run's lease is lost.
+LEASE_RAN_OUT = "the lease ran out before a heartbeat reached the store"
+HEARTBEAT_REFUSED = "the heartbeat was refused: the run is not this attempt's (taken over, or lost by the store)"
 
 
 @dataclass(slots=True)
@@ -43,7 +46,6 @@ class _Held:
     deadline: float  # keeper clock seconds: past it, the lease may be gone
     next_beat: float
     lose: Callable[[str], object]
-    failed_beats: int = 0  # since the last one the store answered: only the first is a warning
 
 
 class LeaseKeeper:
@@ -61,6 +63,11 @@ class LeaseKeeper:
         self.heartbeat_s = heartbeat_ms / 1000
         self.margin_s = margin_ms / 1000
         self._held: dict[str, _Held] = {}
+        # Runs whose last heartbeat failed, and how many failed since none did: in an outage every run held tries
+        # again several times before its deadline, so only the outage's first failure is a warning. The keeper's
+        # own thread alone reads and writes them.
+        self._failing: set[str] = set()
+        self._failed_beats = 0
         self._lock = threading.Lock()  # hold/release come from the scheduler's loop, serve may run elsewhere
         self._wake: Callable[[], object] = lambda: None
         self._sleeping_until = -float("inf")  # while awake, runs held meanwhile are seen on the next pass
@@ -108,7 +115,9 @@ class LeaseKeeper:
                 held = list(self._held.values())
             for run in held:
                 if run.deadline <= now and self.release(run.request.token):
-                    run.lose("the lease ran out before a heartbeat reached the store")
+                    run.lose(LEASE_RAN_OUT)
+            if self._failing:  # runs released, or lost, while failing: the next failure is an outage's first
+                self._failing = {token for token in self._failing if token in self._held}
             due = [run for run in held if run.deadline > now and run.next_beat <= now]
             if due:
                 await self._beat(due)
@@ -140,6 +149,15 @@ class LeaseKeeper:
                 self._sleeping_until, self._awaiting_beats = -float("inf"), False
         return sleeper.done() and not sleeper.cancelled()
 
+    def _answered(self, token: str) -> None:
+        """The store answered the run's heartbeat: the line that says so ends an outage's failures."""
+        if token not in self._failing:
+            return
+        self._failing.discard(token)
+        if not self._failing:
+            log.info("heartbeats reach the store again; %d failed meanwhile", self._failed_beats)
+            self._failed_beats = 0
+
     async def _beat(self, due: list[_Held]) -> None:
         sent = self.clock.monotonic()
         beats = [self.strategy.heartbeat(self.store, run.request, run.policy) for run in due]
@@ -170,23 +188,19 @@ class LeaseKeeper:
                     raise answer
                 # Whatever went wrong, the run's lease may still be kept by the next try before its deadline:
                 # ending the keeper instead would leave every run it holds unaware of losing its lease.
-                # A warning for a run's first failure, and debug for its retries: in an outage every run held
-                # retries, each several times before its deadline. Its lease lost is said in any case.
+                # A run's lease lost is said in any case.
                 unexpected = not isinstance(answer, StoreError | TimeoutError)
-                level = logging.DEBUG if run.failed_beats else logging.WARNING
-                run.failed_beats += 1
+                level = logging.WARNING if unexpected or not self._failing else logging.DEBUG
+                self._failing.add(run.request.token)
+                self._failed_beats += 1
                 log.log(level, "job %s: heartbeat failed: %s", run.request.job, answer, exc_info=unexpected)
                 failed = self.clock.monotonic()
                 run.next_beat = failed + max(RETRY_MIN_S, min(RETRY_S, (run.deadline - failed) / 2))
             elif answer <= 0:
                 if self.release(run.request.token):
-                    run.lose(
-                        "the heartbeat was refused: the run is not this attempt's (taken over, or lost by the store)"
-                    )
+                    run.lose(HEARTBEAT_REFUSED)
             else:
-                if run.failed_beats:
-                    log.info("job %s: heartbeat kept the lease, after %d failed", run.request.job, run.failed_beats)
-                    run.failed_beats = 0
+                self._answered(run.request.token)
                 run.deadline = sent + answer / 1000 - self.margin_s
                 run.next_beat = sent + self.heartbeat_s
 

@@ -46,7 +46,7 @@ from ._errors import (
     StoreUnavailableError,
     UnknownOptionError,
 )
-from ._heartbeats import HeartbeatThread, LeaseKeeper
+from ._heartbeats import HEARTBEAT_REFUSED, HeartbeatThread, LeaseKeeper
 from ._job import (
     DAY_MS,
     LEASE_OPTIONS,
@@ -1743,8 +1743,13 @@ class Scheduler(Generic[M]):
         if running.ended:
             # Its result is on its way to the store, whose answer to it says whether a backup took over (refused)
             # or not. A heartbeat sent as the job ended is most often refused because that result came first.
-            log.debug("job %s slot %d: a heartbeat was refused after the job ended: %s", request.job,
-                      request.slot, reason, extra={"job": request.job, "slot": request.slot})  # fmt: skip
+            extra = {"job": request.job, "slot": request.slot}
+            if reason == HEARTBEAT_REFUSED:
+                log.debug("job %s slot %d: a heartbeat was refused after the job ended", request.job, request.slot,
+                          extra=extra)  # fmt: skip
+            else:
+                log.info("job %s slot %d: the lease ended before the store had the run's result: %s", request.job,
+                         request.slot, reason, extra=extra)  # fmt: skip
             return
         log.warning(
             "job %s slot %d: lease lost: %s",
