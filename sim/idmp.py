@@ -195,7 +195,7 @@ class IdmpConnection:
             if (old_duration, old_max_size) == wanted:
                 return [-1, *wanted]
             await self._xcfgset(["XCFGSET", key, "IDMP-DURATION", str(wanted[0]), "IDMP-MAXSIZE", str(wanted[1])])
-            since = self._now_ms() - max(wanted[0], old_duration) * 1000
+            since = self._now_ms() - max(wanted[0], old_duration) * 1000 - 1000
             entries = await self.inner.execute(["XREVRANGE", key, "+", since, "COUNT", wanted[1]])
             copied: set[str] = set()
             for entry in reversed(as_list(entries)):
@@ -216,9 +216,11 @@ class IdmpConnection:
             stream.expire(self._now_ms())
             if stream.tracked >= stream.maxsize:
                 return None
-            duration_ms = stream.duration_s * 1000
+            duration_ms, now = stream.duration_s * 1000, self._now_ms()
+            if now > int(slot) + duration_ms:
+                return None
             since = max(0, int(slot) - duration_ms)
-            until = min(int(slot), self._now_ms() - duration_ms + 1000)
+            until = min(int(slot), now - duration_ms + 1000)
             if until >= since:
                 for entry in as_list(await self.inner.execute(["XRANGE", key, since, until])):
                     entry_id, entry_fields = as_list(entry, 2)

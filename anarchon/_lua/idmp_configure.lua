@@ -34,7 +34,9 @@ end
 redis.call('XCFGSET', key, 'IDMP-DURATION', duration, 'IDMP-MAXSIZE', max_size)
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
-local entries = redis.call('XREVRANGE', key, '+', now - math.max(duration, old_duration) * 1000, 'COUNT', max_size)
+-- The server forgets an id up to a second after its duration
+local since = now - math.max(duration, old_duration) * 1000 - 1000
+local entries = redis.call('XREVRANGE', key, '+', since, 'COUNT', max_size)
 local again, copied = 0, {}
 for i = #entries, 1, -1 do -- oldest first
   local fields = entries[i][2]

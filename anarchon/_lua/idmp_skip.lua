@@ -11,7 +11,8 @@
 -- ARGV[1]  the producer id (the job)     ARGV[2]  the run's slot (its idempotent id)     ARGV[3]  MINID (~)
 -- ARGV[4..] the entry's fields and values
 -- returns the ID of the run's entry (this claim's, or the one of the claim that came first); false, claiming
---   nothing, when there is no stream (a store that lost it) or it tracks IDMP-MAXSIZE ids already
+--   nothing, when there is no stream (a store that lost it), it tracks IDMP-MAXSIZE ids already, or the run's
+--   duration is over
 local key, slot = KEYS[1], ARGV[2]
 if redis.call('EXISTS', key) == 0 then
   return false
@@ -25,6 +26,11 @@ end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local duration_ms = tonumber(fields['idmp-duration']) * 1000
+-- Past the run's duration by the server's clock (the caller checks it a round trip earlier, or by another deploy's
+-- shorter duration), the server may have forgotten the claim of a run that started on time: nothing is claimed.
+if now > tonumber(slot) + duration_ms then
+  return false
+end
 local since = math.max(0, tonumber(slot) - duration_ms)
 local till = math.min(tonumber(slot), now - duration_ms + 1000)
 if till >= since then

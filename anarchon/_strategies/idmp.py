@@ -31,6 +31,10 @@ CONFIGURE = Script.load("idmp_configure")
 SKIP_CLAIM = Script.load("idmp_skip")
 TRIM_RUNS = Script.load("idmp_trim")
 log = logging.getLogger("anarchon")
+# A job's stream is configured again once its claims reach slots this much later than the last time: a stream
+# made again (a store that lost its data) by an instance of a deploy with shorter settings, or set shorter by hand,
+# gets this instance's settings back, under which it may claim late.
+CONFIGURE_AGAIN_MS = 60_000
 
 
 class IdmpStrategy(ClaimOnlyStrategy):
@@ -47,6 +51,7 @@ class IdmpStrategy(ClaimOnlyStrategy):
         # registered before start or after it. Concurrent first claims share one configuration: a second
         # XCFGSET after a claim's XADD would clear the id that claim registered.
         self._configured: dict[str, asyncio.Future[None]] = {}
+        self._configure_again_at: dict[str, int] = {}  # the slot from which a job's claims configure it again
 
     def check_server(self, server: ServerInfo) -> None:
         if not server.has_idmp:
@@ -94,6 +99,12 @@ class IdmpStrategy(ClaimOnlyStrategy):
     async def claim_scheduled(
         self, store: Store, requests: Sequence[tuple[RunRequest, JobPolicy]]
     ) -> list[Claim | StoreError]:
+        for r, _ in requests:
+            again = self._configure_again_at.setdefault(r.job, r.slot + CONFIGURE_AGAIN_MS)
+            configured = self._configured.get(r.job)
+            if r.slot >= again and configured is not None and configured.done():
+                del self._configured[r.job]
+                self._configure_again_at[r.job] = r.slot + CONFIGURE_AGAIN_MS
         unconfigured = dict.fromkeys(  # in the requests' order: the same batch configures alike every time
             r.job for r, _ in requests if r.job not in self._configured or not self._configured[r.job].done()
         )

@@ -475,6 +475,40 @@ async def test_idmp_history_ttl_ms_keeps_the_entries_a_late_skip_looks_through(t
     assert [r.slot for r in await backend.strategy.history(backend.store, "sync", 10)] == [other.slot]
 
 
+async def test_idmp_a_skips_claim_after_the_runs_duration_claims_nothing(target: StoreTarget) -> None:
+    """A skip checks that the run is inside its duration a round trip before its claim runs. A claim that comes
+    after the duration, once the server forgot the id of the run's claim made on time, must not win the run again
+    (and record a skip beside it): the claim script checks the duration by the server's clock too."""
+    if not target.supports_idmp:
+        pytest.skip(f"idmp needs Redis 8.6+; {target.name} is {target.describe}")
+    backend = await target.started_backend({"name": "idmp", "duration_sec": 2, "max_size": 100})
+    policy = JobPolicy(late_after_ms=100)
+    slot = await target.server_ms() - 100
+    assert (await claim_one(backend, request(slot, "on-time"), policy)).outcome is Outcome.WON
+    await asyncio.sleep(3.2)  # past the duration, and the id forgotten (within a second after it)
+    late = RunRequest("sync", run_id(slot), slot, "late", "b")
+    assert (await backend.strategy.claim_for_skip(backend.store, late, policy)).outcome is Outcome.LOST
+    assert await target.raw("XLEN", backend.keys.claim("sync").runs) == 1
+
+
+async def test_idmp_a_stream_made_again_with_shorter_settings_gets_this_instances_back(target: StoreTarget) -> None:
+    """The store lost its data, and an instance of a deploy with a shorter duration made the job's stream again
+    with its settings. An instance with a longer one, whose late claims the stream must remember, configures the
+    stream again once its claims reach slots a minute past its last configuration."""
+    if not target.supports_idmp:
+        pytest.skip(f"idmp needs Redis 8.6+; {target.name} is {target.describe}")
+    longer = await target.started_backend({"name": "idmp", "duration_sec": 6, "max_size": 100})
+    slot = await target.server_ms()
+    assert (await claim_one(longer, request(slot, "a"), JobPolicy())).outcome is Outcome.WON
+    assert await target.raw("DEL", "cron:sync:runs") == 1
+    await target.started_backend({"name": "idmp", "duration_sec": 2, "max_size": 100})
+    assert await _idmp_settings(target, "cron:sync:runs") == (2, 100)
+    assert (await claim_one(longer, request(slot + 30_000, "a"), JobPolicy())).outcome is Outcome.WON
+    assert await _idmp_settings(target, "cron:sync:runs") == (2, 100)
+    assert (await claim_one(longer, request(slot + 60_000, "a"), JobPolicy())).outcome is Outcome.WON
+    assert await _idmp_settings(target, "cron:sync:runs") == (6, 100)
+
+
 async def test_idmp_the_runs_stream_is_aged_by_the_servers_clock(target: StoreTarget) -> None:
     """A record of an instance whose clock runs 6 s ahead, with history_ttl_ms 1 ms, must not age out the entry of
     a run the server still remembers (duration 4 s): its claim, retried after its answer was lost, would read
