@@ -142,7 +142,17 @@ def _reply_error(text: str) -> StoreError:
     code = wrapped.group(1) if wrapped else text.split(" ", 1)[0]
     if code in _UNAVAILABLE_CODES:
         return StoreUnavailableError(f"store unavailable: {text}")
+    if code == "NOPERM" or any(refusal in text for refusal in _ACL_REFUSALS_IN_SCRIPTS):
+        return StoreReplyError(text + _ACL_HINT)
     return StoreReplyError(text)
+
+
+# How a script's redis.call that the user may not run is refused: Redis 7+ (which names no command), Valkey
+_ACL_REFUSALS_IN_SCRIPTS = ("The user executing the script can't run this command", "ACL failure in script")
+_ACL_HINT = (
+    " (the store's user may not run a command anarchon sends: give it +@read +@write +@scripting +@connection "
+    "+info +time, as README's Security section says)"
+)
 
 
 def decode(reply: Any) -> Reply:
@@ -521,6 +531,10 @@ class RedisPyCluster:
             else:
                 await self.client.initialize()  # the first time, the client sets itself up too
         except Exception as error:  # no node answered, or the nodes' maps do not cover every slot yet
+            # A node that refused the connection's username or password is no outage (see translate)
+            refused = translate(error.__cause__) if error.__cause__ is not None else None
+            if isinstance(refused, StoreReplyError):
+                raise refused from error
             raise StoreUnavailableError(f"store unavailable: the cluster's map of slots is unknown: {error}") from error
         finally:
             self._map_read_at = asyncio.get_running_loop().time()
@@ -897,6 +911,21 @@ def fake_server_info(client: Any) -> ServerInfo | None:
 _CONNECTION_METHODS = ("execute", "execute_many", "server_info", "close")
 
 
+def _warn_of_retries(client: Any, module: str, cls: str) -> None:
+    """Say where a client sends a command again, after the socket timeout, when it gets no answer: redis-py 8's
+    default retries ten times, with backoff, so that a store that stops answering fails a command after about
+    15 s instead of one socket timeout, while anarchon waits to retry or hand back what is safe."""
+    get_retry = getattr(client, "get_retry", None)
+    retries = getattr(get_retry(), "_retries", 0) if callable(get_retry) else 0
+    if isinstance(retries, int) and retries > 0:
+        log.warning(
+            "the %s.%s client retries a command %d times when the store does not answer (its retry policy): a "
+            "store that stops answering then fails each command after many socket timeouts, not one, and anarchon "
+            "retries or hands back what it can only after that (create the client with retry=None)",
+            module, cls, retries,
+        )  # fmt: skip
+
+
 def _socket_timeout(client: object) -> object:
     """A redis-py / valkey-py client's socket_timeout (a cluster client's for its nodes); 0 when not found."""
     for holder in ("connection_pool", "nodes_manager"):
@@ -933,6 +962,8 @@ def adapt(client: object) -> Connection:
         is_async = inspect.iscoroutinefunction(execute_command)
         if "Cluster" in cls and hasattr(client, "get_node_from_key"):
             return RedisPyCluster(client, blocking=not is_async)
+        if not is_async or getattr(client, "single_connection_client", False):
+            _warn_of_retries(client, module, cls)  # its commands go through the client's own retry policy
         return RedisPyAsync(client) if is_async else RedisPySync(client)
     if callable(getattr(client, "send", None)):
         return SendAdapter(client)

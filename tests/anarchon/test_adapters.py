@@ -1318,6 +1318,50 @@ async def test_a_wrong_password_is_the_servers_answer_not_an_outage(real_target:
         await backend.stop()
 
 
+@pytest.mark.parametrize("cluster_class", [redis.asyncio.cluster.RedisCluster, valkey.asyncio.cluster.ValkeyCluster])
+async def test_a_wrong_password_to_a_cluster_is_the_servers_answer_not_an_outage(
+    real_target: str, cluster_class: Any
+) -> None:
+    """As above, through an asyncio cluster client that had not read the cluster's map yet: its client raises the
+    refusal as the cause of "cannot be connected"."""
+    if real_target == "redis-5":
+        pytest.skip("Redis 5 has no ACL users")
+    with start_server(real_target, cluster=True) as running:
+        for host, port in running.shards:
+            admin = redis.Redis(host=host, port=port, protocol=2)
+            admin.execute_command("ACL", "SETUSER", "u", "on", ">pw", "~*", "&*", "+@all")
+            admin.close()
+        client = cluster_class(host=running.host, port=running.port, username="u", password="wrong", protocol=2)
+        with pytest.raises(StoreReplyError) as caught:
+            await RedisBackend(redis=client).start()
+        assert caught.value.reply.startswith("WRONGPASS ")
+        await client.aclose()
+
+
+async def test_a_user_refused_a_command_is_told_what_to_allow(real_target: str) -> None:
+    """An ACL user without XADD: every claim's script is refused. The error says which permissions a scheduler's
+    user needs (Redis 7 names no command)."""
+    if real_target == "redis-5":
+        pytest.skip("Redis 5 has no ACL users")
+    with start_server(real_target) as running:
+        admin = running.client()
+        admin.execute_command(
+            "ACL", "SETUSER", "cron", "on", ">pw", "~cron:*", "~{cron:*", "+@read", "+@write", "+@scripting",
+            "+@connection", "+info", "+time", "-xadd",
+        )  # fmt: skip
+        admin.close()
+        backend = RedisBackend(redis={"host": running.host, "port": running.port, "username": "cron", "password": "pw"})
+        await backend.start(["sync"])
+        try:
+            [claim] = await backend.strategy.claim(
+                backend.store, [(RunRequest("sync", "1000", 1000, "t", "a"), JobPolicy())]
+            )
+            assert isinstance(claim, StoreReplyError)
+            assert claim.reply.endswith("+info +time, as README's Security section says)")
+        finally:
+            await backend.stop()
+
+
 async def test_a_database_the_server_does_not_have_is_said_so(real_target: str) -> None:
     """The connection's SELECT fails before any command: said as the database number, not as INFO's and HELLO's
     refusal (which sends the reader to the user's permissions)."""
@@ -1821,7 +1865,33 @@ def test_a_client_without_a_socket_timeout_is_warned_of(
     with caplog.at_level(logging.WARNING, logger="anarchon"):
         adapt(made)
     made.close()
-    assert ["has no socket_timeout" in line for line in caplog.messages] == ([True] if warned else [])
+    said = [line for line in caplog.messages if "socket_timeout" in line]
+    assert ["has no socket_timeout" in line for line in said] == ([True] if warned else [])
+
+
+@pytest.mark.parametrize(
+    ("client", "warned"),
+    [
+        (lambda: redis.Redis(socket_timeout=1), True),  # redis-py 8 retries ten times, with backoff: about 15 s
+        (lambda: redis.Redis(socket_timeout=1, retry=None), False),
+        (lambda: valkey.Valkey(socket_timeout=1), False),  # valkey-py's sync client does not retry
+        (lambda: redis.asyncio.Redis(socket_timeout=1), False),  # anarchon sends on its pool's connections
+        (lambda: redis.asyncio.Redis(socket_timeout=1, single_connection_client=True), True),
+    ],
+    ids=["redis-py-sync", "redis-py-sync-no-retry", "valkey-py-sync", "redis-py-async", "redis-py-async-single"],
+)
+def test_a_client_whose_commands_it_retries_itself_is_warned_of(
+    client: Callable[[], Any], warned: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Its retry policy sends a command that gets no answer again, after each socket timeout: a store that stops
+    answering fails the command after many of them (15.6 s with socket_timeout 1 on redis-7, paused)."""
+    made = client()
+    with caplog.at_level(logging.WARNING, logger="anarchon"):
+        adapt(made)
+    said = [line for line in caplog.messages if "retry policy" in line]
+    assert len(said) == (1 if warned else 0)
+    if warned:
+        assert said[0].endswith("(create the client with retry=None)")
 
 
 class _ScriptsLost(_ScriptsLostThenStoreGone):
