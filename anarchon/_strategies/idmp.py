@@ -31,10 +31,10 @@ CONFIGURE = Script.load("idmp_configure")
 SKIP_CLAIM = Script.load("idmp_skip")
 TRIM_RUNS = Script.load("idmp_trim")
 log = logging.getLogger("anarchon")
-# A job's stream is configured again once its claims reach slots this much later than the last time: a stream
-# made again (a store that lost its data) by an instance of a deploy with shorter settings, or set shorter by hand,
-# gets this instance's settings back, under which it may claim late.
-CONFIGURE_AGAIN_MS = 60_000
+# A job's stream's settings are read again once its claims reach slots this much later than the last time: a
+# stream made again (a store that lost its data) by an instance of a deploy with shorter settings, or set shorter
+# by hand, gets this instance's settings back (configured again), under which it may claim late.
+CHECK_AGAIN_MS = 300_000
 
 
 class IdmpStrategy(ClaimOnlyStrategy):
@@ -51,7 +51,7 @@ class IdmpStrategy(ClaimOnlyStrategy):
         # registered before start or after it. Concurrent first claims share one configuration: a second
         # XCFGSET after a claim's XADD would clear the id that claim registered.
         self._configured: dict[str, asyncio.Future[None]] = {}
-        self._configure_again_at: dict[str, int] = {}  # the slot from which a job's claims configure it again
+        self._check_at: dict[str, int] = {}  # the slot from which a job's claims read its stream's settings again
 
     def check_server(self, server: ServerInfo) -> None:
         if not server.has_idmp:
@@ -99,12 +99,6 @@ class IdmpStrategy(ClaimOnlyStrategy):
     async def claim_scheduled(
         self, store: Store, requests: Sequence[tuple[RunRequest, JobPolicy]]
     ) -> list[Claim | StoreError]:
-        for r, _ in requests:
-            again = self._configure_again_at.setdefault(r.job, r.slot + CONFIGURE_AGAIN_MS)
-            configured = self._configured.get(r.job)
-            if r.slot >= again and configured is not None and configured.done():
-                del self._configured[r.job]
-                self._configure_again_at[r.job] = r.slot + CONFIGURE_AGAIN_MS
         unconfigured = dict.fromkeys(  # in the requests' order: the same batch configures alike every time
             r.job for r, _ in requests if r.job not in self._configured or not self._configured[r.job].done()
         )
@@ -135,13 +129,20 @@ class IdmpStrategy(ClaimOnlyStrategy):
     async def _read_back(
         self, store: Store, requests: Sequence[RunRequest], ids: Sequence[Reply | StoreError]
     ) -> list[Claim | StoreError]:
-        """Each request's claim, from the entry its XADD IDMP answered: won where that entry holds its token."""
-        reads = [
+        """Each request's claim, from the entry its XADD IDMP answered: won where that entry holds its token. Read
+        with the settings of the streams due to be checked again (see CHECK_AGAIN_MS), in the same round trip."""
+        reads: list[Command] = [
             ("XRANGE", self.keys.claim(r.job).runs, as_text(entry_id), as_text(entry_id))
             for r, entry_id in zip(requests, ids, strict=True)
             if not isinstance(entry_id, StoreError)
         ]
-        entries = iter(await store.execute_many(reads))
+        checked = self._due_for_a_check(requests)
+        replies = await store.execute_many(
+            [*reads, *(("XINFO", "STREAM", self.keys.claim(job).runs) for job in checked)]
+        )
+        for job, info in zip(checked, replies[len(reads) :], strict=True):
+            self._check_settings(job, info)
+        entries = iter(replies[: len(reads)])
         claims: list[Claim | StoreError] = []
         for request, entry_id in zip(requests, ids, strict=True):
             if isinstance(entry_id, StoreError):
@@ -154,6 +155,30 @@ class IdmpStrategy(ClaimOnlyStrategy):
             won = entry_token(entry) == request.token  # None when the original entry was trimmed: not ours
             claims.append(Claim(Outcome.WON, 1, fence_of(as_text(entry_id))) if won else Claim(Outcome.LOST))
         return claims
+
+    def _due_for_a_check(self, requests: Sequence[RunRequest]) -> list[str]:
+        """The jobs among ``requests`` whose streams' settings are due to be read again: once their claims reach
+        slots CHECK_AGAIN_MS past the last time."""
+        due = []
+        for r in requests:
+            check_at = self._check_at.setdefault(r.job, r.slot + CHECK_AGAIN_MS)
+            if r.slot >= check_at:
+                self._check_at[r.job] = r.slot + CHECK_AGAIN_MS
+                due.append(r.job)
+        return list(dict.fromkeys(due))
+
+    def _check_settings(self, job: str, info: Reply | StoreError) -> None:
+        """Have the job's next claim configure its stream again where it has shorter or smaller settings than
+        this instance's (made again, after the store lost its data, by an instance of a deploy with shorter
+        ones, or set by hand): late claims this instance may send must find their runs remembered."""
+        if isinstance(info, StoreError):
+            return  # checked again with a later claim
+        fields = as_list(info)
+        settings = dict(zip((as_text(name) for name in fields[::2]), fields[1::2], strict=True))
+        duration, size = (int(as_text(settings.get(name, 0))) for name in ("idmp-duration", "idmp-maxsize"))
+        configured = self._configured.get(job)
+        if (duration < self.duration_sec or size < self.max_size) and configured is not None and configured.done():
+            del self._configured[job]
 
     async def claim_for_skip(self, store: Store, request: RunRequest, policy: JobPolicy) -> Claim | StoreError:
         """A skip comes after the run's late span, when later runs' ids may have pushed the run's own out (up to

@@ -493,8 +493,9 @@ async def test_idmp_a_skips_claim_after_the_runs_duration_claims_nothing(target:
 
 async def test_idmp_a_stream_made_again_with_shorter_settings_gets_this_instances_back(target: StoreTarget) -> None:
     """The store lost its data, and an instance of a deploy with a shorter duration made the job's stream again
-    with its settings. An instance with a longer one, whose late claims the stream must remember, configures the
-    stream again once its claims reach slots a minute past its last configuration."""
+    with its settings. An instance with a longer one, whose late claims the stream must remember, reads the
+    stream's settings again with the claim of a slot five minutes past the last time (with its read-back, in the
+    same round trip), and its next claim configures the stream again."""
     if not target.supports_idmp:
         pytest.skip(f"idmp needs Redis 8.6+; {target.name} is {target.describe}")
     longer = await target.started_backend({"name": "idmp", "duration_sec": 6, "max_size": 100})
@@ -503,9 +504,11 @@ async def test_idmp_a_stream_made_again_with_shorter_settings_gets_this_instance
     assert await target.raw("DEL", "cron:sync:runs") == 1
     await target.started_backend({"name": "idmp", "duration_sec": 2, "max_size": 100})
     assert await _idmp_settings(target, "cron:sync:runs") == (2, 100)
-    assert (await claim_one(longer, request(slot + 30_000, "a"), JobPolicy())).outcome is Outcome.WON
+    assert (await claim_one(longer, request(slot + 299_000, "a"), JobPolicy())).outcome is Outcome.WON
     assert await _idmp_settings(target, "cron:sync:runs") == (2, 100)
-    assert (await claim_one(longer, request(slot + 60_000, "a"), JobPolicy())).outcome is Outcome.WON
+    assert (await claim_one(longer, request(slot + 300_000, "a"), JobPolicy())).outcome is Outcome.WON
+    assert await _idmp_settings(target, "cron:sync:runs") == (2, 100)
+    assert (await claim_one(longer, request(slot + 301_000, "a"), JobPolicy())).outcome is Outcome.WON
     assert await _idmp_settings(target, "cron:sync:runs") == (6, 100)
 
 
