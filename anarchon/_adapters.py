@@ -143,15 +143,19 @@ def _reply_error(text: str) -> StoreError:
     if code in _UNAVAILABLE_CODES:
         return StoreUnavailableError(f"store unavailable: {text}")
     if code == "NOPERM" or any(refusal in text for refusal in _ACL_REFUSALS_IN_SCRIPTS):
-        return StoreReplyError(text + _ACL_HINT)
+        return StoreReplyError(text + (_ACL_KEYS_HINT if "access a key" in text else _ACL_COMMANDS_HINT))
     return StoreReplyError(text)
 
 
 # How a script's redis.call that the user may not run is refused: Redis 7+ (which names no command), Valkey
 _ACL_REFUSALS_IN_SCRIPTS = ("The user executing the script can't run this command", "ACL failure in script")
-_ACL_HINT = (
+_ACL_COMMANDS_HINT = (
     " (the store's user may not run a command anarchon sends: give it +@read +@write +@scripting +@connection "
     "+info +time, as README's Security section says)"
+)
+_ACL_KEYS_HINT = (
+    " (the store's user may not use the keys of the backend's prefix: give it their patterns, ~cron:* ~{cron:* for "
+    "the default prefix, as README's Security section says)"
 )
 
 
@@ -531,9 +535,10 @@ class RedisPyCluster:
             else:
                 await self.client.initialize()  # the first time, the client sets itself up too
         except Exception as error:  # no node answered, or the nodes' maps do not cover every slot yet
-            # A node that refused the connection's username or password is no outage (see translate)
+            # A node that refused the connection's username or password is no outage (see translate): said as the
+            # server's answer when the map is first read (start); a later reading that fails keeps the map in hand.
             refused = translate(error.__cause__) if error.__cause__ is not None else None
-            if isinstance(refused, StoreReplyError):
+            if isinstance(refused, StoreReplyError) and not self._has_map():
                 raise refused from error
             raise StoreUnavailableError(f"store unavailable: the cluster's map of slots is unknown: {error}") from error
         finally:
@@ -912,17 +917,20 @@ _CONNECTION_METHODS = ("execute", "execute_many", "server_info", "close")
 
 
 def _warn_of_retries(client: Any, module: str, cls: str) -> None:
-    """Say where a client sends a command again, after the socket timeout, when it gets no answer: redis-py 8's
-    default retries ten times, with backoff, so that a store that stops answering fails a command after about
-    15 s instead of one socket timeout, while anarchon waits to retry or hand back what is safe."""
+    """Say where a client tries again, after the socket timeout, when it gets no answer: a sync client's commands
+    (and those of an asyncio one with single_connection_client) go through its retry policy, and an asyncio
+    client's pool makes its connections through it. redis-py 8's default retries ten times, with backoff, so
+    that a store that stops answering fails a command (or a new connection) after about 15 s instead of one socket
+    timeout, while anarchon waits to retry or hand back what is safe. -1 retries for ever."""
     get_retry = getattr(client, "get_retry", None)
     retries = getattr(get_retry(), "_retries", 0) if callable(get_retry) else 0
-    if isinstance(retries, int) and retries > 0:
+    if isinstance(retries, int) and retries != 0:
+        times = "for ever" if retries < 0 else f"{retries} times"
         log.warning(
-            "the %s.%s client retries a command %d times when the store does not answer (its retry policy): a "
-            "store that stops answering then fails each command after many socket timeouts, not one, and anarchon "
-            "retries or hands back what it can only after that (create the client with retry=None)",
-            module, cls, retries,
+            "the %s.%s client tries a command or a connection again %s when the store does not answer (its retry "
+            "policy): a store that stops answering then fails it after many socket timeouts, not one, and "
+            "anarchon retries or hands back what it can only after that (create the client with retry=None)",
+            module, cls, times,
         )  # fmt: skip
 
 
@@ -962,8 +970,7 @@ def adapt(client: object) -> Connection:
         is_async = inspect.iscoroutinefunction(execute_command)
         if "Cluster" in cls and hasattr(client, "get_node_from_key"):
             return RedisPyCluster(client, blocking=not is_async)
-        if not is_async or getattr(client, "single_connection_client", False):
-            _warn_of_retries(client, module, cls)  # its commands go through the client's own retry policy
+        _warn_of_retries(client, module, cls)
         return RedisPyAsync(client) if is_async else RedisPySync(client)
     if callable(getattr(client, "send", None)):
         return SendAdapter(client)

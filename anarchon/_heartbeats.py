@@ -118,6 +118,8 @@ class LeaseKeeper:
                     run.lose(LEASE_RAN_OUT)
             if self._failing:  # runs released, or lost, while failing: the next failure is an outage's first
                 self._failing = {token for token in self._failing if token in self._held}
+                if not self._failing:
+                    self._failed_beats = 0
             due = [run for run in held if run.deadline > now and run.next_beat <= now]
             if due:
                 await self._beat(due)

@@ -141,7 +141,12 @@ class IdmpStrategy(ClaimOnlyStrategy):
             [*reads, *(("XINFO", "STREAM", self.keys.claim(job).runs) for job in checked)]
         )
         for job, info in zip(checked, replies[len(reads) :], strict=True):
-            self._check_settings(job, info)
+            if self._settings_fall_short(job, info):
+                # Configured again now: a late claim of this run must find it remembered. The script copies the
+                # runs the stream remembers, this claim's too, back in.
+                self._configured.pop(job, None)
+                with contextlib.suppress(StoreError):  # then the job's next claim configures it, before its XADD
+                    await self._configure_once(store, job)
         entries = iter(replies[: len(reads)])
         claims: list[Claim | StoreError] = []
         for request, entry_id in zip(requests, ids, strict=True):
@@ -167,18 +172,18 @@ class IdmpStrategy(ClaimOnlyStrategy):
                 due.append(r.job)
         return list(dict.fromkeys(due))
 
-    def _check_settings(self, job: str, info: Reply | StoreError) -> None:
-        """Have the job's next claim configure its stream again where it has shorter or smaller settings than
-        this instance's (made again, after the store lost its data, by an instance of a deploy with shorter
-        ones, or set by hand): late claims this instance may send must find their runs remembered."""
+    def _settings_fall_short(self, job: str, info: Reply | StoreError) -> bool:
+        """Whether the job's stream has shorter or smaller settings than this instance's (made again, after the
+        store lost its data, by an instance of a deploy with shorter ones, or set by hand): late claims this
+        instance may send must find their runs remembered."""
         if isinstance(info, StoreError):
-            return  # checked again with a later claim
+            self._check_at[job] = 0  # checked with the job's next claim
+            return False
         fields = as_list(info)
         settings = dict(zip((as_text(name) for name in fields[::2]), fields[1::2], strict=True))
         duration, size = (int(as_text(settings.get(name, 0))) for name in ("idmp-duration", "idmp-maxsize"))
         configured = self._configured.get(job)
-        if (duration < self.duration_sec or size < self.max_size) and configured is not None and configured.done():
-            del self._configured[job]
+        return (duration < self.duration_sec or size < self.max_size) and configured is not None and configured.done()
 
     async def claim_for_skip(self, store: Store, request: RunRequest, policy: JobPolicy) -> Claim | StoreError:
         """A skip comes after the run's late span, when later runs' ids may have pushed the run's own out (up to

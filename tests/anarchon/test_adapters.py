@@ -22,7 +22,9 @@ import pytest
 import redis
 import redis.asyncio
 import redis.asyncio.cluster
+import redis.backoff
 import redis.cluster
+import redis.retry
 import valkey
 import valkey.asyncio
 import valkey.asyncio.cluster
@@ -1875,16 +1877,27 @@ def test_a_client_without_a_socket_timeout_is_warned_of(
         (lambda: redis.Redis(socket_timeout=1), True),  # redis-py 8 retries ten times, with backoff: about 15 s
         (lambda: redis.Redis(socket_timeout=1, retry=None), False),
         (lambda: valkey.Valkey(socket_timeout=1), False),  # valkey-py's sync client does not retry
-        (lambda: redis.asyncio.Redis(socket_timeout=1), False),  # anarchon sends on its pool's connections
+        (lambda: redis.asyncio.Redis(socket_timeout=1), True),  # its pool makes connections through its policy
+        (lambda: redis.asyncio.Redis(socket_timeout=1, retry=None), False),
         (lambda: redis.asyncio.Redis(socket_timeout=1, single_connection_client=True), True),
+        (lambda: redis.Redis(socket_timeout=1, retry=redis.retry.Retry(redis.backoff.NoBackoff(), -1)), True),
     ],
-    ids=["redis-py-sync", "redis-py-sync-no-retry", "valkey-py-sync", "redis-py-async", "redis-py-async-single"],
+    ids=[
+        "redis-py-sync",
+        "redis-py-sync-no-retry",
+        "valkey-py-sync",
+        "redis-py-async",
+        "redis-py-async-no-retry",
+        "redis-py-async-single",
+        "redis-py-sync-for-ever",
+    ],
 )
 def test_a_client_whose_commands_it_retries_itself_is_warned_of(
     client: Callable[[], Any], warned: bool, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Its retry policy sends a command that gets no answer again, after each socket timeout: a store that stops
-    answering fails the command after many of them (15.6 s with socket_timeout 1 on redis-7, paused)."""
+    """Its retry policy sends a command that gets no answer again (or makes a connection again), after each socket
+    timeout: a store that stops answering fails the command after many of them (15.6 s with socket_timeout 1 on
+    redis-7, paused)."""
     made = client()
     with caplog.at_level(logging.WARNING, logger="anarchon"):
         adapt(made)
@@ -1892,6 +1905,26 @@ def test_a_client_whose_commands_it_retries_itself_is_warned_of(
     assert len(said) == (1 if warned else 0)
     if warned:
         assert said[0].endswith("(create the client with retry=None)")
+
+
+@pytest.mark.parametrize(
+    ("reply", "hint"),
+    [
+        ("NOPERM User cron has no permissions to run the 'xadd' command", "+@scripting"),
+        (
+            "ERR The user executing the script can't run this command or subcommand script: 1f0e, on @user_script:67.",
+            "+@scripting",
+        ),
+        ("NOPERM No permissions to access a key", "~{cron:*"),
+        ("ERR ACL failure in script: No permissions to access a key script: 1f0e, on @user_script:9.", "~{cron:*"),
+    ],
+    ids=["command", "command-in-a-script", "key", "key-in-a-script"],
+)
+def test_a_refusal_by_the_users_acl_says_what_to_allow(reply: str, hint: str) -> None:
+    error = translate(redis.exceptions.ResponseError(reply))
+    assert isinstance(error, StoreReplyError)
+    assert error.reply.startswith(reply)
+    assert hint in error.reply.removeprefix(reply)
 
 
 class _ScriptsLost(_ScriptsLostThenStoreGone):
