@@ -143,7 +143,8 @@ def _reply_error(text: str) -> StoreError:
     if code in _UNAVAILABLE_CODES:
         return StoreUnavailableError(f"store unavailable: {text}")
     if code == "NOPERM" or any(refusal in text for refusal in _ACL_REFUSALS_IN_SCRIPTS):
-        return StoreReplyError(text + (_ACL_KEYS_HINT if "access a key" in text else _ACL_COMMANDS_HINT))
+        refused_keys = "access" in text and "key" in text  # Redis 6.2: "… to access one of the keys used …"
+        return StoreReplyError(text + (ACL_KEYS_HINT if refused_keys else _ACL_COMMANDS_HINT))
     return StoreReplyError(text)
 
 
@@ -153,7 +154,7 @@ _ACL_COMMANDS_HINT = (
     " (the store's user may not run a command anarchon sends: give it +@read +@write +@scripting +@connection "
     "+info +time, as README's Security section says)"
 )
-_ACL_KEYS_HINT = (
+ACL_KEYS_HINT = (
     " (the store's user may not use the keys of the backend's prefix: give it their patterns, ~cron:* ~{cron:* for "
     "the default prefix, as README's Security section says)"
 )

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Hashable, Mapping, Sequence
 from typing import Any, Generic, Protocol, TypedDict, TypeVar, overload
 from urllib.parse import unquote, urlsplit, urlunsplit
 
-from ._adapters import RedisPyAsync, adapt
+from ._adapters import ACL_KEYS_HINT, RedisPyAsync, adapt
 from ._config import (
     STRATEGY_NAMES,
     VALKEY_STRATEGY_NAMES,
@@ -453,7 +453,8 @@ async def _check_key_access(store: Store, keys: Sequence[str], prefix: str) -> b
     for key, reply in zip(keys, replies, strict=True):
         if isinstance(reply, StoreReplyError) and reply.reply.startswith("NOPERM"):
             raise StoreReplyError(
-                f"{reply.reply} ({key}): allow this user the prefix's keys in both forms anarchon uses: "
+                f"{reply.reply.removesuffix(ACL_KEYS_HINT)} ({key}): allow this user the prefix's keys in both forms "
+                "anarchon uses: "
                 f"~{prefix}* ~{{{prefix}*"
             )
         if isinstance(reply, StoreReplyError):

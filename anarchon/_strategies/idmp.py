@@ -65,15 +65,27 @@ class IdmpStrategy(ClaimOnlyStrategy):
                 await self._configure_once(store, job)
 
     async def _configure_once(self, store: Store, job: str) -> None:
+        await asyncio.shield(self._configuring(job) or self._start_configuring(store, job))
+
+    def _configuring(self, job: str) -> asyncio.Future[None] | None:
+        """The job's configuration, done or on its way; None where there is none, or it failed."""
         configuring = self._configured.get(job)
-        if configuring is None:
-            configuring = self._configured[job] = asyncio.ensure_future(self.configure(store, job))
-        try:
-            await asyncio.shield(configuring)
-        except BaseException:
-            if configuring.done() and (configuring.cancelled() or configuring.exception() is not None):
-                self._configured.pop(job, None)  # the next claim tries again
-            raise
+        if configuring is None or (configuring.done() and (configuring.cancelled() or configuring.exception())):
+            return None
+        return configuring
+
+    def _start_configuring(self, store: Store, job: str) -> asyncio.Future[None]:
+        """Configure the job's stream; its claims wait for it before their XADD (see claim_scheduled). One that
+        fails is forgotten, whoever waited for it or none did: the job's next claim configures it again."""
+        configuring = self._configured[job] = asyncio.ensure_future(self.configure(store, job))
+
+        def forget_a_failure(done: asyncio.Future[None]) -> None:
+            failed = done.cancelled() or done.exception() is not None  # read: never "not retrieved"
+            if failed and self._configured.get(job) is done:
+                del self._configured[job]
+
+        configuring.add_done_callback(forget_a_failure)
+        return configuring
 
     async def configure(self, store: Store, job: str) -> None:
         """Give the job's stream this duration and size where it has shorter or smaller ones (XCFGSET then clears
@@ -100,7 +112,7 @@ class IdmpStrategy(ClaimOnlyStrategy):
         self, store: Store, requests: Sequence[tuple[RunRequest, JobPolicy]]
     ) -> list[Claim | StoreError]:
         unconfigured = dict.fromkeys(  # in the requests' order: the same batch configures alike every time
-            r.job for r, _ in requests if r.job not in self._configured or not self._configured[r.job].done()
+            r.job for r, _ in requests if (configuring := self._configuring(r.job)) is None or not configuring.done()
         )
         failed: dict[str, StoreError] = {}
         for job in unconfigured:  # a job registered after start, or whose configuration failed before
@@ -142,11 +154,10 @@ class IdmpStrategy(ClaimOnlyStrategy):
         )
         for job, info in zip(checked, replies[len(reads) :], strict=True):
             if self._settings_fall_short(job, info):
-                # Configured again now: a late claim of this run must find it remembered. The script copies the
-                # runs the stream remembers, this claim's too, back in.
-                self._configured.pop(job, None)
-                with contextlib.suppress(StoreError):  # then the job's next claim configures it, before its XADD
-                    await self._configure_once(store, job)
+                # Configured again from now, its claims waiting for it: a late claim of this run must find it
+                # remembered (the script copies the runs the stream remembers, this claim's too, back in). The
+                # claims of this batch are answered meanwhile: runs won are not held up.
+                self._start_configuring(store, job)
         entries = iter(replies[: len(reads)])
         claims: list[Claim | StoreError] = []
         for request, entry_id in zip(requests, ids, strict=True):
@@ -176,13 +187,14 @@ class IdmpStrategy(ClaimOnlyStrategy):
         """Whether the job's stream has shorter or smaller settings than this instance's (made again, after the
         store lost its data, by an instance of a deploy with shorter ones, or set by hand): late claims this
         instance may send must find their runs remembered."""
-        if isinstance(info, StoreError):
+        if isinstance(info, StoreUnavailableError):
             self._check_at[job] = 0  # checked with the job's next claim
-            return False
+        if isinstance(info, StoreError):
+            return False  # refused (an ACL without XINFO, say): checked again in five minutes of slots
         fields = as_list(info)
         settings = dict(zip((as_text(name) for name in fields[::2]), fields[1::2], strict=True))
         duration, size = (int(as_text(settings.get(name, 0))) for name in ("idmp-duration", "idmp-maxsize"))
-        configured = self._configured.get(job)
+        configured = self._configuring(job)
         return (duration < self.duration_sec or size < self.max_size) and configured is not None and configured.done()
 
     async def claim_for_skip(self, store: Store, request: RunRequest, policy: JobPolicy) -> Claim | StoreError:
