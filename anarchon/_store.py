@@ -177,7 +177,7 @@ class Script:
     def load(cls, name: str) -> Script:
         """Load ``_lua/<name>.lua``; a line ``-- include: <other>`` in it stands for ``_lua/<other>.lua`` (shared
         local functions: a script sent to Redis cannot include another)."""
-        source = _INCLUDE.sub(lambda line: _lua_source(line[1]), _lua_source(name))
+        source = _with_includes(name)
         return cls(name, source, hashlib.sha1(source.encode()).hexdigest())
 
 
@@ -185,6 +185,11 @@ _INCLUDE = re.compile(r"^-- include: (\w+)$", re.MULTILINE)
 # How long close() waits for commands on their way (an app's history() during an outage, say) before their
 # callers are told the outcome is unknown.
 CLOSE_WAIT_S = 1.0
+
+
+def _with_includes(name: str) -> str:
+    """``_lua/<name>.lua`` with its includes pasted in, theirs too."""
+    return _INCLUDE.sub(lambda line: _with_includes(line[1]), _lua_source(name))
 
 
 def _lua_source(name: str) -> str:

@@ -15,15 +15,15 @@
 --   durations (the newest IDMP-MAXSIZE) is added again, a copy with the run's slot as idempotent id: a late
 --   claim reads the winner's token back from the copy. The originals stay, for claims reading theirs back now.
 --   One script: no claim comes between the clearing and the adding.
+-- include: server_now
+-- include: stream_info
 local key, duration, max_size, producer = KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
 local made = redis.call('EXISTS', key) == 0
 if made then
   -- Its producer id has a colon, which no job name has: it takes no place among a job's remembered runs.
   redis.call('XDEL', key, redis.call('XADD', key, 'IDMP', 'anarchon:made', 1, '*', 'created', 1))
 end
-local info = redis.call('XINFO', 'STREAM', key)
-local current = {}
-for i = 1, #info, 2 do current[info[i]] = info[i + 1] end
+local current = stream_info(key)
 local old_duration, old_max_size = tonumber(current['idmp-duration']), tonumber(current['idmp-maxsize'])
 if not made then
   duration, max_size = math.max(duration, old_duration), math.max(max_size, old_max_size)
@@ -32,8 +32,7 @@ if old_duration == duration and old_max_size == max_size then
   return { -1, duration, max_size }
 end
 redis.call('XCFGSET', key, 'IDMP-DURATION', duration, 'IDMP-MAXSIZE', max_size)
-local time = redis.call('TIME')
-local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+local now = server_now()
 -- The server forgets an id up to a second after its duration
 local since = now - math.max(duration, old_duration) * 1000 - 1000
 local entries = redis.call('XREVRANGE', key, '+', since, 'COUNT', max_size)

@@ -13,18 +13,17 @@
 -- returns the ID of the run's entry (this claim's, or the one of the claim that came first); false, claiming
 --   nothing, when there is no stream (a store that lost it), it tracks IDMP-MAXSIZE ids already, or the run's
 --   duration is over
+-- include: server_now
+-- include: stream_info
 local key, slot = KEYS[1], ARGV[2]
 if redis.call('EXISTS', key) == 0 then
   return false
 end
-local info = redis.call('XINFO', 'STREAM', key)
-local fields = {}
-for i = 1, #info, 2 do fields[info[i]] = info[i + 1] end
+local fields = stream_info(key)
 if tonumber(fields['iids-tracked']) >= tonumber(fields['idmp-maxsize']) then
   return false
 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = server_now()
 local duration_ms = tonumber(fields['idmp-duration']) * 1000
 -- Past the run's duration by the server's clock (the caller checks it a round trip earlier, or by another deploy's
 -- shorter duration), the server may have forgotten the claim of a run that started on time: nothing is claimed.

@@ -8,15 +8,14 @@
 -- KEYS[1]  the job's runs stream
 -- ARGV[1]  history_size     ARGV[2]  history_ttl_ms ("0": none)
 -- returns the stream's length after the trim (0 when there is no stream)
+-- include: server_now
+-- include: stream_info
 local key = KEYS[1]
 if redis.call('EXISTS', key) == 0 then
   return 0
 end
-local info = redis.call('XINFO', 'STREAM', key)
-local fields = {}
-for i = 1, #info, 2 do fields[info[i]] = info[i + 1] end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local fields = stream_info(key)
+local now = server_now()
 local kept_ms = 2 * tonumber(fields['idmp-duration']) * 1000
 -- The oldest entries past the count, and none of the last two durations: usually the one entry the record's
 -- claim added. MINID deletes those whose ms is below the given one.

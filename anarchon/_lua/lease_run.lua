@@ -2,11 +2,7 @@
 -- ahead of lease_state): the server's clock, the slot a run id names, and a run's state as stored (its layout
 -- is described in lease_state). The claim answers its commonest cases with these alone.
 
--- The server's clock in ms (TIME).
-local function server_now()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
+-- include: server_now
 
 -- The slot and the manual flag ("1"/"0") a run id carries: "<slot>" or "m<slot>-<tag>".
 local function run_slot(run)

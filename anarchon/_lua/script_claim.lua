@@ -14,11 +14,11 @@
 -- entry is kept while the slot is inside the window (see the trim below), for as long as a skip may come.
 -- TIME followed by writes needs effects replication, the default from Redis 5.0 (the oldest supported).
 
+-- include: server_now
 local runs = KEYS[1]
 local slot, token, runner = ARGV[1], ARGV[2], ARGV[3]
 local window_ms, history_size, ttl_ms = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = server_now()
 local oldest = now - window_ms
 local scan_from = oldest
 if ARGV[7] == 'skip' then
