@@ -153,7 +153,9 @@ class IdmpStrategy(ClaimOnlyStrategy):
             [*reads, *(("XINFO", "STREAM", self.keys.claim(job).runs) for job in checked)]
         )
         for job, info in zip(checked, replies[len(reads) :], strict=True):
-            if self._settings_fall_short(job, info):
+            if isinstance(info, StoreUnavailableError):
+                self._check_at[job] = 0  # checked with the job's next claim
+            elif self._settings_fall_short(job, info):
                 # Configured again from now, its claims waiting for it: a late claim of this run must find it
                 # remembered (the script copies the runs the stream remembers, this claim's too, back in). The
                 # claims of this batch are answered meanwhile: runs won are not held up.
@@ -187,8 +189,6 @@ class IdmpStrategy(ClaimOnlyStrategy):
         """Whether the job's stream has shorter or smaller settings than this instance's (made again, after the
         store lost its data, by an instance of a deploy with shorter ones, or set by hand): late claims this
         instance may send must find their runs remembered."""
-        if isinstance(info, StoreUnavailableError):
-            self._check_at[job] = 0  # checked with the job's next claim
         if isinstance(info, StoreError):
             return False  # refused (an ACL without XINFO, say): checked again in five minutes of slots
         fields = as_list(info)
