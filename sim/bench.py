@@ -55,6 +55,8 @@ from typing import Any, TypeVar
 import fakeredis
 import redis.asyncio
 import redis.asyncio.cluster
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 
 from anarchon import RedisBackend, RunContext, RunRecord, Scheduler, ValkeyBackend
 from anarchon._adapters import RedisPyAsync, adapt
@@ -81,6 +83,11 @@ def summary(samples_s: Sequence[float]) -> dict[str, float]:
     }
 
 
+def bench_client(server: RunningServer) -> redis.asyncio.Redis:
+    """The bench's asyncio client (RESP2). It makes its connections without retries, as the README advises."""
+    return redis.asyncio.Redis(host=server.host, port=server.port, protocol=2, retry=Retry(NoBackoff(), 0))
+
+
 def make_backend(server: RunningServer, client: Any, strategy: str, prefix: str) -> RedisBackend[Any]:
     if server.is_valkey:
         return ValkeyBackend(valkey=client, strategy=strategy, prefix=prefix)  # type: ignore[call-overload, no-any-return]
@@ -93,7 +100,7 @@ class ClaimBench:
     iterations: int
 
     async def run(self) -> dict[str, Any]:
-        client = redis.asyncio.Redis(host=self.server.host, port=self.server.port, protocol=2)
+        client = bench_client(self.server)
         store = Store(RedisPyAsync(client), owned=True)
         backends = await _started_backends(self.server, client, store)
         policy = JobPolicy(lease_ms=30_000, history_size=1000)
@@ -302,7 +309,7 @@ class InstructionBench:
     jobs: int
 
     async def run(self) -> dict[str, Any]:
-        client = redis.asyncio.Redis(host=self.server.host, port=self.server.port, protocol=2)
+        client = bench_client(self.server)
         store = Store(RedisPyAsync(client), owned=True)
         backends = await _started_backends(self.server, client, store, self.jobs)
         numbers = range(self.jobs)
@@ -463,7 +470,7 @@ async def store_memory(target: str, history_size: int = 1000, strategies: Sequen
     per strategy, and per run kept."""
     result: dict[str, Any] = {"target": target, "history_size": history_size}
     with start_server(target) as server:
-        client = redis.asyncio.Redis(host=server.host, port=server.port, protocol=2)
+        client = bench_client(server)
         policy = JobPolicy(history_size=history_size, keep_ms=0, overlap=True)
         for strategy in strategies:
             if not supported(strategy, server):
@@ -527,7 +534,7 @@ async def commands_per_claim(targets: Sequence[str], claims: int = 100) -> dict[
             for strategy in STRATEGIES:
                 if not supported(strategy, server):
                     continue
-                client = redis.asyncio.Redis(host=server.host, port=server.port, protocol=2)
+                client = bench_client(server)
                 counting = _Counting(RedisPyAsync(client))
                 backend = make_backend(server, counting, strategy, f"count-{strategy}:")
                 await backend.start(["job"])
@@ -566,7 +573,7 @@ async def _pipelined_on(server: RunningServer, claims: int, batch: int) -> dict[
     client: Any = (
         redis.asyncio.cluster.RedisCluster(host=server.host, port=server.port, protocol=2)
         if server.cluster
-        else redis.asyncio.Redis(host=server.host, port=server.port, protocol=2)
+        else bench_client(server)
     )
     store = Store(adapt(client), owned=False)
 
