@@ -121,7 +121,7 @@ def claim(
                 )
             # Other runs took fences while the lease was out: the renewal, whose first answer nobody heard, takes
             # the next, so that the fences acknowledged keep growing.
-            new_fence = store.fence + 1 if store.fence > r.fence else None
+            new_fence = next_fence(store.fence, now) if store.fence > r.fence else None
         renewed = replace(r, lease_end=now + policy.lease_ms, fence=new_fence or r.fence)
         return store.put(run, renewed, new_fence), Claim(Outcome.WON, r.attempt, renewed.fence, policy.lease_ms)
     if r.lease_end > now:
@@ -152,12 +152,17 @@ def _live_others(store: LeaseStore, run: str, now: int, policy: JobPolicy) -> li
 def _start(
     store: LeaseStore, run_id: str, token: str, now: int, policy: JobPolicy, attempt: int
 ) -> tuple[LeaseStore, Claim]:
-    """The script starts the lease at its runs entry's id, which is ``now`` unless the server's clock went back
-    below the stream's last id (then the lease starts at that id: later, never earlier). The conformance tests
-    compare on servers whose clocks only move forward, where the two agree."""
-    fence = store.fence + 1
+    """The attempt starts at ``now``, with the next fence (see :func:`next_fence`)."""
+    fence = next_fence(store.fence, now)
     run = Run(RUNNING, attempt, token, now + policy.lease_ms, fence)
     return store.put(run_id, run, fence), Claim(Outcome.WON, attempt, fence, policy.lease_ms)
+
+
+def next_fence(fence: int, now: int) -> int:
+    """The fence of an attempt started at ``now`` (ms): one more than the job's counter, or the moment in µs where
+    that is more, so that fences keep growing past a store that lost the job's state, or a failover that lost its
+    latest claims. (The script reads µs from the server's clock, the model knows ms.)"""
+    return max(fence + 1, now * 1000)
 
 
 def heartbeat(store: LeaseStore, run: str, token: str, now: int, policy: JobPolicy) -> tuple[LeaseStore, int]:

@@ -31,20 +31,17 @@
 local run, token, runner, lease_ms_text = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 -- The run's state, the job's fence counter and its "forgotten" slot (see lease_state): one read.
 local fields = redis.call('HMGET', KEYS[1], run, 'fence', 'forgotten')
-local now -- the server's ms (TIME), read only where an answer depends on it (see also the attempt's start)
+local now -- the server's ms (TIME), read once where needed
 
 -- Start attempt `attempt` (text) of the run of `slot` (manual: "1" or "0"): a runs entry, the run's state, the
--- job's next fence; `fence_counter` is the job's (false before its first attempt). Claims stay short: trimming
--- (of the runs stream too) is left to finish, which follows every won claim.
+-- job's next fence. Claims stay short: trimming (of the runs stream too) is left to finish, which follows every
+-- won claim.
 local function start(attempt, fence_counter, slot, manual)
-  local fence = string.format('%d', (fence_counter or 0) + 1)
-  local entry = redis.call('XADD', KEYS[4], '*', 'run', run, 'slot', slot, 'attempt', attempt, 'token', token,
-    'runner', runner, 'fence', fence)
-  -- The attempt starts now. An id of sequence 0 is the server's ms (nearly every claim: no TIME needed); a later
-  -- sequence means the stream's last id was at or past the clock, ahead of it after the clock was set back (or a
-  -- failover to a server whose clock is behind), and a lease counted from it would hold the run from backups for
-  -- as long as the clock is behind.
-  local started = now or string.match(entry, '^(%d+)%-0$') or server_now()
+  local started_us = now and now * 1000 or server_us()
+  local started = math.floor(started_us / 1000)
+  local fence = next_fence(fence_counter, started_us)
+  redis.call('XADD', KEYS[4], '*', 'run', run, 'slot', slot, 'attempt', attempt, 'token', token, 'runner', runner,
+    'fence', fence)
   local lease_end = string.format('%d', started + lease_ms_text)
   local value = run_value('running', attempt, token, runner, lease_end, fence, slot, manual, started)
   redis.call('HSET', KEYS[1], run, value, 'fence', fence)
@@ -204,7 +201,7 @@ else
       if job_fence > tonumber(r.fence) then
         -- Other runs took fences while this lease was out, and nobody has heard this one's (its answer was
         -- lost): the renewed lease takes the next, so the fences its holders hear keep growing.
-        new_fence = job_fence + 1
+        new_fence = next_fence(job_fence, now * 1000)
         r.fence = new_fence
       end
     end

@@ -722,20 +722,25 @@ def test_a_lease_manual_run_takes_the_next_fence_and_is_judged_with_the_slots() 
     run's fence no higher than the slot's before it is a violation."""
     scenario = _manual_at(15)  # between two slots' runs (at 10 s and 20 s, 2 s each): neither overlaps it
     outcome = simulate(scenario, "lease", 1)
-    wins = _won_fences(outcome.history)
-    assert [(run.startswith("m"), fence) for _, run, fence in wins[:3]] == [(False, 1), (True, 2), (False, 3)]
+    [(_, slot_run, first), (_, manual_run, fence), (_, next_run, third)] = _won_fences(outcome.history)[:3]
+    assert [run.startswith("m") for run in (slot_run, manual_run, next_run)] == [False, True, False]
+    assert first < fence < third
     assert outcome.judgement.verdict("P6").status == "valid"
     manual = next(e for e in outcome.history.events if e.run.startswith("m") and e.value.startswith("won"))
     stale = History(outcome.history.epoch_s, [
-        replace(e, value=e.value.replace("fence=2", "fence=1")) if e is manual else e for e in outcome.history.events
-    ], [_fenced(e, 1) if e.token == manual.token else e for e in outcome.history.executions])  # fmt: skip
+        replace(e, value=e.value.replace(f"fence={fence}", f"fence={first}")) if e is manual else e
+        for e in outcome.history.events
+    ], [_fenced(e, first) if e.token == manual.token else e for e in outcome.history.executions])  # fmt: skip
     verdict = judge(scenario, "lease", stale, []).verdict("P6")
     assert (verdict.status, verdict.count) == ("invalid", 1), verdict
-    assert verdict.witness == "tick: fence 1 accepted at 15.000 s after fence 1 at 10.000 s"
+    assert verdict.witness == f"tick: fence {first} accepted at 15.000 s after fence {first} at 10.000 s"
     # The run's own fence, told to its claim, is what its execution must run with.
     told_another = History(outcome.history.epoch_s, outcome.history.events, stale.executions)
     verdict = judge(scenario, "lease", told_another, []).verdict("P6")
-    assert (verdict.status, verdict.witness) == ("invalid", "tick a attempt 1 ran with fence 1; its claim was told 2")
+    assert (verdict.status, verdict.witness) == (
+        "invalid",
+        f"tick a attempt 1 ran with fence {first}; its claim was told {fence}",
+    )
 
 
 def test_a_live_run_compresses_the_defaults_of_the_time_options_a_scenario_leaves_unset() -> None:
