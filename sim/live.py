@@ -249,9 +249,10 @@ class Instance:
         if self.clock.state() != clock:  # a fault changed it while the process was starting, with none to tell
             await _tell(self.process, self._clock_line())
 
-    async def ready(self) -> bool:
-        """Wait until the process says it has started; False if it exited first (killed, or it could not reach
-        the store). Time it spends paused does not count towards READY_TIMEOUT_S."""
+    async def ready(self, word: bytes = b"ready") -> bool:
+        """Wait until the process says it has started (``word``: ``held``, set up and waiting to be told to start);
+        False if it exited first (killed, or it could not reach the store). Time it spends paused does not count
+        towards READY_TIMEOUT_S."""
         assert self.process is not None
         assert self.process.stdout is not None
         said = asyncio.ensure_future(self.process.stdout.readline())
@@ -264,7 +265,7 @@ class Instance:
         finally:
             said.cancel()
         line = said.result()
-        if line and line.strip() != b"ready":
+        if line and line.strip() != word:
             raise RuntimeError(f"instance {self.strategy}/{self.name} did not start: {line!r}")
         return bool(line)
 
@@ -431,6 +432,7 @@ class LiveRun:
                     "scenario": str(scenario_path), "strategy": strategy, "instance": spec.name, "log": str(log),
                     "prefix": f"{strategy}:", "valkey": self.server.is_valkey,
                     "url": f"redis://127.0.0.1:{port}/0?socket_timeout=2&socket_connect_timeout=2",
+                    "held": True,  # the first process: its scheduler starts at the scenario's time 0 (see run)
                 }  # fmt: skip
                 clock = SkewedClock(float(spec.offset_ms), spec.drift)
                 group.append(Instance(spec.name, strategy, proxy, log, config, clock))
@@ -438,8 +440,13 @@ class LiveRun:
         everyone = [i for group in self.groups.values() for i in group]
         for instance in everyone:
             await instance.spawn()
-        for instance, ready in zip(everyone, await asyncio.gather(*(i.ready() for i in everyone)), strict=True):
-            if not ready:
+            instance.config["held"] = False  # a process started later (a restart) starts at once
+        await self._all_say(b"held")
+
+    async def _all_say(self, word: bytes) -> None:
+        everyone = [i for group in self.groups.values() for i in group]
+        for instance, said in zip(everyone, await asyncio.gather(*(i.ready(word) for i in everyone)), strict=True):
+            if not said and not instance.crashes:
                 raise RuntimeError(f"instance {instance.strategy}/{instance.name} exited as it started")
 
     async def run(self) -> float:
@@ -449,13 +456,18 @@ class LiveRun:
         epoch_s = (time.time() // grid + 1) * grid
         await asyncio.sleep(epoch_s - time.time())
         self.t0 = time.monotonic() - (time.time() - epoch_s)
+        for group in self.groups.values():  # every scheduler starts now, as each instance does in virtual time
+            for instance in group:
+                assert instance.process is not None
+                await _tell(instance.process, "start")
         for spec in self.scenario.instances:
             if spec.offset_ms or spec.drift:  # skew from the start is a fault too, as in the virtual mode
                 detail = f"instance {spec.name} clock {spec.offset_ms:+.0f} ms, drift {spec.drift:+g}"
                 self.faults.append(Event(0.0, "fault", "nemesis", "skew", value=detail))
         strikes = [asyncio.ensure_future(self._strike(f)) for f in self.scenario.faults]
         try:
-            await asyncio.sleep(self.scenario.duration_s)
+            await self._all_say(b"ready")
+            await asyncio.sleep(self.scenario.duration_s - self.now())
         finally:  # also when the run is cancelled: no restart may start a process after the end's kill_all
             for task in strikes:
                 task.cancel()

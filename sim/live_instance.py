@@ -4,7 +4,9 @@ Started by :mod:`sim.live` as ``python -m sim.live_instance --config JSON``. It 
 (claims and their answers, job starts and ends) stamped with the machine's monotonic clock, which every process
 shares, prints ``ready`` once its scheduler has started, and takes commands on stdin: ``clock JSON`` (its clocks
 take the state that :meth:`SkewedClock.state` gave, from the run's copy of them, after a jump or a change of
-drift), ``run_now JOB``, ``stop TIMEOUT_S`` (``Scheduler.stop(TIMEOUT_S)``, then the process exits).
+drift), ``run_now JOB``, ``stop TIMEOUT_S`` (``Scheduler.stop(TIMEOUT_S)``, then the process exits). A process
+started ``held`` (the run's first ones) prints ``held`` once it is set up and starts its scheduler when told
+``start``: at the scenario's time 0, so that, as in virtual time, no instance runs a slot before it.
 """
 
 from __future__ import annotations
@@ -129,9 +131,9 @@ async def serve(config: dict[str, Any]) -> None:
 
     for spec in scenario.jobs:
         scheduler.add_job(spec.name, spec.cron, work(spec.work_s), **scenario.job_options(spec, strategy))
-    await scheduler.start()
     loop = asyncio.get_running_loop()
     commanded: set[asyncio.Task[Any]] = set()
+    told_to_start = asyncio.Event()
 
     async def stop_and_exit(timeout_s: float) -> None:
         await scheduler.stop(timeout=timeout_s)
@@ -144,7 +146,9 @@ async def serve(config: dict[str, Any]) -> None:
 
     def command(line: str) -> None:
         word, _, argument = line.strip().partition(" ")
-        if word == "clock":
+        if word == "start":
+            told_to_start.set()
+        elif word == "clock":
             clock.take(json.loads(argument))
         elif word == "stop":
             keep(stop_and_exit(float(argument)))
@@ -159,6 +163,10 @@ async def serve(config: dict[str, Any]) -> None:
         os._exit(0)
 
     threading.Thread(target=read_commands, daemon=True).start()
+    if config["held"]:
+        print("held", flush=True)
+        await told_to_start.wait()
+    await scheduler.start()
     print("ready", flush=True)
     await asyncio.Event().wait()  # until killed: the end of a live run is a SIGKILL, like a crash
 
