@@ -62,12 +62,13 @@ CHECKER_RULES = {
     "(claim-only strategies: scheduled runs only, as documented). Each execution runs with the fence its claim "
     "was told.",
     "lateness": "Each scheduled run starts no later than its job's jitter_ms + max_late_ms (catch_up_ms under lease, "
-    "if larger) + 1 s after its slot: 61 s with the defaults, 6 s in late-claim, 11 s in lost-reply. Judged for the "
+    "if larger) + 1 s after its slot (in scenario seconds: 61 s with the defaults, 6 s in late-claim, 11 s in "
+    "lost-reply; a fifth of that live). Judged for the "
     "slots due after the scenario begins: an earlier one, which an instance whose clock is behind runs after it "
     "starts, is P2's to judge. A run that starts early (a clock ahead) is not judged: the lateness table shows how "
     "early.",
 }
-RATE_CHECKERS = ("P1", "P2", "P3", "P5")
+RATE_CHECKERS = ("P1", "P2", "P3", "P5", "P6")
 COLOURS = {"lease": "#1b6ca8", "stream-id": "#d1495b", "script": "#edae49", "idmp": "#66a182"}
 
 
@@ -232,8 +233,7 @@ def timeline_figure(outcome: Outcome, checker: str) -> bytes:
     instances = [spec.name for spec in outcome.scenario.instances]
     focus = _focus_time(outcome, checker)
     span = 25 * (SCALE if outcome.target else 1)  # live times are compressed: the same 50 scenario seconds
-    # Not before 0 unless something happened then (a live run's instances may start before its clock's 0).
-    low = max(min([0.0, *(e.started for e in history.executions)]), focus - span)
+    low = max(0.0, focus - span)
     high = focus + span
     figure, axis = plt.subplots(figsize=(10, 0.7 * len(instances) + 1.6))
     lanes = {name: i + 1 for i, name in enumerate(instances)}
@@ -292,7 +292,7 @@ def _stacked(executions: Sequence[Execution]) -> list[tuple[Execution, int, int]
 def _focus_time(outcome: Outcome, checker: str) -> float:
     witness = outcome.judgement.verdict(checker).witness
     if "slot at " in witness:
-        return float(witness.split("slot at ")[1].split(" s")[0]) + 5
+        return float(witness.split("slot at ")[1].split(" s")[0]) + 5 * (SCALE if outcome.target else 1)
     if " at " in witness:
         return float(witness.split(" at ")[1].split(" s")[0])
     return outcome.scenario.duration_s / 2
@@ -390,9 +390,10 @@ def _rates_by_scenario(results: Results) -> list[str]:
 def _lateness_row(results: Results, strategy: str) -> str:
     values = results.lateness.get(strategy, [])
     if not values:
-        return _row(strategy, 0, "–", "–", "–", "–", f"0/{results.runs.get(strategy, 0)}")
+        return _row(strategy, 0, "–", "–", "–", "–", 0, f"0/{results.runs.get(strategy, 0)}")
     figures = (min(values), percentile(values, 50), percentile(values, 99), max(values))
-    return _row(strategy, len(values), *(f"{v:.0f}" for v in figures),
+    early = sum(1 for v in values if v < 0)
+    return _row(strategy, len(values), *(f"{v:.0f}" for v in figures), early,
                 _rate(results.late_runs.get(strategy, 0), results.runs[strategy], results.mode == "live"))  # fmt: skip
 
 
@@ -415,13 +416,24 @@ def _verdict_cell(cell: Cell, strategy: str, interval: bool) -> str:
     bad = []
     for name, n in sorted(cell.violations.items()):
         where = [f"{target} {k}/{cell.runs_on[target]}" for target, k in sorted(cell.violations_on[name].items())]
-        bad.append(f"{name} {_rate(n, cell.runs, interval)}" + (f" on {', '.join(where)}" if where else ""))
+        bad.append(f"{name} {_rate(n, cell.runs, interval)}" + (f" on {', '.join(where)}" if where else "")
+                   + (_overlap_skips(cell) if name == "P2" else ""))  # fmt: skip
     # P4 is of leases: the other strategies have none to judge, which is no doubt about them.
     unknown = [f"{name} not judged in {n}/{cell.runs}" for name, n in sorted(cell.unknown.items())
                if name != "P4" or strategy == "lease"]  # fmt: skip
     if not bad:
         bad = [f"{'the others' if unknown else 'all'} hold ({cell.runs} runs)"]
     return "<br>".join(bad + unknown)
+
+
+def _overlap_skips(cell: Cell) -> str:
+    """How many of the missed slots lease skipped on purpose, its previous run holding its lease (overlap=False)."""
+    missed = cell.counts.get("P2", 0)
+    if not cell.skipped_overlap:
+        return ""
+    if cell.skipped_overlap == missed:
+        return " (every missed slot skipped-overlap, by design)"
+    return f" ({cell.skipped_overlap} of {missed} missed slots skipped-overlap, by design)"
 
 
 def _this_run(results: Results) -> str:
@@ -509,6 +521,7 @@ def render(results: Results, figure: Callable[[str, bytes], str]) -> str:
             "of them skipped-overlap",
             "overlaps (P3)",
             "lost acknowledged claims (P5)",
+            "fences out of order (P6)",
         ),
     ]
     for strategy in STRATEGIES:
@@ -530,12 +543,15 @@ def render(results: Results, figure: Callable[[str, bytes], str]) -> str:
         "if larger) + 1 s"
         + (" of scenario time (0.2 s live), as the compressed options are." if results.mode == "live" else ".")
         + " Below 0, a run started before its slot: an instance whose clock runs ahead claimed it early.",
+        "A slot no instance ran (P2) has no start and is not judged here: fewer late runs may mean more missed",
+        "slots (stream-id misses the late slot of late-claim that the others run late).",
         "Which scenarios the late runs are in: the Verdicts table (lateness) and the counterexamples.",
         "",
         *_head(
             "strategy",
             "job runs",
             *(f"{p} ({_ms(results)})" for p in ("min", "p50", "p99", "max")),
+            "runs started early",
             "simulations with a late run",
         ),
         *[_lateness_row(results, strategy) for strategy in STRATEGIES],

@@ -232,3 +232,26 @@ def test_a_virtual_report_counts_its_replays_without_an_interval_and_names_its_c
     assert row.split(" | ")[1] == "P1 2/2<br>P4 2/2"
     [made_by] = [line for line in lines if line.startswith("- made by")]
     assert made_by.startswith("- made by `python -m sim report --mode virtual --seeds 2`, seeds 1 to 2, fakeredis ")
+
+
+def test_a_report_tells_overlap_skips_from_lost_slots_and_counts_early_starts_and_fence_disorder() -> None:
+    """lease's missed slots in long-job are all skipped-overlap (its protection, by design), and the cell says so;
+    stream-id's duplicate after a store restart repeats its slot's fence, which the rates count (P6); the skew
+    scenario's instance ahead starts runs before their slots, which the lateness table counts."""
+    scenarios = [load("long-job"), load("store-restart"), load("skew")]
+    results = report.Results("virtual", 1, [], scenarios)
+    for scenario in scenarios:
+        for strategy in ("lease", "stream-id"):
+            results.add(simulate(scenario, strategy, 1))
+    lines = _render(results)
+    [row] = [line for line in lines if line.startswith("| **long-job**")]
+    lease_cell = row.removesuffix(" |").split(" | ")[1]
+    assert re.search(r"P2 1/1 \(every missed slot skipped-overlap, by design\)", lease_cell), lease_cell
+    rates = lines[next(i for i, line in enumerate(lines) if "fences out of order (P6)" in line) :]
+    stream_id = next(line for line in rates if line.startswith("| stream-id |")).removesuffix(" |").split(" | ")
+    lease = next(line for line in rates if line.startswith("| lease |")).removesuffix(" |").split(" | ")
+    assert float(stream_id[-1]) > 0  # the duplicate's fence repeats the slot's
+    assert float(lease[-1]) == 0  # lease's fences follow the store's clock past its data loss
+    lateness = lines[next(i for i, line in enumerate(lines) if "runs started early" in line) :]
+    early = next(line for line in lateness if line.startswith("| lease |")).removesuffix(" |").split(" | ")[-2]
+    assert int(early) > 0
