@@ -36,7 +36,10 @@ RETRY_S = 1.0
 RETRY_MIN_S = 0.01
 # Why a run's lease is lost.
 LEASE_RAN_OUT = "the lease ran out before a heartbeat reached the store"
-HEARTBEAT_REFUSED = "the heartbeat was refused: the run is not this attempt's (taken over, or lost by the store)"
+HEARTBEAT_REFUSED = (
+    "the heartbeat was refused: the run is not this attempt's (taken over, or lost by the store), or its lease had "
+    "ended by the store's clock"
+)
 
 
 @dataclass(slots=True)

@@ -166,10 +166,10 @@ def next_fence(fence: int, now: int) -> int:
 
 
 def heartbeat(store: LeaseStore, run: str, token: str, now: int, policy: JobPolicy) -> tuple[LeaseStore, int]:
-    """The lease ms left after the extension, 0 if refused. An expired lease is extended all the same when
-    nobody took the run over."""
+    """The lease ms left after the extension, 0 if refused: also once the lease has ended (its holder gave the run
+    up by then; a heartbeat that late would bring back a lease nobody holds)."""
     r = store.run(run)
-    if r is None or not r.running or r.token != token or r.lease_end < 0:
+    if r is None or not r.running or r.token != token or r.lease_end <= now:
         return store, 0
     return store.put(run, replace(r, lease_end=now + policy.lease_ms)), policy.lease_ms
 

@@ -103,6 +103,19 @@ async def test_stale_tokens_cannot_heartbeat_or_finish(target: StoreTarget) -> N
     assert await backend.strategy.heartbeat(backend.store, mine, policy) == 0  # finished: nothing to extend
 
 
+async def test_a_heartbeat_that_comes_after_its_lease_ended_is_refused(target: StoreTarget) -> None:
+    """Its holder has given the run up by then. Brought back, the lease would block the job's next slot as an
+    overlap (nobody runs it) and hold the backups off for another lease; or run beside a run begun meanwhile."""
+    backend = await target.started_backend("lease")
+    policy = JobPolicy(lease_ms=300)
+    mine = request(SLOT, "mine")
+    assert (await claim_one(backend, mine, policy)).outcome is Outcome.WON
+    await asyncio.sleep(0.35)
+    assert await backend.strategy.heartbeat(backend.store, mine, policy) == 0
+    due = await claim_one(backend, request(SLOT + 1000, "next"), policy)
+    assert due.outcome is Outcome.WON  # not skipped as an overlap of a lease nobody holds
+
+
 async def test_expired_lease_is_taken_over_with_a_new_attempt_and_a_larger_fence(target: StoreTarget) -> None:
     backend = await target.started_backend("lease")
     policy = JobPolicy(lease_ms=LIVE_MS, max_attempts=3)

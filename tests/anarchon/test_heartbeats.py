@@ -10,7 +10,7 @@ from typing import cast
 import pytest
 
 from anarchon import StoreUnavailableError, SystemClock
-from anarchon._heartbeats import LeaseKeeper
+from anarchon._heartbeats import HEARTBEAT_REFUSED, LeaseKeeper
 from anarchon._store import Store
 from anarchon._strategies import JobPolicy, RunRequest, Strategy
 from sim.vtime import run_virtual
@@ -57,7 +57,7 @@ async def test_a_refused_heartbeat_reports_the_lease_lost_once() -> None:
     beats, lost = await refused_heartbeat_reports(ended_meanwhile=False)
     assert (beats, lost) == (
         1,
-        ["the heartbeat was refused: the run is not this attempt's (taken over, or lost by the store)"],
+        [HEARTBEAT_REFUSED],
     )
 
 

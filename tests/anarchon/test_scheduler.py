@@ -52,7 +52,7 @@ from anarchon import (
 from anarchon import _scheduler as scheduler_module
 from anarchon._adapters import adapt
 from anarchon._errors import StoreError
-from anarchon._heartbeats import HeartbeatThread
+from anarchon._heartbeats import HEARTBEAT_REFUSED, HeartbeatThread
 from anarchon._job import Job, JobOptions
 from anarchon._keys import KeySpace
 from anarchon._scheduler import RETRY_MAX_S, SchedulerThread
@@ -2201,9 +2201,7 @@ def test_a_run_is_said_handed_back_only_when_the_store_took_it_back(taken_over: 
 
     ended = run_virtual(main(), epoch_s=VIRTUAL_EPOCH_S, seed=1)
     if taken_over:
-        assert ended == [
-            "lease lost: the heartbeat was refused: the run is not this attempt's (taken over, or lost by the store)"
-        ]
+        assert ended == [f"lease lost: {HEARTBEAT_REFUSED}"]
     else:
         assert ended == ["the scheduler stopped: handed back for attempt 2"]
 
