@@ -391,6 +391,75 @@ def test_lease_a_late_skip_of_a_slot_put_off_behind_a_run_begun_early_is_refused
     assert lease.skip(replace(model, deferred=()), due, "a", at, policy)[1] is True
 
 
+@pytest.mark.parametrize("trimmed", [False, True], ids=["kept", "after-a-trim"])
+def test_script_a_late_skip_finds_a_claim_made_before_its_slot_alike(harness: Harness, trimmed: bool) -> None:
+    """Paths the random programs never take (their slots are long past): a claim made 900 ms before its slot, by
+    a clock ahead, is found by a late skip's claim, which looks back a window before the slot, and is left alone;
+    also after another slot's claim trimmed the stream (history_size 1), which keeps the entries of slots still
+    inside the window. (A model whose skip did not look back, or whose trim took the early entry, would record the
+    skip beside the run.)"""
+    window_ms = 1000
+    backend, job = harness.backend({"name": "script", "window_ms": window_ms}), harness.new_job()
+    strategy, store = backend.strategy, backend.store
+    assert isinstance(strategy, ScriptStrategy)
+    policy, model, fences = JobPolicy(history_size=1), script.ScriptStore(), FenceMap()
+    early = harness.run(harness.target.server_ms()) + 900
+    claims = [(early, "a", False)]
+    if trimmed:
+        claims.append((early + 60_000, "c", False))
+    claims.append((early, "b", True))
+    for slot, token, for_skip in claims:
+        if token != "a":
+            harness.run(asyncio.sleep(max(0, early + 300 - harness.run(harness.target.server_ms())) / 1000))
+        request = RunRequest(job, str(slot), slot, token, f"runner-{token}")
+        if for_skip:
+            at, result, _ = harness.timed(strategy.claim_for_skip(store, request, policy))
+            results = [result]
+        else:
+            at, results, _ = harness.timed(strategy.claim(store, [(request, policy)]))
+        model, expected = script.claim(model, slot, token, at, window_ms, policy, for_skip=for_skip)
+        assert_same_claim(expected, one_claim(results), 0, fences)
+    assert expected.outcome is Outcome.LOST  # the skip left the run alone
+
+
+def test_lease_a_backup_waiting_for_another_run_keeps_the_run_from_trim_alike(harness: Harness) -> None:
+    """A path the random programs' keep_ms (0 or an hour) never shows: a backup that waits for a live run_now marks
+    the lapsed slot's run as asked for, so the trim after run_now's finish, keep_ms past the run's lease end, does
+    not close it as abandoned; the backup then takes it over (attempt 2) in the store and the model alike."""
+    backend, job = harness.backend("lease"), harness.new_job()
+    strategy, store = backend.strategy, backend.store
+    policy = JobPolicy(keep_ms=1500, max_attempts=3, late_after_ms=0)
+    model, fences = lease.LeaseStore(), FenceMap()
+    now = harness.run(harness.target.server_ms())
+    old, manual = str(now - 86_400_000), f"m{now}-x"
+
+    def claim(run: str, token: str, lease_ms: int) -> Claim:
+        nonlocal model
+        request = RunRequest(job, run, lease.run_slot(run), token, f"runner-{token}", manual=run.startswith("m"))
+        sent = replace(policy, lease_ms=lease_ms, max_attempts=1 if request.manual else policy.max_attempts)
+        at, claims, _ = harness.timed(strategy.claim(store, [(request, sent)]))
+        model, expected = lease.claim(model, run, token, at, sent)
+        assert_same_claim(expected, one_claim(claims), 1_000, fences)
+        return expected
+
+    assert claim(old, "a", 1).outcome is Outcome.WON
+    harness.settle()
+    assert claim(manual, "m", LONG_MS).outcome is Outcome.WON
+    harness.run(asyncio.sleep(2.0))  # the slot's lease ended 2 s ago: more than keep_ms
+    assert claim(old, "b", LONG_MS).outcome is Outcome.RUNNING  # waits for the run_now
+    request = RunRequest(job, manual, now, "m", "runner-m", manual=True)
+    record = RunRecord(
+        job=job, run=manual, slot=now, attempt=1, status="ok", runner="runner-m", token="m", fence=0, manual=True,
+        started=now, ended=now + 1, message=None,
+    )  # fmt: skip
+    at, accepted, _ = harness.timed(strategy.finish(store, request, Claim(Outcome.WON, 1), policy, record))
+    model, model_accepted = lease.finish(model, manual, "m", "ok", at, policy)
+    assert (accepted, model_accepted) == (True, True)
+    harness.settle()
+    taken = claim(old, "b", LONG_MS)
+    assert (taken.outcome, taken.attempt) == (Outcome.WON, 2)
+
+
 def test_lease_trim_waits_for_a_tenth_over_history_size_alike(harness: Harness) -> None:
     """With history_size 20, trim leaves the finished runs be until they are a tenth over it (22), then drops
     them down to 20, in the store and the model alike. The random programs' history sizes (1-3) make that tenth
