@@ -5,7 +5,9 @@ P1 no duplicate: a run (a slot's, or a manual one) is executed at most once. The
    claim-only strategies, which retry nothing, and for two executions of one lease attempt, a second execution is
    a duplicate however the first ended.
 P2 no missed slot: every slot due while at least one instance was healthy (up, not paused, not cut off, then
-   and throughout a settling time after) has an execution that ran to the end, judged once every fault has healed.
+   and throughout a settling time after) has an execution that ran to the end. Slots due while a fault lasts count
+   too (where some instance stayed healthy), not only those after the last fault healed: a slot whose winner
+   crashed mid-run is where lease and the claim-only strategies differ.
    A slot whose only executions were still going when the run ended may yet have run to its end: unknown.
 P3 no overlap: two runs of a job whose overlap is forbidden never execute at once in true time (a manual run is a
    run of its own, whatever its slot number; two executions of one run are P1's concern).
