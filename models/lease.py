@@ -159,9 +159,9 @@ def _start(
 
 
 def next_fence(fence: int, now: int) -> int:
-    """The fence of an attempt started at ``now`` (ms): one more than the job's counter, or the moment in µs where
+    """The fence of an attempt started at ``now`` (ms): one more than the job's counter, or ``now`` × 1000 where
     that is more, so that fences keep growing past a store that lost the job's state, or a failover that lost its
-    latest claims. (The script reads µs from the server's clock, the model knows ms.)"""
+    latest claims."""
     return max(fence + 1, now * 1000)
 
 

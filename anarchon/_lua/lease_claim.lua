@@ -37,18 +37,22 @@ local now -- the server's ms (TIME), read once where needed
 -- job's next fence. Claims stay short: trimming (of the runs stream too) is left to finish, which follows every
 -- won claim.
 local function start(attempt, fence_counter, slot, manual)
-  local started_us = now and now * 1000 or server_us()
-  local started = math.floor(started_us / 1000)
-  local fence = next_fence(fence_counter, started_us)
-  redis.call('XADD', KEYS[4], '*', 'run', run, 'slot', slot, 'attempt', attempt, 'token', token, 'runner', runner,
-    'fence', fence)
+  local entry = redis.call('XADD', KEYS[4], '*', 'run', run, 'slot', slot, 'attempt', attempt, 'token', token,
+    'runner', runner)
+  -- The attempt starts now. An id of sequence 0 is the server's ms (nearly every claim: no TIME needed); a later
+  -- sequence means the stream's last id was at or past the clock, ahead of it after the clock was set back (or a
+  -- failover to a server whose clock is behind), and a lease counted from it would hold the run from backups for
+  -- as long as the clock is behind.
+  local started = now or string.match(entry, '^(%d+)%-0$') or server_now()
+  local fence = next_fence(fence_counter, started)
   local lease_end = string.format('%d', started + lease_ms_text)
   local value = run_value('running', attempt, token, runner, lease_end, fence, slot, manual, started)
   redis.call('HSET', KEYS[1], run, value, 'fence', fence)
   if (fence_counter or '0') == '0' then
     -- The job's first attempt on this store (first deployed, or the store lost its data): a catch-up reaches back
-    -- to this run's slot and no further (unless one that asked before any claim set an earlier moment).
-    redis.call('HSETNX', KEYS[1], 'since', tonumber(slot) - 1)
+    -- to this run's slot and no further (unless one that asked before any claim set an earlier moment), or to the
+    -- server's now where that is earlier (a claim made early, by a clock ahead: see lease_since).
+    redis.call('HSETNX', KEYS[1], 'since', math.min(tonumber(slot) - 1, started))
   end
   redis.call('SADD', KEYS[2], run)
   return 'won ' .. attempt .. ' ' .. fence .. ' ' .. lease_ms_text
@@ -201,7 +205,7 @@ else
       if job_fence > tonumber(r.fence) then
         -- Other runs took fences while this lease was out, and nobody has heard this one's (its answer was
         -- lost): the renewed lease takes the next, so the fences its holders hear keep growing.
-        new_fence = next_fence(job_fence, now * 1000)
+        new_fence = next_fence(job_fence, now)
         r.fence = new_fence
       end
     end

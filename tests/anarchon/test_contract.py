@@ -21,7 +21,7 @@ from anarchon import (
     UnsupportedStrategyError,
 )
 from anarchon._adapters import adapt
-from anarchon._store import Command, Connection, Reply, ScriptCall, ServerInfo, command_key
+from anarchon._store import Command, Connection, Reply, ScriptCall, ServerInfo, as_text, command_key
 from anarchon._strategies import Claim, JobPolicy, Outcome, RunRequest, run_id
 from anarchon._strategies.idmp import CONFIGURE
 from tests.anarchon.support import SLOT, StoreTarget, claim_one, record, request
@@ -262,6 +262,19 @@ async def test_catch_up_reaches_back_to_a_new_jobs_first_start_or_all_the_way_fo
     assert await since(backend.store, "ran", SLOT + 180_000) == 0
 
 
+async def test_a_clock_ahead_does_not_put_a_jobs_first_start_later_than_the_stores_now(target: StoreTarget) -> None:
+    """An instance whose clock runs 30 s ahead asks first (or claims a slot 30 s ahead first): the job's catch-up
+    still reaches back to the store's now, not to the moment its clock showed, so the slots in between, which no
+    instance claimed, stay within a catch-up's reach."""
+    backend = await target.started_backend("lease")
+    since = backend.strategy.catch_up_since
+    before = await target.server_ms()
+    assert before <= await since(backend.store, "asked", before + 30_000) <= await target.server_ms()
+    ahead = before + 30_000
+    await claim_one(backend, request(ahead, "a", job="claimed"), JobPolicy())
+    assert before <= await since(backend.store, "claimed", ahead + 60_000) <= await target.server_ms()
+
+
 @pytest.mark.parametrize("claim_only", ["stream-id", "script"])  # idmp's is theirs (ClaimOnlyStrategy)
 async def test_claim_only_strategies_have_nothing_to_release(target: StoreTarget, claim_only: str) -> None:
     backend = await target.started_backend(claim_only)
@@ -285,7 +298,8 @@ async def test_every_lease_attempt_appends_to_runs(target: StoreTarget) -> None:
         (str(SLOT), str(SLOT), "1", "first", "runner-first"),
         (str(SLOT), str(SLOT), "2", "backup", "runner-backup"),
     ]
-    assert [int(a["fence"]) for a in attempts] == [first.fence, second.fence]
+    # Each attempt's fence is the store's clock as its entry's id has it (ms × 1000): above the last, from a clock.
+    assert [int(as_text(entry_id).split("-")[0]) * 1000 for entry_id, _ in entries] == [first.fence, second.fence]
     assert first.fence < second.fence
 
 
@@ -397,6 +411,7 @@ async def test_lease_fences_keep_growing_after_the_store_lost_the_jobs_state(tar
         assert await backend.strategy.finish(backend.store, run, won, policy, record(run, won))
         before.append(won.fence)
     assert before == sorted(set(before))
+    await asyncio.sleep(0.002)  # a store that restarts does so in more than the ms of the last claim
     await target.raw("FLUSHALL")
     after = await claim_one(backend, request(SLOT + 3000, "t3"), policy)
     assert after.outcome is Outcome.WON

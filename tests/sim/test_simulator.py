@@ -650,7 +650,7 @@ def test_lease_a_claim_put_off_to_its_slot_is_late_by_the_stores_clock_through_i
     assert answered == [  # the 4 tries between failed
         (49.5, "running attempt=0 lease_ms=10500 fence=0"),
         (67.501, "running attempt=0 lease_ms=2499 fence=0"),
-        (70.001, f"won attempt=1 lease_ms=3000 fence={(EPOCH_S + 70) * 1_000_000 + 1000}"),  # the store's µs
+        (70.001, f"won attempt=1 lease_ms=3000 fence={(EPOCH_S + 70) * 1_000_000 + 1000}"),  # the store's ms × 1000
     ]
     assert (60, 70.001) in [(e.slot // 1000 - EPOCH_S, e.started) for e in outcome.history.executions]
     assert outcome.judgement.lateness.status == "valid"
