@@ -113,16 +113,12 @@ def claim(
     if r.token == token:  # a retried claim: the caller already holds the run; its lease is renewed (a heartbeat)
         if r.lease_end < 0:  # unless the caller handed the run back since: a copy of its claim came late
             return store, Claim(Outcome.DONE, r.attempt, r.fence)
-        new_fence = None
-        if r.lease_end <= now:
-            if other_end is not None:  # renewed, it would run beside another live run: the caller waits for it
-                return _waited(store, run, r, live, slot, now), Claim(
-                    Outcome.RUNNING, r.attempt, r.fence, other_end - now
-                )
-            # Other runs took fences while the lease was out: the renewal, whose first answer nobody heard, takes
-            # the next, so that the fences acknowledged keep growing.
-            new_fence = next_fence(store.fence, now) if store.fence > r.fence else None
-        renewed = replace(r, lease_end=now + policy.lease_ms, fence=new_fence or r.fence)
+        if r.lease_end <= now and other_end is not None:  # renewed, it would run beside another live run: it waits
+            return _waited(store, run, r, live, slot, now), Claim(Outcome.RUNNING, r.attempt, r.fence, other_end - now)
+        # Nobody heard the first answer, and other runs may have taken fences since (here, or on a server whose
+        # claims a failover lost): the renewal takes the next, so that the fences acknowledged keep growing.
+        new_fence = next_fence(store.fence, now)
+        renewed = replace(r, lease_end=now + policy.lease_ms, fence=new_fence)
         return store.put(run, renewed, new_fence), Claim(Outcome.WON, r.attempt, renewed.fence, policy.lease_ms)
     if r.lease_end > now:
         return store, Claim(Outcome.RUNNING, r.attempt, r.fence, r.lease_end - now)

@@ -11,8 +11,8 @@
 --   " given-up" after a "done" when this claim gave the run up: its attempts were used up (recorded interrupted);
 --              also to a copy of that claim sent again (its answer was lost), so that the instance says so
 --   "won"      the caller runs it: a new attempt was stored (or the caller's own token already holds it,
---              when a claim whose reply was lost is retried: its lease renewed, with the next fence if it ran
---              out and other runs took fences meanwhile); lease_ms_left is its lease. Such a retry whose lease
+--              when a claim whose reply was lost is retried: its lease renewed, with the next fence, as nobody
+--              heard its first); lease_ms_left is its lease. Such a retry whose lease
 --              ran out while another run of the job went live is "running".
 --   "running"  another attempt holds a live lease, or (overlap forbidden) the run's lease expired but another
 --              run of the job holds a live one; lease_ms_left says when to try again (the caller is a backup)
@@ -196,19 +196,17 @@ else
     if r.lease_end < 0 then -- it handed the run back since: this is an old copy of its claim, come late
       return reply('done', r.attempt, r.fence, 0)
     end
-    local new_fence = nil
     if r.lease_end <= now then
       local live_end = wait_for_live_other()
       if live_end then
         return reply('running', r.attempt, r.fence, live_end - now)
       end
-      if job_fence > tonumber(r.fence) then
-        -- Other runs took fences while this lease was out, and nobody has heard this one's (its answer was
-        -- lost): the renewed lease takes the next, so the fences its holders hear keep growing.
-        new_fence = next_fence(job_fence, now)
-        r.fence = new_fence
-      end
     end
+    -- Nobody has heard this attempt's fence (its answer was lost), and other runs may have taken fences since, on
+    -- this server or on one whose claims a failover lost: the renewed lease takes the next, so the fences its
+    -- holders hear keep growing.
+    local new_fence = next_fence(job_fence, now)
+    r.fence = new_fence
     r.lease_end = now + lease_ms
     save_run(run, r, new_fence)
     return reply('won', r.attempt, r.fence, lease_ms)
