@@ -121,7 +121,9 @@ def test_the_command_line_runs_a_scenario_live_and_names_the_command_that_runs_i
     assert outcome["replay"] == " ".join(["python", *command[1:]])
     assert outcome["verdicts"]["P1"] == "valid"
     assert outcome["verdicts"]["P2"] == "valid"  # the backup ran slot 20 s again after the winner's crash
-    assert outcome["executions"] >= 6
+    # Slots 10 s to 50 s; slot 20 s twice where its winner had begun it when it crashed (on a busy machine its
+    # claim's answer may come later than that)
+    assert outcome["executions"] >= 5
     refused = subprocess.run([*command[:-1], "no-such-server"], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert refused.returncode == 2
     assert "--server: 'no-such-server' is not provisioned here" in refused.stderr

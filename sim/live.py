@@ -446,7 +446,7 @@ class LiveRun:
     async def _all_say(self, word: bytes) -> None:
         everyone = [i for group in self.groups.values() for i in group]
         for instance, said in zip(everyone, await asyncio.gather(*(i.ready(word) for i in everyone)), strict=True):
-            if not said and not instance.crashes:
+            if not said:
                 raise RuntimeError(f"instance {instance.strategy}/{instance.name} exited as it started")
 
     async def run(self) -> float:
@@ -464,9 +464,11 @@ class LiveRun:
             if spec.offset_ms or spec.drift:  # skew from the start is a fault too, as in the virtual mode
                 detail = f"instance {spec.name} clock {spec.offset_ms:+.0f} ms, drift {spec.drift:+g}"
                 self.faults.append(Event(0.0, "fault", "nemesis", "skew", value=detail))
+        # Faults strike once every scheduler has started, as in virtual time: one at time 0 would otherwise meet a
+        # process still connecting (its start refused by a partition, or held by a pause past the run's end).
+        await self._all_say(b"ready")
         strikes = [asyncio.ensure_future(self._strike(f)) for f in self.scenario.faults]
         try:
-            await self._all_say(b"ready")
             await asyncio.sleep(self.scenario.duration_s - self.now())
         finally:  # also when the run is cancelled: no restart may start a process after the end's kill_all
             for task in strikes:
