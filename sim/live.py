@@ -234,10 +234,11 @@ class Instance:
     # what the one before it left (a process up, or killed while it started).
     starting: asyncio.Lock = field(default_factory=asyncio.Lock)
 
-    async def spawn(self) -> None:
+    async def spawn(self, *, held: bool = False) -> None:
+        """Start a process of the instance; ``held``: one of the run's first, whose scheduler starts when told."""
         clock = self.clock.state()
         number = len(self.incarnation) + 1
-        self.config["clock"], self.config["incarnation"] = clock, number
+        self.config["clock"], self.config["incarnation"], self.config["held"] = clock, number, held
         stderr = await asyncio.to_thread(open, self.log.with_suffix(".stderr"), "ab")  # its own log records
         with stderr:
             self.process = await asyncio.create_subprocess_exec(
@@ -432,15 +433,13 @@ class LiveRun:
                     "scenario": str(scenario_path), "strategy": strategy, "instance": spec.name, "log": str(log),
                     "prefix": f"{strategy}:", "valkey": self.server.is_valkey,
                     "url": f"redis://127.0.0.1:{port}/0?socket_timeout=2&socket_connect_timeout=2",
-                    "held": True,  # the first process: its scheduler starts at the scenario's time 0 (see run)
                 }  # fmt: skip
                 clock = SkewedClock(float(spec.offset_ms), spec.drift)
                 group.append(Instance(spec.name, strategy, proxy, log, config, clock))
             self.groups[strategy] = group
         everyone = [i for group in self.groups.values() for i in group]
         for instance in everyone:
-            await instance.spawn()
-            instance.config["held"] = False  # a process started later (a restart) starts at once
+            await instance.spawn(held=True)  # its scheduler starts at the scenario's time 0 (see run)
         await self._all_say(b"held")
 
     async def _all_say(self, word: bytes) -> None:

@@ -232,7 +232,7 @@ def timeline_figure(outcome: Outcome, checker: str) -> bytes:
     history = outcome.history
     instances = [spec.name for spec in outcome.scenario.instances]
     focus = _focus_time(outcome, checker)
-    span = 25 * (SCALE if outcome.target else 1)  # live times are compressed: the same 50 scenario seconds
+    span = 25 * _scale(outcome)  # the same 50 scenario seconds, live or not
     low = max(0.0, focus - span)
     high = focus + span
     figure, axis = plt.subplots(figsize=(10, 0.7 * len(instances) + 1.6))
@@ -289,10 +289,15 @@ def _stacked(executions: Sequence[Execution]) -> list[tuple[Execution, int, int]
     return [(e, level, len(ends[e.instance])) for e, level in placed]
 
 
+def _scale(outcome: Outcome) -> float:
+    """Its times per scenario second: live runs are compressed."""
+    return SCALE if outcome.target else 1.0
+
+
 def _focus_time(outcome: Outcome, checker: str) -> float:
     witness = outcome.judgement.verdict(checker).witness
     if "slot at " in witness:
-        return float(witness.split("slot at ")[1].split(" s")[0]) + 5 * (SCALE if outcome.target else 1)
+        return float(witness.split("slot at ")[1].split(" s")[0]) + 5 * _scale(outcome)
     if " at " in witness:
         return float(witness.split(" at ")[1].split(" s")[0])
     return outcome.scenario.duration_s / 2

@@ -403,14 +403,9 @@ def test_script_a_late_skip_finds_a_claim_made_before_its_slot_alike(harness: Ha
     strategy, store = backend.strategy, backend.store
     assert isinstance(strategy, ScriptStrategy)
     policy, model, fences = JobPolicy(history_size=1), script.ScriptStore(), FenceMap()
-    early = harness.run(harness.target.server_ms()) + 900
-    claims = [(early, "a", False)]
-    if trimmed:
-        claims.append((early + 60_000, "c", False))
-    claims.append((early, "b", True))
-    for slot, token, for_skip in claims:
-        if token != "a":
-            harness.run(asyncio.sleep(max(0, early + 300 - harness.run(harness.target.server_ms())) / 1000))
+
+    def claim(slot: int, token: str, for_skip: bool = False) -> Claim:
+        nonlocal model
         request = RunRequest(job, str(slot), slot, token, f"runner-{token}")
         if for_skip:
             at, result, _ = harness.timed(strategy.claim_for_skip(store, request, policy))
@@ -419,6 +414,15 @@ def test_script_a_late_skip_finds_a_claim_made_before_its_slot_alike(harness: Ha
             at, results, _ = harness.timed(strategy.claim(store, [(request, policy)]))
         model, expected = script.claim(model, slot, token, at, window_ms, policy, for_skip=for_skip)
         assert_same_claim(expected, one_claim(results), 0, fences)
+        return expected
+
+    early = harness.run(harness.target.server_ms()) + 900
+    claim(early, "a")
+    # Its slot 300 ms past, the early claim more than a window old
+    harness.run(asyncio.sleep(max(0, early + 300 - harness.run(harness.target.server_ms())) / 1000))
+    if trimmed:
+        claim(early + 60_000, "c")
+    expected = claim(early, "b", for_skip=True)
     assert expected.outcome is Outcome.LOST  # the skip left the run alone
 
 
