@@ -96,12 +96,25 @@ class Job:
 
 
 def _takes_context(function: Callable[..., object]) -> bool:
+    """Whether a job's function is called with the RunContext: if its first positional parameter must be given,
+    or is named ``run`` or annotated RunContext, or it takes ``*args``. One whose positional parameters all have
+    defaults is called with none (``def cleanup(dry_run=False)``, ``gc.collect``), not with the context in the
+    first's place."""
     try:
-        parameters = inspect.signature(function).parameters.values()
+        parameters = list(inspect.signature(function).parameters.values())
     except (TypeError, ValueError):  # some builtins have no signature: give them the context
         return True
     positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    return any(p.kind in positional or p.kind is inspect.Parameter.VAR_POSITIONAL for p in parameters)
+    first = next((p for p in parameters if p.kind in positional or p.kind is inspect.Parameter.VAR_POSITIONAL), None)
+    if first is None:
+        return False
+    return (
+        first.kind is inspect.Parameter.VAR_POSITIONAL
+        or first.default is inspect.Parameter.empty
+        or first.name == "run"
+        or first.annotation is RunContext
+        or (isinstance(first.annotation, str) and "RunContext" in first.annotation)  # postponed annotations
+    )
 
 
 def _check_callable_as_a_job(name: str, function: Callable[..., object], takes_context: bool) -> None:

@@ -1774,7 +1774,9 @@ class Scheduler(Generic[M]):
             # As from a job (see _exits_as_errors): the start hook's run is recorded as failed before the exit goes
             # on, instead of being left running for each instance in turn to take over.
             raise _JobExit(_failure(error), ends_the_app=True) from error
-        except Exception:
+        except GeneratorExit:
+            raise
+        except BaseException:  # any other (a library's own BaseException too): logged, as the hook's failure
             log.exception("hook %r failed", hook)
         finally:
             running.in_hook = False
@@ -2107,11 +2109,14 @@ class _JobExit(Exception):
 def _on_its_thread(function: Callable[[RunContext], object], context: RunContext) -> object:
     """Call a sync job's function on its worker thread. SystemExit there ends that thread only, as in any Python
     thread: handed to the event loop as it is, asyncio would raise it out of the loop and end the application (and
-    each instance that took the run over after it, in turn). The job failed: its run is recorded as an error."""
+    each instance that took the run over after it, in turn). The job failed: its run is recorded as an error. So
+    is one that raised another BaseException (gevent's Timeout, a test framework's outcome)."""
     _on_job_thread.active = True
     try:
         return function(context)
-    except (SystemExit, KeyboardInterrupt) as error:
+    except (Exception, asyncio.CancelledError):
+        raise  # recorded as they are (a CancelledError it raised itself, as an error)
+    except BaseException as error:
         raise _JobExit(_failure(error)) from error
     finally:
         _on_job_thread.active = False
@@ -2120,11 +2125,17 @@ def _on_its_thread(function: Callable[[RunContext], object], context: RunContext
 async def _exits_as_errors(job: Awaitable[object]) -> object:
     """Await an async job. SystemExit or KeyboardInterrupt raised in it (sys.exit() in a command-line entry point
     reused as a job, or a signal handler's) fails its run, which is recorded before the exit goes on to end the
-    app: left running, the run would be taken over by each instance in turn, and end each of them."""
+    app: left running, the run would be taken over by each instance in turn, and end each of them. Another
+    BaseException (gevent's Timeout, a test framework's outcome) fails the run and ends nothing else: raised out
+    of the run's task, it would leave the run unrecorded, to be run again by each backup in turn."""
     try:
         return await job
     except (SystemExit, KeyboardInterrupt) as error:
         raise _JobExit(_failure(error), ends_the_app=True) from error
+    except (Exception, asyncio.CancelledError, GeneratorExit):
+        raise
+    except BaseException as error:
+        raise _JobExit(_failure(error)) from error
 
 
 def _failure(error: BaseException) -> str:

@@ -4699,6 +4699,70 @@ async def test_a_sync_job_that_exits_fails_and_the_app_runs_on(leave: Callable[[
         assert (stored.status, stored.message) == ("error", message)
 
 
+async def test_a_job_whose_parameters_all_have_defaults_is_called_without_the_context() -> None:
+    """The context goes in place of a first parameter that must be given, is named ``run`` or is annotated
+    RunContext; one that is only optional keeps its default (a dry-run flag, gc.collect's generation)."""
+    seen: dict[str, object] = {}
+
+    def cleanup(dry_run: bool = False) -> None:
+        seen["cleanup"] = dry_run
+
+    def named(run: object = None) -> None:
+        seen["named"] = run
+
+    def annotated(context: RunContext | None = None) -> None:
+        seen["annotated"] = context
+
+    scheduler = Scheduler(RedisBackend(redis=fakeredis.FakeAsyncRedis()))
+    for job in (cleanup, named, annotated, gc.collect):
+        scheduler.add_job(job.__name__, "0 0 1 1 *", job)
+    async with scheduler:
+        records = [await scheduler.run_now(job) for job in scheduler.jobs]
+    assert [(r.job, r.status) for r in records] == [(job, "ok") for job in scheduler.jobs]
+    assert seen["cleanup"] is False
+    assert isinstance(seen["named"], RunContext)
+    assert isinstance(seen["annotated"], RunContext)
+
+
+class _Abort(BaseException):
+    """A library's own BaseException (gevent's Timeout, a test framework's outcome)."""
+
+
+def _abort() -> None:
+    raise _Abort("given up")
+
+
+async def _abort_async(run: RunContext) -> None:
+    await asyncio.sleep(0)
+    raise _Abort("given up")
+
+
+@pytest.mark.parametrize("job", [_abort, _abort_async], ids=["sync", "async"])
+async def test_a_job_that_raises_another_base_exception_fails_once(job: Callable[..., object]) -> None:
+    """A BaseException that is no Exception, SystemExit or KeyboardInterrupt fails the run, recorded as an error:
+    left unrecorded, its lease would run out and each backup in turn would run the run again."""
+    scheduler = Scheduler(RedisBackend(redis=fakeredis.FakeAsyncRedis()))
+    scheduler.add_job("aborts", "0 0 1 1 *", job)
+    scheduler.add_job("next", "0 0 1 1 *", lambda: None)
+    async with scheduler:
+        record = await scheduler.run_now("aborts")
+        assert (record.status, record.message) == ("error", "_Abort: given up")
+        assert (await scheduler.run_now("next")).status == "ok"
+        [stored] = await scheduler.history("aborts")
+        assert (stored.status, stored.attempt, stored.message) == ("error", 1, "_Abort: given up")
+
+
+async def test_a_hook_that_raises_another_base_exception_is_logged(caplog: pytest.LogCaptureFixture) -> None:
+    def start_hook(run: RunContext) -> None:
+        raise _Abort("hook gave up")
+
+    scheduler = Scheduler(RedisBackend(redis=fakeredis.FakeAsyncRedis()), on_run_start=start_hook)
+    scheduler.add_job("job", "0 0 1 1 *", lambda: None)
+    async with scheduler:
+        assert (await scheduler.run_now("job")).status == "ok"
+    assert any("hook" in r.getMessage() and r.exc_info and r.exc_info[0] is _Abort for r in caplog.records)
+
+
 EXIT_IN_AN_ASYNC_JOB = """
 import asyncio, sys
 import fakeredis
