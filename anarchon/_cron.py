@@ -5,7 +5,8 @@ instance computes the same slot whatever its clock and its local time zone.
 
 Daylight saving time, in the job's ``timezone``:
 - clocks go forward: if any of a job's times fall in the skipped hour, the job runs once at the first instant
-  after the jump (its run is late, never lost);
+  after the jump (its run is late, never lost); where that instant is one of the job's times too, that one run
+  stands for both, as a run is named by its instant;
 - clocks go back: a run at a fixed time in the repeated hour runs once, on the first pass; a job that fires
   every minute or every few minutes keeps firing through both passes, as wall time keeps going for it.
 The second rule is Debian cron's (and cronsim's); the first is stricter than Debian's, which drops the skipped
@@ -62,6 +63,28 @@ def _valid_in_some_month(fields: list[str]) -> bool:
     return fields[month] != "*"
 
 
+# Each field's name, how many values it has, and what it counts within; seconds first (not in five fields).
+_FIELDS = (
+    ("second", 60, "minute"), ("minute", 60, "hour"), ("hour", 24, "day"), ("day of month", 31, "month"),
+    ("month", 12, "year"), ("weekday", 7, "week"),
+)  # fmt: skip
+
+
+def _check_steps(expression: str, fields: list[str]) -> None:
+    """Refuse a step longer than its field, such as ``*/90`` minutes: cron (cronsim too) matches only the range's
+    first value then, once an hour, where every 90 minutes was meant."""
+    for text, (name, span, within) in zip(fields, _FIELDS[6 - len(fields) :], strict=True):
+        for part in text.split(","):
+            step = part.partition("/")[2]
+            if step and int(step) > span:
+                raise ConfigError(
+                    "cron",
+                    f"{expression!r}: the step /{step} of its {name} field is longer than the field's {span} "
+                    f"values, and would match once per {within}",
+                    f"{CRON_RULE}, with steps no longer than their field",
+                )
+
+
 @dataclass(slots=True)
 class _Cursor:
     """Where the last cronsim iteration stopped: no match lies in ``(low, pending)``."""
@@ -97,6 +120,7 @@ class CronSchedule:
             raise ConfigError("cron", f"{self.expression!r} is not valid ({error})", CRON_RULE) from error
         except StopIteration as error:
             raise ConfigError("cron", f"{self.expression!r} never matches", CRON_RULE) from error
+        _check_steps(self.expression, fields)
 
     @property
     def has_seconds(self) -> bool:

@@ -523,12 +523,29 @@ def test_a_job_name_that_is_not_a_string_is_a_type_error(call: str) -> None:
         ("@hourly", "macros such as @hourly are not supported"),
         ("0 9 * *", "has 4 fields"),
         ("daily", "has 1 field;"),
+        (
+            "*/90 * * * *",
+            "the step /90 of its minute field is longer than the field's 60 values, and would match once per hour",
+        ),
+        ("0 */48 * * *", "the step /48 of its hour field is longer than the field's 24 values"),
+        ("0 0 */45 * *", "the step /45 of its day of month field is longer than the field's 31 values"),
+        ("0 0 1 1-12/13 *", "the step /13 of its month field is longer than the field's 12 values"),
+        ("0 0 * * 1,2/8", "the step /8 of its weekday field is longer than the field's 7 values"),
+        ("*/61 * * * * *", "the step /61 of its second field is longer than the field's 60 values"),
     ],
 )
-def test_a_cron_of_days_its_months_do_not_have_is_said_to_never_match(cron: str, why: str) -> None:
+def test_a_cron_expression_that_cannot_mean_what_it_says_is_refused(cron: str, why: str) -> None:
     with pytest.raises(ConfigError, match="cron") as caught:
         Scheduler().add_job("a", cron, noop)
     assert why in str(caught.value)
+
+
+def test_steps_as_long_as_their_field_are_kept() -> None:
+    """*/60 minutes is hourly, */24 hours daily: what was meant, and what cron does."""
+    scheduler = Scheduler()
+    for number, cron in enumerate(["*/60 * * * *", "0 */24 * * *", "0 0 1 */12 *", "*/60 * * * * *", "*/45 * * * *"]):
+        scheduler.add_job(f"job{number}", cron, noop)
+    assert len(scheduler.jobs) == 5
 
 
 def test_a_host_name_an_instance_id_may_not_hold_still_makes_a_default_id(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -52,6 +52,8 @@ def test_next_after_is_strict_and_ignores_milliseconds_within_a_slot() -> None:
         ("*/15 2 * * *", ["03-29 03:00 CEST", "03-30 02:00 CEST", "03-30 02:15 CEST"]),
         # A time right after the jump is not doubled.
         ("0 3 * * *", ["03-29 03:00 CEST", "03-30 03:00 CEST"]),
+        # A time in the skipped hour and one at the jump: one run at 03:00, named by its instant, stands for both.
+        ("0 2,3 * * *", ["03-29 03:00 CEST", "03-30 02:00 CEST", "03-30 03:00 CEST"]),
     ],
 )
 def test_clocks_going_forward_lose_no_run(expression: str, expected: list[str]) -> None:
