@@ -203,8 +203,8 @@ class RedisBackend(Generic[M]):
                 await _warn_of_other_strategies(store, self.keys, jobs, self.leases)
                 if not self.leases:
                     await _warn_of_other_claim_only_strategies(store, self.keys, jobs, self.strategy.name, self.server)
+                await store.load(self.strategy.scripts)  # before prepare's scripts, not answered NOSCRIPT
                 await self.strategy.prepare(store, jobs)
-                await store.load(self.strategy.scripts)
             except BaseException:
                 await store.close()
                 raise

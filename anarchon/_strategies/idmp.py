@@ -14,7 +14,6 @@ duration allows.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Sequence
 
@@ -58,14 +57,27 @@ class IdmpStrategy(ClaimOnlyStrategy):
             raise UnsupportedStrategyError(self.name, str(server), OTHER_STRATEGIES)
 
     async def prepare(self, store: Store, jobs: Sequence[str]) -> None:
-        for job in jobs:
+        for error in (await self._configure_once(store, jobs)).values():
             # A job whose cluster node is out of reach is configured by its first claim, as a stream that
             # vanished is: the jobs on the other nodes start.
-            with contextlib.suppress(StoreUnavailableError):
-                await self._configure_once(store, job)
+            if not isinstance(error, StoreUnavailableError):
+                raise error
 
-    async def _configure_once(self, store: Store, job: str) -> None:
-        await asyncio.shield(self._configuring(job) or self._start_configuring(store, job))
+    async def _configure_once(self, store: Store, jobs: Sequence[str]) -> dict[str, StoreError]:
+        """Configure the jobs' streams that are neither configured nor on their way, together (see
+        _start_configuring), and wait for every one's; the errors of those that failed, by job."""
+        waiting: dict[str, asyncio.Future[None]] = {}
+        for job in jobs:
+            if (configuring := self._configuring(job)) is not None:
+                waiting[job] = configuring
+        waiting.update(self._start_configuring(store, [job for job in jobs if job not in waiting]))
+        failed: dict[str, StoreError] = {}
+        for job, configuring in waiting.items():
+            try:
+                await asyncio.shield(configuring)
+            except StoreError as error:
+                failed[job] = error
+        return failed
 
     def _configuring(self, job: str) -> asyncio.Future[None] | None:
         """The job's configuration, done or on its way; None where there is none, or it failed."""
@@ -74,39 +86,58 @@ class IdmpStrategy(ClaimOnlyStrategy):
             return None
         return configuring
 
-    def _start_configuring(self, store: Store, job: str) -> asyncio.Future[None]:
-        """Configure the job's stream; its claims wait for it before their XADD (see claim_scheduled). One that
-        fails is forgotten, whoever waited for it or none did: the job's next claim configures it again."""
-        configuring = self._configured[job] = asyncio.ensure_future(self.configure(store, job))
+    def _start_configuring(self, store: Store, jobs: Sequence[str]) -> dict[str, asyncio.Future[None]]:
+        """Configure the jobs' streams in one pipeline: one after the other, start() waited a round trip per job
+        (seconds for thousands), and a timeout per job of a cluster node that did not answer. Each job's claims
+        wait for its own configuration before their XADD (see claim_scheduled). One that fails is forgotten,
+        whoever waited for it or none did: the job's next claim configures it again."""
+        if not jobs:
+            return {}
+        batch = asyncio.ensure_future(self._configure(store, jobs))
+        started: dict[str, asyncio.Future[None]] = {}
+        for index, job in enumerate(jobs):
+            configuring = self._configured[job] = started[job] = asyncio.ensure_future(_part(batch, index))
 
-        def forget_a_failure(done: asyncio.Future[None]) -> None:
-            failed = done.cancelled() or done.exception() is not None  # read: never "not retrieved"
-            if failed and self._configured.get(job) is done:
-                del self._configured[job]
+            def forget_a_failure(done: asyncio.Future[None], job: str = job) -> None:
+                failed = done.cancelled() or done.exception() is not None  # read: never "not retrieved"
+                if failed and self._configured.get(job) is done:
+                    del self._configured[job]
 
-        configuring.add_done_callback(forget_a_failure)
-        return configuring
+            configuring.add_done_callback(forget_a_failure)
+        return started
 
-    async def configure(self, store: Store, job: str) -> None:
-        """Give the job's stream this duration and size where it has shorter or smaller ones (XCFGSET then clears
-        what the server tracks), keeping the runs it remembered remembered (see idmp_configure.lua)."""
-        runs = self.keys.claim(job).runs
-        reply = as_list(await store.run(CONFIGURE, (runs,), (self.duration_sec, self.max_size, job)), 3)
-        again, duration_sec, max_size = (int(as_text(part)) for part in reply)
-        if again > 0:
-            log.warning(
-                "idmp: the stream %s had shorter IDMP settings (another deploy's), now duration_sec=%d, "
-                "max_size=%d; its %d latest runs copied so that it still remembers them",
-                runs, duration_sec, max_size, again,
-            )  # fmt: skip
-        if (duration_sec, max_size) != (self.duration_sec, self.max_size):
-            log.warning(
-                "idmp: the stream %s keeps duration_sec=%d, max_size=%d (an instance asked for them: another "
-                "deploy's, or an earlier one's) instead of this instance's %d and %d: a stream's settings are never "
-                "lowered, as an instance with those may still claim runs as late as they allow (lowering them "
-                "takes XCFGSET by hand, once none runs)",
-                runs, duration_sec, max_size, self.duration_sec, self.max_size,
-            )  # fmt: skip
+    async def _configure(self, store: Store, jobs: Sequence[str]) -> list[StoreError | None]:
+        """Give each job's stream this duration and size where it has shorter or smaller ones (XCFGSET then clears
+        what the server tracks), keeping the runs it remembered remembered (see idmp_configure.lua). Each job's
+        error, or None."""
+        runs = [self.keys.claim(job).runs for job in jobs]
+        calls = [
+            ScriptCall(CONFIGURE, (key,), (self.duration_sec, self.max_size, job))
+            for key, job in zip(runs, jobs, strict=True)
+        ]
+        outcomes: list[StoreError | None] = []
+        for key, reply in zip(runs, await store.run_many(calls), strict=True):
+            try:
+                again, duration_sec, max_size = (int(as_text(part)) for part in as_list(reply, 3))
+            except StoreError as error:
+                outcomes.append(error)
+                continue
+            outcomes.append(None)
+            if again > 0:
+                log.warning(
+                    "idmp: the stream %s had shorter IDMP settings (another deploy's), now duration_sec=%d, "
+                    "max_size=%d; its %d latest runs copied so that it still remembers them",
+                    key, duration_sec, max_size, again,
+                )  # fmt: skip
+            if (duration_sec, max_size) != (self.duration_sec, self.max_size):
+                log.warning(
+                    "idmp: the stream %s keeps duration_sec=%d, max_size=%d (an instance asked for them: another "
+                    "deploy's, or an earlier one's) instead of this instance's %d and %d: a stream's settings are "
+                    "never lowered, as an instance with those may still claim runs as late as they allow (lowering "
+                    "them takes XCFGSET by hand, once none runs)",
+                    key, duration_sec, max_size, self.duration_sec, self.max_size,
+                )  # fmt: skip
+        return outcomes
 
     async def claim_scheduled(
         self, store: Store, requests: Sequence[tuple[RunRequest, JobPolicy]]
@@ -114,12 +145,9 @@ class IdmpStrategy(ClaimOnlyStrategy):
         unconfigured = dict.fromkeys(  # in the requests' order: the same batch configures alike every time
             r.job for r, _ in requests if (configuring := self._configuring(r.job)) is None or not configuring.done()
         )
-        failed: dict[str, StoreError] = {}
-        for job in unconfigured:  # a job registered after start, or whose configuration failed before
-            try:
-                await self._configure_once(store, job)
-            except StoreError as error:
-                failed[job] = error  # claimed without the job's duration, a late claim could win again
+        # Jobs registered after start, or whose configuration failed before. One that fails again is not claimed:
+        # claimed without the job's duration, a late claim could win again.
+        failed = await self._configure_once(store, list(unconfigured))
         if failed:
             rest = iter(await self.claim_scheduled(store, [(r, p) for r, p in requests if r.job not in failed]))
             return [failed[r.job] if r.job in failed else next(rest) for r, _ in requests]
@@ -159,7 +187,7 @@ class IdmpStrategy(ClaimOnlyStrategy):
                 # Configured again from now, its claims waiting for it: a late claim of this run must find it
                 # remembered (the script copies the runs the stream remembers, this claim's too, back in). The
                 # claims of this batch are answered meanwhile: runs won are not held up.
-                self._start_configuring(store, job)
+                self._start_configuring(store, [job])
         entries = iter(replies[: len(reads)])
         claims: list[Claim | StoreError] = []
         for request, entry_id in zip(requests, ids, strict=True):
@@ -228,13 +256,10 @@ class IdmpStrategy(ClaimOnlyStrategy):
         again. A stream gone once more is an unavailable store for those claims: the caller tries again later."""
         ids = list(ids)
         vanished = [i for i, entry_id in enumerate(ids) if entry_id is None]
-        failed: dict[str, StoreError] = {}
-        for job in dict.fromkeys(jobs[i] for i in vanished):
+        remade = list(dict.fromkeys(jobs[i] for i in vanished))
+        for job in remade:
             self._configured.pop(job, None)
-            try:
-                await self._configure_once(store, job)
-            except StoreError as error:
-                failed[job] = error
+        failed = await self._configure_once(store, remade)
         again = [i for i in vanished if jobs[i] not in failed]
         for i, entry_id in zip(again, await store.execute_many([adds[i] for i in again]), strict=True):
             ids[i] = entry_id
@@ -245,6 +270,13 @@ class IdmpStrategy(ClaimOnlyStrategy):
             elif ids[i] is None:
                 ids[i] = gone
         return ids
+
+
+async def _part(batch: asyncio.Future[list[StoreError | None]], index: int) -> None:
+    """The outcome of one job's configuration in a batch of them: raises its error."""
+    error = (await asyncio.shield(batch))[index]
+    if error is not None:
+        raise error
 
 
 def claim_min_id(request: RunRequest) -> int:

@@ -1308,6 +1308,45 @@ async def test_idmp_configures_the_stream_once(target: StoreTarget) -> None:
     assert await _xcfgset_calls(target) == configured  # another instance's start found the stream as wanted
 
 
+class ConfigureTrips(Recording):
+    """A connection that counts the round trips that carry the idmp configure script."""
+
+    def __init__(self, inner: Connection) -> None:
+        super().__init__(inner)
+        self.trips = 0
+
+    def _count(self, commands: Sequence[Command]) -> None:
+        self.trips += any(str(command[1]) in (CONFIGURE.sha, CONFIGURE.source) for command in commands)
+
+    async def execute(self, command: Command) -> Reply:
+        self._count([command])
+        return await super().execute(command)
+
+    async def execute_many(self, commands: Sequence[Command]) -> list[Any]:
+        self._count(commands)
+        return await super().execute_many(commands)
+
+
+async def test_idmp_configures_its_jobs_streams_side_by_side(target: StoreTarget) -> None:
+    """start() configures every job's stream in a pipeline, and so does a batch of claims of jobs added after it:
+    one round trip per job, start() with thousands of jobs waited seconds (and a cluster node that did not answer
+    held it up a timeout per job of that node)."""
+    if not target.supports_idmp:
+        pytest.skip(f"idmp needs Redis 8.6+; {target.name} is {target.describe}")
+    connection = ConfigureTrips(adapt(target.new_client()))
+    backend = target.backend({"name": "idmp", "duration_sec": 900, "max_size": 50}, connection=connection)
+    jobs = [f"job{n}" for n in range(40)]
+    await backend.start(jobs)
+    assert connection.trips <= 2  # the first job's at once, the others' together once it is answered
+    assert [await _idmp_settings(target, f"cron:{job}:runs") for job in jobs] == [(900, 50)] * len(jobs)
+    connection.trips = 0
+    added = [(request(SLOT, "a", job=f"added{n}"), JobPolicy()) for n in range(40)]
+    claims = await backend.strategy.claim(backend.store, added)
+    assert [c.outcome for c in claims if isinstance(c, Claim)] == [Outcome.WON] * len(added)
+    assert connection.trips <= 2
+    assert await _idmp_settings(target, "cron:added39:runs") == (900, 50)
+
+
 async def test_idmp_a_deploy_that_changes_its_settings_keeps_the_runs_remembered(target: StoreTarget) -> None:
     """XCFGSET makes the server forget every run a stream remembers. An instance started with a longer duration
     (a deploy) must find the runs claimed before it taken: a late claim loses, and a winner whose answer was lost
