@@ -28,14 +28,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from anarchon._errors import StoreError, StoreReplyError
-from anarchon._store import Command, Connection, Reply, ServerInfo, as_list
+from anarchon._store import Command, Connection, Reply, Script, ServerInfo, as_list
 from anarchon._strategies.idmp import CONFIGURE, SKIP_CLAIM, TRIM_RUNS
 
 DEFAULT_DURATION_S = 100
 DEFAULT_MAXSIZE = 100
-CONFIGURE_SCRIPT = frozenset({CONFIGURE.sha, CONFIGURE.source})  # EVALSHA or EVAL of it
-SKIP_CLAIM_SCRIPT = frozenset({SKIP_CLAIM.sha, SKIP_CLAIM.source})
-TRIM_RUNS_SCRIPT = frozenset({TRIM_RUNS.sha, TRIM_RUNS.source})
+# The scripts answered here, by what EVALSHA or EVAL names them with.
+ANSWERED_SCRIPTS = {key: script for script in (CONFIGURE, SKIP_CLAIM, TRIM_RUNS) for key in (script.sha, script.source)}
+
+
+_XCFGSET_RANGES = {"IDMP-DURATION": (1, 86_400, "seconds"), "IDMP-MAXSIZE": (1, 10_000, "entries")}
 
 
 @dataclass
@@ -97,13 +99,23 @@ class IdmpConnection:
             return await self._xcfgset([text(a) for a in command])
         elif name == "XINFO" and len(command) >= 3 and text(command[1]).upper() == "STREAM":
             return await self._xinfo(command)
-        elif name in ("EVALSHA", "EVAL") and text(command[1]) in CONFIGURE_SCRIPT:
-            return await self._configure(*(text(a) for a in command[3:7]))
-        elif name in ("EVALSHA", "EVAL") and text(command[1]) in SKIP_CLAIM_SCRIPT:
-            return await self._skip_claim(*(text(a) for a in command[3:]))
-        elif name in ("EVALSHA", "EVAL") and text(command[1]) in TRIM_RUNS_SCRIPT:
-            return await self._trim_runs(*(text(a) for a in command[3:6]))
+        elif name in ("EVALSHA", "EVAL") and (script := ANSWERED_SCRIPTS.get(text(command[1]))) is not None:
+            await self._as_cached(name, script)
+            args = [text(a) for a in command[3:]]
+            if script is CONFIGURE:
+                return await self._configure(*args[:4])
+            if script is SKIP_CLAIM:
+                return await self._skip_claim(*args)
+            return await self._trim_runs(*args[:3])
         return await self.inner.execute(command)
+
+    async def _as_cached(self, name: str, script: Script) -> None:
+        """What the store's script cache makes of a script answered here: EVALSHA of one it does not hold (after a
+        restart, a failover, SCRIPT FLUSH) is refused NOSCRIPT, and EVAL caches it."""
+        if name == "EVAL":
+            await self.inner.execute(["SCRIPT", "LOAD", script.source])
+        elif as_list(await self.inner.execute(["SCRIPT", "EXISTS", script.sha])) != [1]:
+            raise StoreReplyError("NOSCRIPT No matching script. Please use EVAL.")
 
     async def execute_many(self, commands: Sequence[Command]) -> list[Reply | StoreError]:
         results: list[Reply | StoreError] = []
@@ -157,18 +169,25 @@ class IdmpConnection:
         key = args[1]
         if not await self.inner.execute(["EXISTS", key]):
             raise StoreReplyError("ERR no such key")
-        settings = dict(zip((a.upper() for a in args[2::2]), args[3::2], strict=False))
+        # Read as Redis reads them, one name and value at a time, each checked as it comes.
+        settings: dict[str, int] = {}
+        for at in range(2, len(args), 2):
+            name = args[at].upper()
+            if name not in _XCFGSET_RANGES or at + 1 == len(args):
+                raise StoreReplyError("ERR syntax error")
+            if name in settings:
+                raise StoreReplyError(f"ERR {name} specified multiple times")
+            try:
+                value = int(args[at + 1])
+            except ValueError:
+                raise StoreReplyError("ERR value is not an integer or out of range") from None
+            low, high, unit = _XCFGSET_RANGES[name]
+            if not low <= value <= high:
+                raise StoreReplyError(f"ERR {name} must be between {low} and {high} {unit}")
+            settings[name] = value
         if not settings:
             raise StoreReplyError("ERR At least one parameter must be specified")
-        try:
-            duration = int(settings["IDMP-DURATION"]) if "IDMP-DURATION" in settings else None
-            maxsize = int(settings["IDMP-MAXSIZE"]) if "IDMP-MAXSIZE" in settings else None
-        except ValueError:
-            raise StoreReplyError("ERR value is not an integer or out of range") from None
-        if duration is not None and not 1 <= duration <= 86_400:
-            raise StoreReplyError("ERR IDMP-DURATION must be between 1 and 86400 seconds")
-        if maxsize is not None and not 1 <= maxsize <= 10_000:
-            raise StoreReplyError("ERR IDMP-MAXSIZE must be between 1 and 10000 entries")
+        duration, maxsize = settings.get("IDMP-DURATION"), settings.get("IDMP-MAXSIZE")
         stream = self.state.streams.setdefault(key, StreamIdmp())
         if duration is not None and duration != stream.duration_s:
             stream.duration_s = duration

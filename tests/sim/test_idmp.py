@@ -55,6 +55,12 @@ PROGRAM: list[tuple[tuple[Any, ...], float]] = [
     (("XADD", "t", "IDMP", "p", "a", "*", "f", "16"), 0),  # the stream's ids went with it: new
     (("XLEN", "t"), 0),
     (("XADD", "t", "MAXLEN", "~", 5, "NOMKSTREAM", "IDMP", "p", "a", "*", "f", "17"), 0),  # options in any order
+    # Settings read one at a time, each checked as it comes, none applied when one is wrong.
+    (("XCFGSET", "s", "FOO", 1), 0),
+    (("XCFGSET", "s", "IDMP-DURATION"), 0),
+    (("XCFGSET", "s", "IDMP-DURATION", 5, "FOO"), 0),
+    (("XCFGSET", "s", "IDMP-MAXSIZE", 5, "IDMP-MAXSIZE", "x"), 0),
+    (("XCFGSET", "s", "IDMP-DURATION", 0, "IDMP-DURATION", 5), 0),
 ]
 
 
@@ -94,6 +100,42 @@ async def test_emulated_idmp_answers_like_redis_8_6(real_server: ServerUnderTest
     assert expected[22:28] == ["None", "0", "entry of step 24", "1", "entry of step 26", "1"]
     assert expected[28] == "entry of step 26"
     await emulated.close()
+
+
+async def cached_scripts(connection: Connection) -> list[str]:
+    """The scripts the emulation answers itself, after the store lost its script cache (a restart, a failover):
+    EVALSHA refused, EVAL run and cached."""
+    answers = []
+    for command in [
+        ("SCRIPT", "FLUSH"),
+        ("EVALSHA", CONFIGURE.sha, 1, "s", 300, 50, "job"),
+        ("EVALSHA", TRIM_RUNS.sha, 1, "s", 10, 0),
+        ("EVALSHA", SKIP_CLAIM.sha, 1, "s", "job", 1000, 0, "slot", 1000, "token", "a", "runner", "x"),
+        ("EVAL", CONFIGURE.source, 1, "s", 300, 50, "job"),
+        ("EVALSHA", CONFIGURE.sha, 1, "s", 300, 50, "job"),
+        ("EVAL", TRIM_RUNS.source, 1, "s", 10, 0),
+        ("EVALSHA", TRIM_RUNS.sha, 1, "s", 10, 0),
+        ("SCRIPT", "EXISTS", CONFIGURE.sha, TRIM_RUNS.sha, SKIP_CLAIM.sha),
+    ]:
+        try:
+            answers.append(str(await connection.execute(command)))
+        except StoreReplyError as error:
+            answers.append(f"error {error.reply}")
+    return answers
+
+
+async def test_emulated_idmp_answers_its_scripts_by_sha_only_once_cached_like_redis_8_6(
+    real_server: ServerUnderTest,
+) -> None:
+    if real_server.target != "redis-8.6":
+        pytest.skip(f"IDMP exists on redis-8.6 only; {real_server.target} has none to compare with")
+    expected, got = await asyncio.gather(
+        cached_scripts(RedisPyAsync(real_server.async_client())), cached_scripts(SimStore((8, 6)).connection())
+    )
+    assert got == expected
+    noscript = "error NOSCRIPT No matching script. Please use EVAL."
+    assert expected[1:4] == [noscript] * 3  # the program does test what it says
+    assert expected[-1] == "[1, 1, 0]"
 
 
 async def reconfigure(connection: Connection) -> list[str]:
