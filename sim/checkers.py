@@ -486,18 +486,29 @@ def _no_lost_ack(strategy: str, history: History, fault_windows: list[FaultWindo
     losses = [_Loss.of(w, history) for w in store_faults if w.lost_writes]
     if not losses:
         return Verdict("P5", "valid", "no failover or store restart lost a write")
-    # Each won claim with its place in the history, which orders what happened at one true time.
-    wins: dict[tuple[str, str], list[tuple[float, int, str, int, str]]] = defaultdict(list)
+    # Each won claim with the places in the history (true time, index: what happened at one true time in order)
+    # of its answer and of the try it answered: a process paused as the answer came reads it late, but the store
+    # the try was sent to accepted the claim.
+    sending: dict[str, tuple[float, int]] = {}  # token -> the place of its try in flight
+    wins: dict[tuple[str, str], list[tuple[float, int, tuple[float, int], str, int, str]]] = defaultdict(list)
     for position, event in enumerate(history.events):
-        if event.kind == "ok" and event.op == "claim" and event.value.startswith("won"):
+        if event.op != "claim":
+            continue
+        if event.kind == "invoke":
+            sending[event.token] = (event.t, position)
+            continue
+        sent = sending.pop(event.token, (event.t, position))
+        if event.kind == "ok" and event.value.startswith("won"):
             attempt = int(event.value.split("attempt=")[1].split()[0])
-            wins[(event.job, event.run)].append((event.t, position, event.token, attempt, event.process))
+            wins[(event.job, event.run)].append((event.t, position, sent, event.token, attempt, event.process))
     bad = []
     for (job, run), acks in sorted(wins.items()):
         acks.sort()
-        for (t1, at1, token1, attempt1, first), (t2, at2, token2, attempt2, again) in itertools.combinations(acks, 2):
+        for earlier, later in itertools.permutations(acks, 2):  # either answer may have been read first
+            t1, _, sent, token1, attempt1, first = earlier
+            t2, at2, _, token2, attempt2, again = later
             lost = token1 != token2 and any(
-                loss.lost(t1, at1, token1) and loss.struck_before(t2, at2) for loss in losses
+                loss.lost(sent, t1, token1) and loss.struck_before(t2, at2) for loss in losses
             )
             # Under lease a higher attempt is a takeover of a lease the store still knew; the same attempt (or an
             # earlier one) granted again means it had forgotten the claim.
@@ -531,12 +542,13 @@ class _Loss:
                       and e.t == at), -1)  # fmt: skip
         return cls(since, at, place, window.lost_words)
 
-    def lost(self, t: float, place: int, token: str) -> bool:
-        """Whether the claim of ``token`` acknowledged at ``t`` (the history's entry ``place``) was lost."""
-        before = (t, place) < (self.at, self.place)
+    def lost(self, sent: tuple[float, int], answered_t: float, token: str) -> bool:
+        """Whether the claim of ``token`` was lost, acknowledged at ``answered_t`` to the try sent at the place
+        ``sent``: one sent after the fault struck was answered by the store that followed it."""
+        before = sent < (self.at, self.place)
         if self.words is not None:
             return token in self.words and before
-        return self.since <= t and before
+        return self.since <= answered_t and before
 
     def struck_before(self, t: float, place: int) -> bool:
         """Whether the fault had struck before the history's entry ``place``, at ``t``."""

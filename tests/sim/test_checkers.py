@@ -474,6 +474,26 @@ def test_a_lost_token_won_again_after_the_failover_is_not_a_lost_claim() -> None
     assert verdict.status == "valid"
 
 
+def test_a_claim_answered_before_a_store_fault_but_read_after_it_was_lost() -> None:
+    # a's claim went to the store at 40 s, which answered it; a, paused as the answer came, read it at 50 s. The
+    # store lost it at 45 s, and b won the run again.
+    won_late = _won("a", 50.0)
+    sent = Event(40.0, "invoke", "a", "claim", "tick", won_late.run, won_late.token)
+    for kind, window in [
+        ("store-restart", FaultWindow(45.0, 45.0, "store-restart")),
+        ("failover", FaultWindow(40.0, 45.0, "failover", lost_words=frozenset({won_late.token}))),
+    ]:
+        fault = Event(45.0, "fault", "nemesis", kind, value="")
+        verdict = _p5([sent, fault, won_late, _won("b", 51.0)], [window])
+        assert (verdict.status, verdict.witness) == (
+            "invalid",
+            "tick run 1800000040000: won by a at 50.000 s, won again by b at 51.000 s after the store lost it",
+        ), kind
+        # Sent after the fault, its claim went to the store that followed it: nothing acknowledged was lost.
+        resent = replace(sent, t=46.0)
+        assert _p5([fault, resent, won_late, _won("b", 51.0)], [window]).status == "valid", kind
+
+
 # --- P6 fencing ------------------------------------------------------------------------------------------------
 
 
