@@ -2114,6 +2114,8 @@ def _on_its_thread(function: Callable[[RunContext], object], context: RunContext
     _on_job_thread.active = True
     try:
         return function(context)
+    except StopIteration as error:  # (a next() past the end) no asyncio future takes it: the run would never end
+        raise _JobExit(_failure(error)) from error
     except (Exception, asyncio.CancelledError):
         raise  # recorded as they are (a CancelledError it raised itself, as an error)
     except BaseException as error:

@@ -4737,19 +4737,28 @@ async def _abort_async(run: RunContext) -> None:
     raise _Abort("given up")
 
 
-@pytest.mark.parametrize("job", [_abort, _abort_async], ids=["sync", "async"])
-async def test_a_job_that_raises_another_base_exception_fails_once(job: Callable[..., object]) -> None:
+def _next_past_the_end() -> None:
+    next(iter([]))
+
+
+@pytest.mark.parametrize(
+    ("job", "message"),
+    [(_abort, "_Abort: given up"), (_abort_async, "_Abort: given up"), (_next_past_the_end, "StopIteration: ")],
+    ids=["sync", "async", "sync-stop-iteration"],
+)
+async def test_a_job_that_raises_another_base_exception_fails_once(job: Callable[..., object], message: str) -> None:
     """A BaseException that is no Exception, SystemExit or KeyboardInterrupt fails the run, recorded as an error:
-    left unrecorded, its lease would run out and each backup in turn would run the run again."""
+    left unrecorded, its lease would run out and each backup in turn would run the run again. So does a sync job's
+    StopIteration, which no asyncio future takes: its run never ended, its lease held by heartbeats."""
     scheduler = Scheduler(RedisBackend(redis=fakeredis.FakeAsyncRedis()))
     scheduler.add_job("aborts", "0 0 1 1 *", job)
     scheduler.add_job("next", "0 0 1 1 *", lambda: None)
     async with scheduler:
-        record = await scheduler.run_now("aborts")
-        assert (record.status, record.message) == ("error", "_Abort: given up")
+        record = await asyncio.wait_for(scheduler.run_now("aborts"), 10)
+        assert (record.status, record.message) == ("error", message)
         assert (await scheduler.run_now("next")).status == "ok"
         [stored] = await scheduler.history("aborts")
-        assert (stored.status, stored.attempt, stored.message) == ("error", 1, "_Abort: given up")
+        assert (stored.status, stored.attempt, stored.message) == ("error", 1, message)
 
 
 async def test_a_hook_that_raises_another_base_exception_is_logged(caplog: pytest.LogCaptureFixture) -> None:
