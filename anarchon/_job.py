@@ -6,6 +6,7 @@ import functools
 import hashlib
 import inspect
 import itertools
+import typing
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -112,9 +113,16 @@ def _takes_context(function: Callable[..., object]) -> bool:
         first.kind is inspect.Parameter.VAR_POSITIONAL
         or first.default is inspect.Parameter.empty
         or first.name == "run"
-        or first.annotation is RunContext
-        or (isinstance(first.annotation, str) and "RunContext" in first.annotation)  # postponed annotations
+        or _names_run_context(first.annotation)
     )
+
+
+def _names_run_context(annotation: object) -> bool:
+    """Whether a parameter's annotation is RunContext, alone or in a union (``RunContext | None``), as an object
+    or as the text of a postponed annotation."""
+    if isinstance(annotation, str):
+        return "RunContext" in annotation
+    return annotation is RunContext or any(_names_run_context(part) for part in typing.get_args(annotation))
 
 
 def _check_callable_as_a_job(name: str, function: Callable[..., object], takes_context: bool) -> None:
@@ -135,6 +143,9 @@ def check_callable(
         raise ConfigTypeError(option, f"{context}got {type(function).__name__}", allowed)
     shown = getattr(function, "__qualname__", type(function).__name__)
     call = getattr(function, "__call__", None)  # noqa: B004 - callable objects
+    if inspect.isclass(function) and any("__call__" in vars(klass) for klass in function.__mro__[:-1]):
+        # Calling the class makes an instance and runs nothing (or, with an async __call__, fails every run).
+        raise ConfigTypeError(option, f"{context}{shown} is a class whose instances are callable: pass one", allowed)
     if any(inspect.isgeneratorfunction(f) or inspect.isasyncgenfunction(f) for f in (function, call)):
         # Calling it only creates a generator: the body would never run, and every run would be recorded ok.
         raise ConfigTypeError(option, f"{context}{shown} is a generator function", allowed)

@@ -196,6 +196,25 @@ def test_functions_with_optional_parameters_and_callable_objects_are_jobs() -> N
     assert scheduler.jobs == ("object", "defaults", "builtin")
 
 
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_a_class_whose_instances_are_callable_is_refused_as_a_job(asynchronous: bool) -> None:
+    """Called, the class makes an instance and runs nothing (with an async __call__, every run failed)."""
+
+    class Cleanup:
+        def __call__(self) -> None:
+            pass
+
+    class AsyncCleanup:
+        async def __call__(self) -> None:
+            pass
+
+    job = AsyncCleanup if asynchronous else Cleanup
+    with pytest.raises(ConfigTypeError, match="is a class whose instances are callable: pass one") as caught:
+        Scheduler().add_job("cleanup", "* * * * *", job)
+    assert caught.value.option == "func"
+    Scheduler().add_job("cleanup", "* * * * *", job())
+
+
 def test_duplicate_job_names_are_refused() -> None:
     scheduler = Scheduler()
     scheduler.add_job("sync", "* * * * *", noop)
