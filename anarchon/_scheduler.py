@@ -65,8 +65,6 @@ from ._strategies import Claim, JobPolicy, Outcome, RunRequest, run_id
 from ._strategies._base import CLAIM_MARGIN_MS
 
 log = logging.getLogger("anarchon")
-# Whether this thread runs a sync job's function now (its run is the one _RUN_OF names on that thread).
-_on_job_thread = threading.local()
 # In a run's task: its scheduler, the run, and that task. Tasks its job or hooks start copy the context, and see
 # it too (see stop()).
 _RUN_OF: contextvars.ContextVar[tuple[object, _Running, asyncio.Task[Any]] | None] = contextvars.ContextVar(
@@ -829,6 +827,8 @@ class Scheduler(Generic[M]):
             with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
                 loop.add_signal_handler(sig, on_signal)
                 installed.append(sig)
+        # Stopped another way (by one of its jobs), it leaves nothing to serve: run() returns then, as on a signal.
+        self._on_stopped.append(signalled.set)
         try:
             await self.start()
             try:
@@ -837,6 +837,7 @@ class Scheduler(Generic[M]):
                 await self.stop(stop_timeout)
                 await asyncio.gather(*hurrying)
         finally:
+            self._on_stopped.remove(signalled.set)
             for sig in installed:
                 loop.remove_signal_handler(sig)
 
@@ -1824,7 +1825,9 @@ class SchedulerThread:
         self.scheduler = scheduler
         self._process = os.getpid()
         self._loop = asyncio.new_event_loop()
-        self._lock = threading.Lock()  # orders calls and stop(): none reaches a loop that is ending
+        # Orders calls and stop(): none reaches a loop that is ending. Re-entrant: a signal handler's stop() may run
+        # on a thread that holds it in a call (thread.history() in the main thread, say), and would wait for ever.
+        self._lock = threading.RLock()
         self._stopping = False
         self._stopped_by: int | None = None  # the thread whose stop() came first
         self._stopped = threading.Event()
@@ -1869,7 +1872,11 @@ class SchedulerThread:
             if self._stopping:
                 coroutine.close()
                 raise SchedulerStateError("the scheduler's thread is stopped: start a new one with run_in_thread()")
-            future = asyncio.run_coroutine_threadsafe(coroutine, self._loop)
+            try:
+                future = asyncio.run_coroutine_threadsafe(coroutine, self._loop)
+            except RuntimeError:  # the loop closed meanwhile: a signal handler's stop() ran on this very thread
+                coroutine.close()
+                raise SchedulerStateError("the scheduler's thread stopped before the call began") from None
         try:
             return future.result()
         except concurrent.futures.CancelledError:  # the thread stopped while the call waited
@@ -1902,9 +1909,12 @@ class SchedulerThread:
         KeyboardInterrupt that cuts the wait short cuts the jobs short too, and comes out once the stop has ended."""
         self._check_caller()
         caller = _RUN_OF.get()
-        if getattr(_on_job_thread, "active", False) and caller is not None and caller[0] is self.scheduler:
+        if caller is not None and caller[0] is self.scheduler:
+            # A sync job (on its thread), or an async one through a thread that carries its context
+            # (asyncio.to_thread): the scheduler's stop would take it for the job's own and not wait for it, and
+            # the thread's end then cut the job off unrecorded, its run neither handed back nor finished.
             raise SchedulerStateError(
-                "called by one of the scheduler's sync jobs, it would end the thread that job's run needs: stop "
+                "called by one of the scheduler's jobs, it would end the thread that job's run needs: stop "
                 "from a thread of its own (threading.Thread(target=scheduler_thread.stop).start()), or await "
                 "scheduler.stop() in an async job"
             )
@@ -1952,14 +1962,18 @@ class SchedulerThread:
             hurry.add_done_callback(lambda task: task.cancelled() or task.exception())  # the first stop's caller hears
 
     def _scheduler_stopped(self) -> None:
-        """On the loop, as a stop of the scheduler ends: unless this thread's stop() made it, end the thread from
-        one of its own (the loop cannot wait for its own thread)."""
+        """On the loop, as a stop of the scheduler ends: unless this thread's stop() made it, end the thread, from
+        one of its own (the loop cannot wait for its own thread, nor for the lock: a stop() from a signal handler
+        holds it while it waits for this very stop to end)."""
         self.scheduler._on_stopped.remove(self._scheduler_stopped)
+        threading.Thread(target=self._end_unless_stopping, name="anarchon-end", daemon=True).start()
+
+    def _end_unless_stopping(self) -> None:
         with self._lock:
             if self._stopping:
                 return
             self._stopping = True
-        threading.Thread(target=self._end_loop, name="anarchon-end", daemon=True).start()
+        self._end_loop()
 
     def _end_loop(self) -> None:
         """Cancel what still runs on the loop (calls that were waiting on it end with the scheduler's error), then
@@ -2111,7 +2125,6 @@ def _on_its_thread(function: Callable[[RunContext], object], context: RunContext
     thread: handed to the event loop as it is, asyncio would raise it out of the loop and end the application (and
     each instance that took the run over after it, in turn). The job failed: its run is recorded as an error. So
     is one that raised another BaseException (gevent's Timeout, a test framework's outcome)."""
-    _on_job_thread.active = True
     try:
         return function(context)
     except StopIteration as error:  # (a next() past the end) no asyncio future takes it: the run would never end
@@ -2120,8 +2133,6 @@ def _on_its_thread(function: Callable[[RunContext], object], context: RunContext
         raise  # recorded as they are (a CancelledError it raised itself, as an error)
     except BaseException as error:
         raise _JobExit(_failure(error)) from error
-    finally:
-        _on_job_thread.active = False
 
 
 async def _exits_as_errors(job: Awaitable[object]) -> object:

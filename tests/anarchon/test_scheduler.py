@@ -4474,6 +4474,55 @@ def test_run_blocks_until_sigterm_then_stops_cleanly() -> None:
     assert "stopped cleanly" in out
 
 
+RUN_STOPPED_BY_ITS_JOB = """
+import fakeredis
+from anarchon import RedisBackend, Scheduler
+
+scheduler = Scheduler(RedisBackend(redis=fakeredis.FakeAsyncRedis()))
+
+@scheduler.job("last", "* * * * * *")
+async def last(run):
+    await scheduler.stop()
+
+scheduler.run()
+print("run() returned", flush=True)
+"""
+
+
+def test_run_returns_once_a_job_stopped_the_scheduler() -> None:
+    """run() served until a signal came, even once one of its jobs had stopped the scheduler: an idle process
+    that scheduled nothing. It returns as after a signal."""
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-c", RUN_STOPPED_BY_ITS_JOB], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["run() returned"]
+
+
+def test_a_signal_handlers_stop_on_a_thread_inside_a_call_stops_the_scheduler(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A SIGTERM handler calls thread.stop(0) while its thread is inside thread.history() (holding the lock that
+    orders calls and stop()): the stop goes through and the interrupted call is refused. Before, the handler
+    waited for that lock, held beneath it, for ever."""
+    scheduler = Scheduler(RedisBackend(redis=fakeredis.FakeAsyncRedis()))
+    scheduler.add_job("tick", "0 0 1 1 *", lambda: None)
+    thread = scheduler.run_in_thread()
+    send = asyncio.run_coroutine_threadsafe
+    signalled: list[bool] = []
+
+    def the_signal_arrives(coroutine: Any, loop: asyncio.AbstractEventLoop) -> Any:
+        if not signalled:  # history()'s call, its lock held: the handler runs here, on this thread
+            signalled.append(True)
+            thread.stop(0)
+        return send(coroutine, loop)
+
+    monkeypatch.setattr(asyncio, "run_coroutine_threadsafe", the_signal_arrives)
+    with pytest.raises(SchedulerStateError, match="stopped before the call began"):
+        thread.history("tick")
+    assert not scheduler.backend.started
+
+
 RUN_A_LONG_JOB = """
 import asyncio, sys
 import fakeredis
@@ -4578,11 +4627,20 @@ def test_a_sync_job_that_stops_its_scheduler_thread_is_told_to_do_it_from_a_thre
         stopper.append(threading.Thread(target=holder[0].stop))
         stopper[0].start()
 
+    async def stop_through_to_thread(run: RunContext) -> None:
+        await asyncio.to_thread(holder[0].stop)  # a thread that carries the job's context: the job's own call
+
     scheduler = Scheduler(fake_target.backend("lease"))
     scheduler.add_job("here", "0 0 1 1 *", stop_here)
+    scheduler.add_job("to_thread", "0 0 1 1 *", stop_through_to_thread)
     scheduler.add_job("thread", "0 0 1 1 *", stop_from_a_thread)
     holder.append(scheduler.run_in_thread())
     refused = holder[0].run_now("here")
+    # Taken for the job's own by the stop it asked for, the job was cut off when the thread ended: its run neither
+    # recorded nor handed back, the heartbeat thread left running, the backend never freed.
+    refused_async = holder[0].run_now("to_thread")
+    assert refused_async.status == "error"
+    assert "threading.Thread(target=scheduler_thread.stop)" in (refused_async.message or "")
     began = time.monotonic()
     assert holder[0].run_now("thread").status == "ok"
     stopper[0].join(5)
@@ -4722,6 +4780,33 @@ async def test_a_job_whose_parameters_all_have_defaults_is_called_without_the_co
     assert seen["cleanup"] is False
     assert isinstance(seen["named"], RunContext)
     assert isinstance(seen["annotated"], RunContext)
+
+
+def test_a_parameter_annotated_run_context_in_a_union_gets_the_context() -> None:
+    """As objects, not only as the text of postponed annotations: ``RunContext | None``, ``Optional[RunContext]``."""
+    from typing import Optional
+
+    seen: list[object] = []
+
+    def union(context: Any = None) -> None:
+        seen.append(context)
+
+    def optional(context: Any = None) -> None:
+        seen.append(context)
+
+    union.__annotations__ = {"context": RunContext | None, "return": None}
+    optional.__annotations__ = {"context": Optional[RunContext], "return": None}  # noqa: UP045 - the old spelling
+    scheduler = Scheduler(RedisBackend(redis=fakeredis.FakeAsyncRedis()))
+    scheduler.add_job("union", "0 0 1 1 *", union)
+    scheduler.add_job("optional", "0 0 1 1 *", optional)
+
+    async def main() -> None:
+        async with scheduler:
+            for job in scheduler.jobs:
+                assert (await scheduler.run_now(job)).status == "ok"
+
+    asyncio.run(main())
+    assert [type(context) for context in seen] == [RunContext, RunContext]
 
 
 class _Abort(BaseException):
