@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import re
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -38,6 +39,17 @@ ANSWERED_SCRIPTS = {key: script for script in (CONFIGURE, SKIP_CLAIM, TRIM_RUNS)
 
 
 _XCFGSET_RANGES = {"IDMP-DURATION": (1, 86_400, "seconds"), "IDMP-MAXSIZE": (1, 10_000, "entries")}
+
+
+_INTEGER = re.compile(r"-?(0|[1-9][0-9]*)")
+
+
+def _integer(value: str) -> int | None:
+    """A 64-bit integer as Redis reads one (no sign but "-", no spaces, no leading zeros), or None."""
+    if not _INTEGER.fullmatch(value):
+        return None
+    number = int(value)
+    return number if -(2**63) <= number < 2**63 else None
 
 
 @dataclass
@@ -166,9 +178,14 @@ class IdmpConnection:
         return entry_id
 
     async def _xcfgset(self, args: list[str]) -> Reply:
+        if len(args) < 2:
+            raise StoreReplyError("ERR wrong number of arguments for 'xcfgset' command")
         key = args[1]
-        if not await self.inner.execute(["EXISTS", key]):
+        kind = text(await self.inner.execute(["TYPE", key]))
+        if kind == "none":
             raise StoreReplyError("ERR no such key")
+        if kind != "stream":
+            raise StoreReplyError("WRONGTYPE Operation against a key holding the wrong kind of value")
         # Read as Redis reads them, one name and value at a time, each checked as it comes.
         settings: dict[str, int] = {}
         for at in range(2, len(args), 2):
@@ -177,10 +194,9 @@ class IdmpConnection:
                 raise StoreReplyError("ERR syntax error")
             if name in settings:
                 raise StoreReplyError(f"ERR {name} specified multiple times")
-            try:
-                value = int(args[at + 1])
-            except ValueError:
-                raise StoreReplyError("ERR value is not an integer or out of range") from None
+            value = _integer(args[at + 1])
+            if value is None:
+                raise StoreReplyError("ERR value is not an integer or out of range")
             low, high, unit = _XCFGSET_RANGES[name]
             if not low <= value <= high:
                 raise StoreReplyError(f"ERR {name} must be between {low} and {high} {unit}")

@@ -61,6 +61,10 @@ PROGRAM: list[tuple[tuple[Any, ...], float]] = [
     (("XCFGSET", "s", "IDMP-DURATION", 5, "FOO"), 0),
     (("XCFGSET", "s", "IDMP-MAXSIZE", 5, "IDMP-MAXSIZE", "x"), 0),
     (("XCFGSET", "s", "IDMP-DURATION", 0, "IDMP-DURATION", 5), 0),
+    *((("XCFGSET", "s", "IDMP-DURATION", value), 0) for value in ("+6", " 7", "1_0", "08", "99999999999999999999")),
+    (("SET", "str", "x"), 0),
+    (("XCFGSET", "str", "IDMP-DURATION", 5), 0),
+    (("XCFGSET",), 0),
 ]
 
 
