@@ -120,6 +120,8 @@ def _takes_context(function: Callable[..., object]) -> bool:
 def _names_run_context(annotation: object) -> bool:
     """Whether a parameter's annotation is RunContext, alone or in a union (``RunContext | None``), as an object
     or as the text of a postponed annotation."""
+    if isinstance(annotation, typing.ForwardRef):  # Optional["RunContext"]: imported only for type checkers
+        annotation = annotation.__forward_arg__
     if isinstance(annotation, str):
         return "RunContext" in annotation
     return annotation is RunContext or any(_names_run_context(part) for part in typing.get_args(annotation))

@@ -4783,7 +4783,8 @@ async def test_a_job_whose_parameters_all_have_defaults_is_called_without_the_co
 
 
 def test_a_parameter_annotated_run_context_in_a_union_gets_the_context() -> None:
-    """As objects, not only as the text of postponed annotations: ``RunContext | None``, ``Optional[RunContext]``."""
+    """As objects, not only as the text of postponed annotations: ``RunContext | None``, ``Optional[RunContext]``,
+    ``Optional["RunContext"]``."""
     from typing import Optional
 
     seen: list[object] = []
@@ -4794,11 +4795,16 @@ def test_a_parameter_annotated_run_context_in_a_union_gets_the_context() -> None
     def optional(context: Any = None) -> None:
         seen.append(context)
 
+    def forward(context: Any = None) -> None:
+        seen.append(context)
+
     union.__annotations__ = {"context": RunContext | None, "return": None}
     optional.__annotations__ = {"context": Optional[RunContext], "return": None}  # noqa: UP045 - the old spelling
+    forward.__annotations__ = {"context": Optional["RunContext"], "return": None}  # RunContext for type checkers only
     scheduler = Scheduler(RedisBackend(redis=fakeredis.FakeAsyncRedis()))
     scheduler.add_job("union", "0 0 1 1 *", union)
     scheduler.add_job("optional", "0 0 1 1 *", optional)
+    scheduler.add_job("forward", "0 0 1 1 *", forward)
 
     async def main() -> None:
         async with scheduler:
@@ -4806,7 +4812,7 @@ def test_a_parameter_annotated_run_context_in_a_union_gets_the_context() -> None
                 assert (await scheduler.run_now(job)).status == "ok"
 
     asyncio.run(main())
-    assert [type(context) for context in seen] == [RunContext, RunContext]
+    assert [type(context) for context in seen] == [RunContext, RunContext, RunContext]
 
 
 class _Abort(BaseException):
