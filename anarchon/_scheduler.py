@@ -1373,8 +1373,17 @@ class Scheduler(Generic[M]):
                     self.backend.store, request, self._policies[job.name], "skipped-late", message
                 )
             except StoreError as error:
-                log.warning("job %s slot %d skipped: %s; the skip was not recorded: %s", job.name, slot, message,
-                            error, extra=extra)  # fmt: skip
+                # Said once a job for an outage: every slot of a job every second would end so, a line each.
+                said = (failing := self._failing) is not None and job.name in failing.given_up
+                (log.debug if said else log.warning)(
+                    "job %s slot %d skipped: %s; the skip was not recorded: %s%s",
+                    job.name,
+                    slot,
+                    message,
+                    error,
+                    "" if said else " (its next slots' skips that fail too are not said until the store answers)",
+                    extra=extra,
+                )
                 self._late_retry_ended(job.name, reached_store=False)
                 continue
             self._late_retry_ended(job.name, reached_store=True)
@@ -1402,7 +1411,7 @@ class Scheduler(Generic[M]):
                 return
             raise_if_cancelled()
             request = RunRequest(job.name, run_id(slot), slot, self._token(), self.instance_id, catch_up=True)
-            unanswered = False
+            unanswered, failures = False, 0
             while self._started:  # claimed again while the store is out of reach or another run holds it
                 if self.clock.wall_ms() - slot > job.options.catch_up_ms:
                     log.info("job %s: slot %d is older than catch_up_ms now; not caught up", job.name, slot)
@@ -1410,9 +1419,13 @@ class Scheduler(Generic[M]):
                 sent = self.clock.monotonic()
                 [claim] = await self.backend.strategy.claim(self.backend.store, [(request, self._policies[job.name])])
                 unanswered = isinstance(claim, StoreUnavailableError)
-                if unanswered:
-                    await self._nap(RETRY_MIN_S)
+                if isinstance(claim, StoreUnavailableError):
+                    failures += 1
+                    await self._catch_up_retry(job, failures, claim)
                     continue
+                if failures:
+                    log.info("job %s: catch-up reaches the store again", job.name)
+                    failures = 0
                 if isinstance(claim, StoreError):
                     log.warning("job %s: catch-up claim of slot %d failed: %s", job.name, slot, claim)
                     break
@@ -1438,16 +1451,29 @@ class Scheduler(Generic[M]):
     async def _catch_up_since(self, job: Job, now: int) -> int:
         """The moment the job's catch-up period may reach back to: a new job (first deployed, or on a store that
         lost its data) has no slot to catch up from before it was first started."""
+        failures = 0
         while self._started:
             try:
                 since = await self.backend.strategy.catch_up_since(self.backend.store, job.name, now)
-            except StoreUnavailableError:
-                await self._nap(RETRY_MIN_S)
+            except StoreUnavailableError as error:
+                failures += 1
+                await self._catch_up_retry(job, failures, error)
                 continue
+            if failures:
+                log.info("job %s: catch-up reaches the store again", job.name)
             if since > now - job.options.catch_up_ms:
                 log.info("job %s: no catch-up before %d, when it was first started", job.name, since)
             return since
         return now
+
+    async def _catch_up_retry(self, job: Job, failures: int, error: StoreError) -> None:
+        """Wait to send a catch-up's command again after ``failures`` in a row could not reach the store, backing
+        off as claims do; said once (the claims' own lines say the outage goes on)."""
+        delay_s = _doubling(RETRY_MIN_S, RETRY_MAX_S, failures - 1)
+        if failures == 1:
+            log.warning("job %s: catch-up cannot reach the store (%s); trying again, up to every %.0f s", job.name,
+                        error, RETRY_MAX_S)  # fmt: skip
+        await self._nap(delay_s)
 
     async def _nap(self, seconds: float) -> None:
         """Sleep on the scheduler's clock until ``seconds`` have passed or stop() begins."""

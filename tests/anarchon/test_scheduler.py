@@ -578,6 +578,58 @@ def test_the_line_saying_claims_reach_the_store_again_comes_when_a_late_retry_is
     assert failing_s <= after_s <= failing_s + RETRY_MAX_S
 
 
+def test_skips_that_fail_through_a_long_outage_take_one_line_a_job(caplog: pytest.LogCaptureFixture) -> None:
+    """A job every second, the store out of reach for 300 s: past max_late_ms each slot's claim ends as a skip that
+    cannot be recorded either. That was a warning a slot (238 of them); it is one for the job, the rest at DEBUG."""
+    caplog.set_level(logging.DEBUG, logger="anarchon")
+
+    async def main() -> None:
+        link = Link(adapt(fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer())))
+        scheduler = Scheduler(RedisBackend(redis=link), instance_id="a", clock=SimClock())
+        scheduler.add_job("tick", "* * * * * *", lambda: None)
+        async with scheduler:
+            await asyncio.sleep(10)
+            link.cut()
+            await asyncio.sleep(300)
+            link.heal()
+            await asyncio.sleep(10)
+
+    run_virtual(main(), epoch_s=VIRTUAL_EPOCH_S, seed=1)
+    unrecorded = [r for r in caplog.records if "the skip was not recorded" in r.getMessage()]
+    warned = [r for r in unrecorded if r.levelno == logging.WARNING]
+    assert len(warned) == 1, [r.getMessage() for r in warned[:3]]
+    assert "not said until the store answers" in warned[0].getMessage()
+    assert len(unrecorded) > 200  # the rest, at DEBUG: the skips did fail, slot after slot
+
+
+def test_a_catch_up_that_cannot_reach_the_store_backs_off_and_says_so(caplog: pytest.LogCaptureFixture) -> None:
+    """A job with catch_up_ms added while the store is out of reach for 300 s: its catch-up asked every 0.5 s (601
+    tries) and said nothing. It backs off as claims do (0.5 s doubling up to 30 s) and says so once, then once more
+    when the store answers."""
+    caplog.set_level(logging.INFO, logger="anarchon")
+    tries: list[int] = []
+
+    async def main() -> None:
+        link = Link(adapt(fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer())))
+        recording = Recording(link)
+        scheduler = Scheduler(RedisBackend(redis=recording), instance_id="a", clock=SimClock())
+        async with scheduler:
+            await asyncio.sleep(1)
+            link.cut()
+            sent = len(recording.sent)
+            scheduler.add_job("hourly", "0 * * * *", lambda: None, catch_up_ms=3_600_000)
+            await asyncio.sleep(300)
+            tries.append(len(recording.sent) - sent)
+            link.heal()
+            await asyncio.sleep(40)
+
+    run_virtual(main(), epoch_s=VIRTUAL_EPOCH_S, seed=1)
+    assert tries[0] <= 20, tries  # 0.5, 1, 2, 4, 8, 16, then every 30 s
+    said = [r.getMessage() for r in caplog.records if "catch-up" in r.getMessage()]
+    assert said[0].startswith("job hourly: catch-up cannot reach the store (link: the link to the store is cut)")
+    assert "job hourly: catch-up reaches the store again" in said
+
+
 class TwoNodes:
     """A store of two nodes, as a cluster's connection says (``lane``): the keys of jobs named "daily…" on node "b",
     the others on "a". A node in ``down`` does not answer."""
