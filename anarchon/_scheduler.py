@@ -1419,7 +1419,7 @@ class Scheduler(Generic[M]):
                 sent = self.clock.monotonic()
                 [claim] = await self.backend.strategy.claim(self.backend.store, [(request, self._policies[job.name])])
                 unanswered = isinstance(claim, StoreUnavailableError)
-                if isinstance(claim, StoreUnavailableError):
+                if unanswered:
                     failures += 1
                     await self._catch_up_retry(job, failures, claim)
                     continue
@@ -1466,7 +1466,7 @@ class Scheduler(Generic[M]):
             return since
         return now
 
-    async def _catch_up_retry(self, job: Job, failures: int, error: StoreError) -> None:
+    async def _catch_up_retry(self, job: Job, failures: int, error: object) -> None:
         """Wait to send a catch-up's command again after ``failures`` in a row could not reach the store, backing
         off as claims do; said once (the claims' own lines say the outage goes on)."""
         delay_s = _doubling(RETRY_MIN_S, RETRY_MAX_S, failures - 1)

@@ -35,7 +35,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -44,7 +44,7 @@ from anarchon._cron import CronSchedule
 from anarchon._job import JobOptions
 from anarchon._scheduler import DEFAULT_LEASE_MS
 from anarchon._strategies import run_id
-from sim.history import Execution, History
+from sim.history import Event, Execution, History
 from sim.scenario import InstanceSpec, JobSpec, Scenario
 from sim.world import FaultWindow
 
@@ -486,32 +486,25 @@ def _no_lost_ack(strategy: str, history: History, fault_windows: list[FaultWindo
     losses = [_Loss.of(w, history) for w in store_faults if w.lost_writes]
     if not losses:
         return Verdict("P5", "valid", "no failover or store restart lost a write")
-    # Each won claim with the places in the history (true time, index: what happened at one true time in order)
-    # of its answer and of the try it answered: a process paused as the answer came reads it late, but the store
-    # the try was sent to accepted the claim.
-    sending: dict[str, tuple[float, int]] = {}  # token -> the place of its try in flight
-    wins: dict[tuple[str, str], list[tuple[float, int, tuple[float, int], str, int, str]]] = defaultdict(list)
-    for position, event in enumerate(history.events):
-        if event.op != "claim":
-            continue
-        if event.kind == "invoke":
-            sending[event.token] = (event.t, position)
-            continue
-        sent = sending.pop(event.token, (event.t, position))
+    # Each won claim with the places of its answer and of the try it answered: a process paused as the answer
+    # came reads it late, but the store the try was sent to accepted the claim.
+    wins: dict[tuple[str, str], list[tuple[_Place, _Place, str, int, str]]] = defaultdict(list)
+    for event, place, sent in _claim_answers(history):
         if event.kind == "ok" and event.value.startswith("won"):
             attempt = int(event.value.split("attempt=")[1].split()[0])
-            wins[(event.job, event.run)].append((event.t, position, sent, event.token, attempt, event.process))
+            wins[(event.job, event.run)].append((place, sent, event.token, attempt, event.process))
     bad, doubtful = [], []
     for (job, run), acks in sorted(wins.items()):
         acks.sort()
         for earlier, later in itertools.permutations(acks, 2):  # either answer may have been read first
-            t1, at1, sent, token1, attempt1, first = earlier
-            t2, at2, _, token2, attempt2, again = later
+            answered, sent, token1, attempt1, first = earlier
+            (t2, at2), _, token2, attempt2, again = later
+            t1 = answered[0]
             # Under lease a higher attempt is a takeover of a lease the store still knew; the same attempt (or an
             # earlier one) granted again means it had forgotten the claim.
             if token1 == token2 or (strategy == "lease" and attempt2 > attempt1):
                 continue
-            lost = [loss.lost(sent, (t1, at1), token1) for loss in losses if loss.struck_before(t2, at2)]
+            lost = [loss.lost(sent, answered, token1) for loss in losses if loss.struck_before(t2, at2)]
             by = f"by {again}" if again != first else f"by {again} (a new claim)"
             if True in lost:
                 bad.append(f"{job} run {run}: won by {first} at {t1:.3f} s, won again {by} at {t2:.3f} s after "
@@ -549,7 +542,7 @@ class _Loss:
                       and e.t == at), -1)  # fmt: skip
         return cls(since, at, place, window.lost_words)
 
-    def lost(self, sent: tuple[float, int], answered: tuple[float, int], token: str) -> bool | None:
+    def lost(self, sent: _Place, answered: _Place, token: str) -> bool | None:
         """Whether the claim of ``token``, whose try sent at the place ``sent`` was answered at ``answered``, was
         lost: where the fault knows the writes it lost, whether the try (sent before it) wrote one of them;
         otherwise, whether the answer came before the fault. None for a try sent before the fault and answered
@@ -567,9 +560,24 @@ class _Loss:
         return (t, place) > (self.at, self.place)
 
 
-# A claim's acceptance: (its first send that may have been applied, the answer that it won, its fence), each place
-# in the history as (true time, index).
-_Acceptance = tuple[tuple[float, int], tuple[float, int], int]
+# A place in the history: (true time, index), which orders what happened at one true time (one event loop records
+# events as they happen).
+_Place = tuple[float, int]
+# A claim's acceptance: (its first send that may have been applied, the answer that it won, its fence).
+_Acceptance = tuple[_Place, _Place, int]
+
+
+def _claim_answers(history: History) -> Iterator[tuple[Event, _Place, _Place]]:
+    """Each claim's answer (ok, fail or info) with its place and the place of the try it answers."""
+    sending: dict[str, _Place] = {}  # token -> the place of its try in flight
+    for index, event in enumerate(history.events):
+        if event.op != "claim":
+            continue
+        place = (event.t, index)
+        if event.kind == "invoke":
+            sending[event.token] = place
+        else:
+            yield event, place, sending.pop(event.token, place)
 
 
 def _fencing(history: History, manual_ordered: bool) -> Verdict:
@@ -580,19 +588,11 @@ def _fencing(history: History, manual_ordered: bool) -> Verdict:
     such send. Two claims of a job accepted with the same fence are out of order whichever came first. Places in
     the history (true time, then the order events were recorded: one event loop records them as they happen) order
     them."""
-    sending: dict[str, tuple[float, int]] = {}  # token -> the place of its try in flight
-    first_send: dict[str, tuple[float, int]] = {}  # token -> the place of its first try that may have been applied
+    first_send: dict[str, _Place] = {}  # token -> the place of its first try that may have been applied
     acknowledged: dict[str, int] = {}  # token -> the fence its won claim was told (a retry recognising its own
     # token is the same acceptance)
     accepted: dict[str, list[_Acceptance]] = defaultdict(list)  # by job
-    for index, event in enumerate(history.events):
-        if event.op != "claim":
-            continue
-        place = (event.t, index)
-        if event.kind == "invoke":
-            sending[event.token] = place
-            continue
-        sent = sending.pop(event.token, place)
+    for event, place, sent in _claim_answers(history):
         if event.kind == "fail":
             continue
         first_send.setdefault(event.token, sent)

@@ -28,7 +28,9 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from anarchon._config import IDMP_MAX_DURATION_S
 from anarchon._errors import StoreError, StoreReplyError
+from anarchon._job import IDMP_MAX_SIZE
 from anarchon._store import Command, Connection, Reply, Script, ServerInfo, as_list
 from anarchon._strategies.idmp import CONFIGURE, SKIP_CLAIM, TRIM_RUNS
 
@@ -36,11 +38,8 @@ DEFAULT_DURATION_S = 100
 DEFAULT_MAXSIZE = 100
 # The scripts answered here, by what EVALSHA or EVAL names them with.
 ANSWERED_SCRIPTS = {key: script for script in (CONFIGURE, SKIP_CLAIM, TRIM_RUNS) for key in (script.sha, script.source)}
-
-
-_XCFGSET_RANGES = {"IDMP-DURATION": (1, 86_400, "seconds"), "IDMP-MAXSIZE": (1, 10_000, "entries")}
-
-
+# The server's ranges, which anarchon's settings check too.
+_XCFGSET_RANGES = {"IDMP-DURATION": (1, IDMP_MAX_DURATION_S, "seconds"), "IDMP-MAXSIZE": (1, IDMP_MAX_SIZE, "entries")}
 _INTEGER = re.compile(r"-?(0|[1-9][0-9]*)")
 
 

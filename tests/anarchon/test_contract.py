@@ -1308,6 +1308,11 @@ async def test_idmp_configures_the_stream_once(target: StoreTarget) -> None:
     assert await _xcfgset_calls(target) == configured  # another instance's start found the stream as wanted
 
 
+def _configures(commands: Sequence[Command]) -> bool:
+    """Whether the commands run the idmp configure script (by SHA or source)."""
+    return any(str(command[1]) in (CONFIGURE.sha, CONFIGURE.source) for command in commands)
+
+
 class ConfigureTrips(Recording):
     """A connection that counts the round trips that carry the idmp configure script."""
 
@@ -1316,7 +1321,7 @@ class ConfigureTrips(Recording):
         self.trips = 0
 
     def _count(self, commands: Sequence[Command]) -> None:
-        self.trips += any(str(command[1]) in (CONFIGURE.sha, CONFIGURE.source) for command in commands)
+        self.trips += _configures(commands)
 
     async def execute(self, command: Command) -> Reply:
         self._count([command])
@@ -1438,7 +1443,7 @@ class FailFirstConfiguration:
         self.armed = False
 
     def _check(self, commands: Sequence[Command]) -> None:
-        if self.armed and any(str(command[1]) in (CONFIGURE.sha, CONFIGURE.source) for command in commands):
+        if self.armed and _configures(commands):
             self.armed = False
             raise StoreUnavailableError("store unavailable: connection reset (injected)")
 
