@@ -1685,10 +1685,8 @@ class Scheduler(Generic[M]):
                 await self.clock.sleep(delay_s)
                 continue
             if not accepted:
-                why = "an earlier try recorded it, or the lease was lost" if tried else "lease lost"
-                log.warning(
-                    "job %s slot %d attempt %d: the store refused the result (%s)", job, slot, attempt, why, extra=extra
-                )
+                log.warning("job %s slot %d attempt %d: the store refused the result (lease lost)", job, slot, attempt,
+                            extra=extra)  # fmt: skip
             elif tried:
                 log.info("job %s slot %d: result recorded after %d failed tries", job, slot, tried, extra=extra)
             return

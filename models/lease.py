@@ -173,9 +173,13 @@ def heartbeat(store: LeaseStore, run: str, token: str, now: int, policy: JobPoli
 def finish(
     store: LeaseStore, run: str, token: str, status: str, now: int, policy: JobPolicy
 ) -> tuple[LeaseStore, bool]:
+    """Record how the current attempt ended; True also for a run that this call ended already (tried again after
+    its reply was lost): a run ended with the caller's token and this status."""
     r = store.run(run)
-    if r is None or not r.running or r.token != token:
+    if r is None or r.token != token:
         return store, False
+    if not r.running:
+        return store, r.status == status
     return trim(store.put(run, r.close(status, run_slot(run), now)), now, policy), True
 
 

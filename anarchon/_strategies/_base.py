@@ -110,7 +110,8 @@ class Strategy(Protocol):
     async def finish(
         self, store: Store, request: RunRequest, claim: Claim, policy: JobPolicy, record: RunRecord
     ) -> bool:
-        """Record how an attempt ended; False if the store refused (the attempt is no longer current)."""
+        """Record how an attempt ended; False if the store refused (the attempt is no longer current). A try made
+        again after the reply to an earlier one was lost is True if the earlier one recorded it."""
         ...
 
     async def release(self, store: Store, request: RunRequest) -> bool:

@@ -103,6 +103,23 @@ async def test_stale_tokens_cannot_heartbeat_or_finish(target: StoreTarget) -> N
     assert await backend.strategy.heartbeat(backend.store, mine, policy) == 0  # finished: nothing to extend
 
 
+async def test_a_finish_sent_again_is_told_the_result_is_recorded_once(target: StoreTarget) -> None:
+    """A finish whose reply was lost is sent again: the store has the result already. The same status from the
+    same attempt is told so; another status, or another token, is refused; one record is kept."""
+    backend = await target.started_backend("lease")
+    policy = JobPolicy(lease_ms=5_000)
+    mine = request(SLOT, "mine")
+    claim = await claim_one(backend, mine, policy)
+    finished = record(mine, claim, "error", "boom")
+    assert await backend.strategy.finish(backend.store, mine, claim, policy, finished)
+    assert await backend.strategy.finish(backend.store, mine, claim, policy, finished)
+    assert not await backend.strategy.finish(backend.store, mine, claim, policy, record(mine, claim))  # "ok"
+    other = request(SLOT, "other")
+    assert not await backend.strategy.finish(backend.store, other, claim, policy, record(other, claim, "error"))
+    history = await backend.strategy.history(backend.store, "sync", 10)
+    assert [(r.status, r.message, r.token) for r in history] == [("error", "boom", "mine")]
+
+
 async def test_a_heartbeat_that_comes_after_its_lease_ended_is_refused(target: StoreTarget) -> None:
     """Its holder has given the run up by then. Brought back, the lease would block the job's next slot as an
     overlap (nobody runs it) and hold the backups off for another lease; or run beside a run begun meanwhile."""
