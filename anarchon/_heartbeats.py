@@ -1,8 +1,16 @@
 """Heartbeats: one keeper per scheduler extends the lease of every run the instance holds.
 
 Runs are registered and removed in O(1) (no task, no cross-thread call per run); the keeper sleeps until the
-earliest heartbeat or deadline, sends every heartbeat due together (the store pipelines them), and reports a lost
-lease through the callback the run registered with.
+earliest heartbeat or deadline, sends every heartbeat due (those sent together, the store pipelines), and reports
+a lost lease through the callback the run registered with.
+
+Each run's heartbeat is answered on its own: a beat that hangs (a stale connection, a cluster node that stopped
+answering) holds up neither the beats of the other runs nor the next pass. Nor does it hold its own run until the
+client gives up on it: a beat unanswered halfway to the run's deadline is given up on, and sent again. It is
+cancelled, with the beats sent with it that are still unanswered: redis-py and valkey-py then drop the connection
+they wait on, and the retry goes on another. GLIDE keeps its connection (its request timeout bounds the wait), and
+a sync client's thread waits on until its socket timeout. Where the keeper shares the scheduler's connection (no
+thread of its own), a claim or a finish stuck on it holds the beats queued behind it until the client's timeout.
 
 The keeper runs on a thread of its own when it can (:class:`HeartbeatThread`): a job that hogs the event loop
 (CPU-bound code in an ``async def``, a blocking call) would otherwise stop the heartbeats of every run on that
@@ -31,7 +39,8 @@ log = logging.getLogger("anarchon")
 T = TypeVar("T")
 IDLE_S = 60.0
 # After a failed heartbeat the next try comes RETRY_S later, or halfway to the deadline if that is sooner (so a
-# short lease gets its retries too), and no sooner than RETRY_MIN_S.
+# short lease gets its retries too), and no sooner than RETRY_MIN_S. A heartbeat unanswered for half the time its
+# run had left when it was sent (at least RETRY_MIN_S) has failed.
 RETRY_S = 1.0
 RETRY_MIN_S = 0.01
 # Why a run's lease is lost.
@@ -49,6 +58,14 @@ class _Held:
     deadline: float  # keeper clock seconds: past it, the lease may be gone
     next_beat: float
     lose: Callable[[str], object]
+    beat: asyncio.Future[int] | None = None  # the heartbeat on its way
+    sent: float = 0.0  # when it was sent
+    give_up: float = 0.0  # when it has failed if still unanswered
+
+    def next_moment(self) -> float:
+        """When the keeper must next look at the run: its deadline, or before it its beat's give-up time or (with
+        no beat on its way) its next beat."""
+        return min(self.deadline, self.next_beat if self.beat is None else self.give_up)
 
 
 class LeaseKeeper:
@@ -68,13 +85,14 @@ class LeaseKeeper:
         self._held: dict[str, _Held] = {}
         # Runs whose last heartbeat failed, and how many failed since none did: in an outage every run held tries
         # again several times before its deadline, so only the outage's first failure is a warning. The keeper's
-        # own thread alone reads and writes them.
+        # own thread alone reads and writes them, and the beats on their way.
         self._failing: set[str] = set()
         self._failed_beats = 0
+        # The beats on their way (given up on or not, until they end), and when each was sent.
+        self._beats: dict[asyncio.Future[int], float] = {}
         self._lock = threading.Lock()  # hold/release come from the scheduler's loop, serve may run elsewhere
         self._wake: Callable[[], object] = lambda: None
         self._sleeping_until = -float("inf")  # while awake, runs held meanwhile are seen on the next pass
-        self._awaiting_beats = False  # the wait is for a round's answers: only a sooner deadline matters to it
 
     def hold(
         self, request: RunRequest, policy: JobPolicy, sent: float, lease_ms_left: int, lose: Callable[[str], object]
@@ -89,8 +107,7 @@ class LeaseKeeper:
         held = _Held(request, policy, deadline, first_beat, lose)
         with self._lock:
             self._held[request.token] = held
-            soonest = held.deadline if self._awaiting_beats else min(held.next_beat, held.deadline)
-            if soonest < self._sleeping_until:
+            if held.next_moment() < self._sleeping_until:
                 self._wake()
                 # Woken once is enough: its next pass sees every run held until then. Without this, a burst of
                 # runs held before the keeper's thread gets to run would each send it another wake-up.
@@ -105,54 +122,98 @@ class LeaseKeeper:
         refused meanwhile means nothing was lost)."""
         # No lock: a dict's pop is atomic, and serve() reads the runs only through atomic copies. A burst of
         # runs ending together must not queue behind the keeper's thread for the lock (and the GIL) each time.
+        # A beat on its way goes on: its answer is not read.
         return self._held.pop(token, None) is not None
 
     async def serve(self) -> None:
-        """Beat until cancelled."""
-        while True:
-            task = asyncio.current_task()
-            if task is not None and task.cancelling():  # a cancellation a client call swallowed (3.11)
-                raise asyncio.CancelledError
-            now = self.clock.monotonic()
-            with self._lock:
-                held = list(self._held.values())
-            for run in held:
-                if run.deadline <= now and self.release(run.request.token):
-                    run.lose(LEASE_RAN_OUT)
-            if self._failing:  # runs released, or lost, while failing: the next failure is an outage's first
-                self._failing = {token for token in self._failing if token in self._held}
-                if not self._failing:
-                    self._failed_beats = 0
-            due = [run for run in held if run.deadline > now and run.next_beat <= now]
-            if due:
-                await self._beat(due)
-                continue
-            await self._wait_until(partial(self._next_due, now + IDLE_S))
+        """Beat until cancelled. Beats on their way when it is end before it does."""
+        try:
+            while True:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():  # a cancellation a client call swallowed (3.11)
+                    raise asyncio.CancelledError
+                self._look(self.clock.monotonic())
+                await self._wait_until(partial(self._next_moment, self.clock.monotonic() + IDLE_S))
+        finally:
+            beats = list(self._beats)
+            for beat in beats:
+                beat.cancel()
+            await asyncio.gather(*beats, return_exceptions=True)
 
-    def _next_due(self, idle_until: float) -> float:
-        """The earliest beat or deadline of the runs held; ``idle_until`` when none is held."""
-        return min((min(run.next_beat, run.deadline) for run in list(self._held.values())), default=idle_until)
+    def _look(self, now: float) -> None:
+        """One pass over the runs held: read the answers in, tell the runs whose deadline passed, give up on the
+        beats unanswered for too long, and send the beats due."""
+        with self._lock:
+            held = list(self._held.values())
+        for run in held:  # first: an answer that came in time extends the deadline
+            if run.beat is not None and run.beat.done():
+                self._read(run, now)
+        for run in held:
+            if run.deadline <= now and self.release(run.request.token):
+                if run.beat is not None:
+                    run.beat.cancel()
+                run.lose(LEASE_RAN_OUT)
+        overdue = [run.sent for run in held if run.beat is not None and run.give_up <= now and self._holds(run)]
+        if overdue:
+            self._give_up(held, max(overdue), now)
+        if self._failing:  # runs released, or lost, while failing: the next failure is an outage's first
+            self._failing = {token for token in self._failing if token in self._held}
+            if not self._failing:
+                self._failed_beats = 0
+        for run in held:
+            if run.beat is None and run.next_beat <= now and self._holds(run):
+                self._send(run, now)
 
-    async def _wait_until(
-        self, moment: Callable[[], float], answering: asyncio.Future[list[int | BaseException]] | None = None
-    ) -> bool:
+    def _holds(self, run: _Held) -> bool:
+        """Whether ``run`` is still held: neither released nor lost, nor held again as another."""
+        return self._held.get(run.request.token) is run
+
+    def _give_up(self, held: list[_Held], sent: float, now: float) -> None:
+        """Give up on every beat on its way that was sent by ``sent``: it has failed, and is cancelled, which ends
+        its wait for its connection (redis-py then drops that connection; the retry opens another). Beats sent
+        with it, or before, that are still unanswered are cancelled too, those of runs released meanwhile as well:
+        sent in one pipeline with it, or queued on the same connection behind it, they would hold that pipeline,
+        and the retries queued behind it, until the client's own timeout."""
+        for beat, beat_sent in list(self._beats.items()):
+            if beat_sent <= sent:
+                beat.cancel()
+        for run in held:
+            if run.beat is not None and run.sent <= sent and self._holds(run):
+                run.beat = None
+                self._failed(run, TimeoutError(f"no answer in {now - run.sent:.3g} s"), now)
+
+    def _send(self, run: _Held, now: float) -> None:
+        beat = asyncio.ensure_future(self.strategy.heartbeat(self.store, run.request, run.policy))
+        self._beats[beat] = now
+        beat.add_done_callback(self._beat_ended)
+        run.beat, run.sent = beat, now
+        run.give_up = now + max(RETRY_MIN_S, (run.deadline - now) / 2)
+
+    def _beat_ended(self, beat: asyncio.Future[int]) -> None:
+        self._beats.pop(beat, None)
+        if not beat.cancelled():
+            beat.exception()  # read here too: the beat of a run released meanwhile is not read otherwise
+        self._wake()
+
+    def _next_moment(self, idle_until: float) -> float:
+        """The earliest moment a run held needs the keeper; ``idle_until`` when none is held."""
+        return min((run.next_moment() for run in list(self._held.values())), default=idle_until)
+
+    async def _wait_until(self, moment: Callable[[], float]) -> None:
         """Wait until the keeper-clock ``moment()`` (worked out under the lock, from the runs held), until hold()
-        wakes the wait for a run due sooner, or until ``answering`` (a round's beats) is done; True if the moment
-        came. While a round is answered, only a sooner deadline wakes the wait: beats go out after the round."""
+        wakes the wait for a run due sooner, or until a beat is answered."""
         loop = asyncio.get_running_loop()
         with self._lock:
             until = moment()
             sleeper = asyncio.ensure_future(self.clock.sleep(until - self.clock.monotonic()))
             self._wake = partial(loop.call_soon_threadsafe, sleeper.cancel)
-            self._sleeping_until, self._awaiting_beats = until, answering is not None
-        waits: list[asyncio.Future[Any]] = [sleeper] if answering is None else [sleeper, answering]
+            self._sleeping_until = until
         try:
-            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait([sleeper])
         finally:
             sleeper.cancel()
             with self._lock:  # awake: the next pass sees every run held meanwhile
-                self._sleeping_until, self._awaiting_beats = -float("inf"), False
-        return sleeper.done() and not sleeper.cancelled()
+                self._sleeping_until = -float("inf")
 
     def _answered(self, token: str) -> None:
         """The store answered the run's heartbeat: the line that says so ends an outage's failures."""
@@ -163,60 +224,36 @@ class LeaseKeeper:
             log.info("heartbeats reach the store again; %d failed meanwhile", self._failed_beats)
             self._failed_beats = 0
 
-    async def _beat(self, due: list[_Held]) -> None:
-        sent = self.clock.monotonic()
-        beats = [self.strategy.heartbeat(self.store, run.request, run.policy) for run in due]
-        answering = asyncio.ensure_future(asyncio.gather(*beats, return_exceptions=True))
-
-        # Waited for no longer than the first deadline of every run held, not only of these: another run whose
-        # beat failed earlier, or one held meanwhile, must learn it lost its lease at its deadline, not when these
-        # beats end.
-        def first_deadline() -> float:
-            return min(run.deadline for run in (*due, *self._held.values()))
-
-        try:
-            deadline_came = False
-            while not (answering.done() or deadline_came):
-                deadline_came = await self._wait_until(first_deadline, answering)
-        except asyncio.CancelledError:  # the keeper is stopping: the beats in flight end before it does
-            await _cancelled(answering)
-            raise
-        if answering.done():
-            answers = answering.result()
+    def _read(self, run: _Held, now: float) -> None:
+        """Read the answer to the run's beat."""
+        assert run.beat is not None
+        beat, run.beat = run.beat, None
+        # A CancelledError here is the call's alone: the keeper cancels only the beats it abandons or ends with.
+        answer: int | BaseException = (
+            asyncio.CancelledError() if beat.cancelled() else beat.exception() or beat.result()
+        )
+        if isinstance(answer, BaseException):
+            if not isinstance(answer, Exception | asyncio.CancelledError):
+                raise answer
+            self._failed(run, answer, now)
+        elif answer <= 0:
+            if self.release(run.request.token):
+                run.lose(HEARTBEAT_REFUSED)
         else:
-            await _cancelled(answering)
-            answers = [TimeoutError("no answer before the lease deadline")] * len(due)
-        for run, answer in zip(due, answers, strict=True):
-            if isinstance(answer, BaseException):
-                # A CancelledError here is the call's alone: one of the keeper would have been raised above.
-                if not isinstance(answer, Exception | asyncio.CancelledError):
-                    raise answer
-                # Whatever went wrong, the run's lease may still be kept by the next try before its deadline:
-                # ending the keeper instead would leave every run it holds unaware of losing its lease.
-                # A run's lease lost is said in any case.
-                unexpected = not isinstance(answer, StoreError | TimeoutError)
-                level = logging.WARNING if unexpected or not self._failing else logging.DEBUG
-                self._failing.add(run.request.token)
-                self._failed_beats += 1
-                log.log(level, "job %s: heartbeat failed: %s", run.request.job, answer, exc_info=unexpected)
-                failed = self.clock.monotonic()
-                run.next_beat = failed + max(RETRY_MIN_S, min(RETRY_S, (run.deadline - failed) / 2))
-            elif answer <= 0:
-                if self.release(run.request.token):
-                    run.lose(HEARTBEAT_REFUSED)
-            else:
-                self._answered(run.request.token)
-                run.deadline = sent + answer / 1000 - self.margin_s
-                run.next_beat = sent + self.heartbeat_s
+            self._answered(run.request.token)
+            run.deadline = run.sent + answer / 1000 - self.margin_s
+            run.next_beat = run.sent + self.heartbeat_s
 
-
-async def _cancelled(answering: asyncio.Future[list[int | BaseException]]) -> None:
-    """Cancel a round's beats and wait for them to end. Their gathered outcome (a CancelledError) is read, or
-    asyncio would log it as an exception never retrieved."""
-    answering.cancel()
-    await asyncio.wait([answering])
-    if not answering.cancelled():
-        answering.exception()
+    def _failed(self, run: _Held, error: BaseException, now: float) -> None:
+        # Whatever went wrong, the run's lease may still be kept by the next try before its deadline: ending the
+        # keeper instead would leave every run it holds unaware of losing its lease. A run's lease lost is said in
+        # any case.
+        unexpected = not isinstance(error, StoreError | TimeoutError)
+        level = logging.WARNING if unexpected or not self._failing else logging.DEBUG
+        self._failing.add(run.request.token)
+        self._failed_beats += 1
+        log.log(level, "job %s: heartbeat failed: %s", run.request.job, error, exc_info=error if unexpected else None)
+        run.next_beat = now + max(RETRY_MIN_S, min(RETRY_S, (run.deadline - now) / 2))
 
 
 class HeartbeatThread:

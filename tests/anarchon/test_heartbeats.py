@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+from collections.abc import Sequence
 from typing import cast
 
 import pytest
 
-from anarchon import StoreUnavailableError, SystemClock
+from anarchon import StoreError, StoreUnavailableError, SystemClock
 from anarchon._heartbeats import HEARTBEAT_REFUSED, LeaseKeeper
-from anarchon._store import Store
+from anarchon._store import Command, Connection, Reply, Store
 from anarchon._strategies import JobPolicy, RunRequest, Strategy
 from sim.vtime import run_virtual
 from sim.world import SimClock
@@ -262,21 +263,23 @@ class HangsFor:
     def __init__(self, hanging: RunRequest) -> None:
         self.hanging = hanging
         self.answer = asyncio.Event()
+        self.beats: dict[str, int] = {}
 
     async def heartbeat(self, store: Store, request: RunRequest, policy: JobPolicy) -> int:
+        self.beats[request.job] = self.beats.get(request.job, 0) + 1
         if request is self.hanging:
             await self.answer.wait()
         return policy.lease_ms
 
 
-def test_a_run_held_while_another_runs_beat_hangs_learns_its_lease_is_lost_at_its_own_deadline() -> None:
-    # y (a 60 s lease) sends its beat at 0.3 s, which hangs. x is won at 0.35 s with a lease of 1 s: its beat
-    # cannot go out behind y's, so its deadline (1.3 s) passes, and x must be told then, not at y's (59.95 s),
-    # long after a backup could have taken it over.
+def test_a_runs_heartbeats_go_on_while_another_runs_beat_hangs() -> None:
+    # y (a 60 s lease) sends its beat at 0.3 s, which hangs (its cluster node stopped answering). x is won at
+    # 0.35 s with a lease of 1 s: its beats go out and are answered beside y's, every 0.3 s, and x keeps its
+    # lease. y's beat is answered at 3.35 s, before it would be given up on (halfway to y's deadline).
     x = RunRequest("x", "1", 1, "token-x", "a")
     y = RunRequest("y", "1", 1, "token-y", "a")
 
-    async def main() -> tuple[dict[str, float], list[str]]:
+    async def main() -> tuple[dict[str, float], dict[str, int], list[str]]:
         unretrieved: list[str] = []  # what asyncio reports of futures dropped with an exception never read
         asyncio.get_running_loop().set_exception_handler(lambda _, context: unretrieved.append(context["message"]))
         clock = SimClock()
@@ -293,10 +296,110 @@ def test_a_run_held_while_another_runs_beat_hangs_learns_its_lease_is_lost_at_it
         serving.cancel()
         await asyncio.gather(serving, return_exceptions=True)
         gc.collect()
-        return lost, unretrieved
+        return lost, strategy.beats, unretrieved
 
-    # The round cut short at x's deadline leaves no outcome unread either.
-    assert run_virtual(main(), epoch_s=1_700_000_000, seed=1) == ({"x": 1.3}, [])
+    # x's beats at 0.65, 0.95 … 3.35 s; y's second beat goes out as its first is answered (it was due long since).
+    assert run_virtual(main(), epoch_s=1_700_000_000, seed=1) == ({}, {"x": 10, "y": 2}, [])
+
+
+class HangsOnce:
+    """The first heartbeat gets no answer for ``hang_s`` (a stale connection, until the client's socket timeout
+    gives up on it); the others extend the lease at once."""
+
+    def __init__(self, clock: SimClock, hang_s: float) -> None:
+        self.clock = clock
+        self.hang_s = hang_s
+        self.beats: list[float] = []
+        self.abandoned: list[float] = []
+
+    async def heartbeat(self, store: Store, request: RunRequest, policy: JobPolicy) -> int:
+        self.beats.append(round(self.clock.monotonic(), 4))
+        if len(self.beats) == 1:
+            try:
+                await asyncio.sleep(self.hang_s)
+            except asyncio.CancelledError:
+                self.abandoned.append(round(self.clock.monotonic(), 4))
+                raise
+            raise StoreUnavailableError("Timeout reading from socket")
+        return policy.lease_ms
+
+
+def test_a_heartbeat_that_hangs_is_given_up_on_halfway_to_the_deadline_and_sent_again() -> None:
+    # Lease 10 s, heartbeat 3.333 s, 0.5 s of margin: the first beat goes out at 3.333 s with the deadline at
+    # 9.5 s, and hangs for 10 s. Waited for, it would fail at 13.333 s, after the deadline: the lease would be
+    # lost while the store answered every other command. It is given up on halfway to the deadline (6.4165 s),
+    # and sent again 1 s later: the lease is kept.
+    async def main() -> tuple[list[float], list[float], dict[str, float]]:
+        clock = SimClock()
+        strategy = HangsOnce(clock, hang_s=10)
+        keeper = LeaseKeeper(cast(Strategy, strategy), cast(Store, None), clock, heartbeat_ms=3333, margin_ms=500)
+        lost: dict[str, float] = {}
+        serving = asyncio.create_task(keeper.serve())
+        hold_noting_the_loss(keeper, REQUEST, 10_000, lost)
+        await asyncio.sleep(12)
+        serving.cancel()
+        await asyncio.gather(serving, return_exceptions=True)
+        return strategy.beats, strategy.abandoned, lost
+
+    beats, abandoned, lost = run_virtual(main(), epoch_s=1_700_000_000, seed=1)
+    assert (beats, abandoned, lost) == ([3.333, 7.4165, 10.7495], [6.4165], {})
+
+
+class StaleAfterOneAnswer:
+    """A connection (under a real :class:`Store`): its first command is answered after 50 ms; the pipeline that
+    follows (the beats queued behind it) gets no answer, as on a connection that went stale, until it is cancelled,
+    which drops the connection; what comes after is answered at once."""
+
+    def __init__(self, clock: SimClock) -> None:
+        self.clock = clock
+        self.calls = 0
+        self.cancelled: list[tuple[float, list[str]]] = []
+
+    async def execute(self, command: Command) -> Reply:
+        self.calls += 1
+        if self.calls == 1:
+            await asyncio.sleep(0.05)
+        return int(command[2])
+
+    async def execute_many(self, commands: Sequence[Command]) -> list[Reply | StoreError]:
+        self.calls += 1
+        if self.calls == 2:
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                self.cancelled.append((round(self.clock.monotonic(), 4), [str(c[1]) for c in commands]))
+                raise
+        return [int(command[2]) for command in commands]
+
+
+class BeatsThroughTheStore:
+    async def heartbeat(self, store: Store, request: RunRequest, policy: JobPolicy) -> int:
+        return int(cast(int, await store.execute("BEAT", request.job, policy.lease_ms)))
+
+
+def test_beats_sent_together_are_given_up_on_together_and_the_retry_goes_on_a_new_connection() -> None:
+    # a, b (leases of 1 s) and c (60 s), held at 0 with 0.3 s heartbeats: at 0.3 s a's beat goes out alone, and
+    # b's and c's queue behind it in the store's lane, then leave together, at 0.35 s, on a connection gone stale.
+    # b's is given up on at 0.625 s, halfway to its deadline: c's, still unanswered, is given up on with it, or
+    # it would hold the pipeline, and b's retry behind it, until b's deadline (0.95 s): a lease lost while the
+    # store answers. The retries go out on a new connection, and are answered.
+    a, b, c = (RunRequest(job, "1", 1, f"token-{job}", "i") for job in "abc")
+
+    async def main() -> tuple[dict[str, float], list[tuple[float, list[str]]]]:
+        clock = SimClock()
+        connection = StaleAfterOneAnswer(clock)
+        store = Store(cast(Connection, connection), owned=False)
+        keeper = LeaseKeeper(cast(Strategy, BeatsThroughTheStore()), store, clock, heartbeat_ms=300, margin_ms=50)
+        lost: dict[str, float] = {}
+        serving = asyncio.create_task(keeper.serve())
+        for request, lease_ms in ((a, 1000), (b, 1000), (c, 60_000)):
+            hold_noting_the_loss(keeper, request, lease_ms, lost)
+        await asyncio.sleep(3)
+        serving.cancel()
+        await asyncio.gather(serving, return_exceptions=True)
+        return lost, connection.cancelled
+
+    assert run_virtual(main(), epoch_s=1_700_000_000, seed=1) == ({}, [(0.625, ["b", "c"])])
 
 
 class AnsweredLateThenHangs:
@@ -313,12 +416,12 @@ class AnsweredLateThenHangs:
 
 
 def test_a_heartbeat_answered_late_extends_the_lease_from_when_it_was_sent() -> None:
-    # Lease 1 s, heartbeat 0.3 s, 50 ms of margin. The beat sent at 0.3 s is answered at 0.9 s: the store may
+    # Lease 1 s, heartbeat 0.3 s, 50 ms of margin. The beat sent at 0.3 s is answered at 0.6 s: the store may
     # have renewed the lease as soon as the beat arrived, so it may end at 1.3 s, and the deadline is 1.25 s.
-    # Counted from the answer, it would be 1.85 s: the job would go on past its lease, beside a backup.
+    # Counted from the answer, it would be 1.55 s: the job would go on past its lease, beside a backup.
     async def main() -> tuple[int, dict[str, float]]:
         clock = SimClock()
-        strategy = AnsweredLateThenHangs(delay_s=0.6)
+        strategy = AnsweredLateThenHangs(delay_s=0.3)
         keeper = LeaseKeeper(cast(Strategy, strategy), cast(Store, None), clock, heartbeat_ms=300, margin_ms=50)
         lost: dict[str, float] = {}
         serving = asyncio.create_task(keeper.serve())
@@ -328,4 +431,6 @@ def test_a_heartbeat_answered_late_extends_the_lease_from_when_it_was_sent() -> 
         await asyncio.gather(serving, return_exceptions=True)
         return strategy.beats, lost
 
-    assert run_virtual(main(), epoch_s=1_700_000_000, seed=1) == (2, {"job": 1.25})
+    # The later beats, unanswered, are given up on and sent again until the deadline.
+    beats, lost = run_virtual(main(), epoch_s=1_700_000_000, seed=1)
+    assert (beats > 2, lost) == (True, {"job": 1.25})

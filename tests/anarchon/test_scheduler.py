@@ -312,6 +312,41 @@ async def test_jobs_on_the_other_primaries_run_on_time_while_one_stops_answering
             assert max(e.started_ms - e.slot for e in runs) < 1500, job  # on time, with room for a loaded machine
 
 
+@pytest.mark.slow
+async def test_runs_on_the_other_primaries_keep_their_leases_while_one_stops_answering(real_target: str) -> None:
+    """Three 8 s runs with a 3 s lease (heartbeats every second), one per primary of a cluster; 0.5 s in, a
+    primary stops answering (SIGSTOP) for 5 s, short of the cluster's node timeout. redis-py's socket timeout
+    (5 s) is longer than a run's lease has left: the runs on the other primaries must not wait for that node's
+    heartbeats, and end as they should; the paused primary's run loses its lease, and is cancelled."""
+    keys = KeySpace("lease:")
+    with start_server(real_target, cluster=True, extra_args=["--cluster-node-timeout", "30000"]) as running:
+        jobs = jobs_on_every_shard(running, lambda job: keys.lease(job).state, 1)
+        [stalled] = [job for job in jobs if running.shard_of(keys.lease(job).state) == running.shards[0]]
+        client = redis.asyncio.cluster.RedisCluster(host=running.host, port=running.port, protocol=2)
+        ledger = Ledger()
+        backend = backend_for(running.target, client, "lease", prefix="lease:")
+        scheduler: Scheduler[Any] = Scheduler(backend, instance_id="a", lease_ms=3000)
+        cron = second_from_now(2)
+        for job in jobs:
+            scheduler.add_job(job, cron, ledger.job("a", 8))
+        try:
+            async with scheduler:
+                await eventually(lambda: len(ledger.executions) == len(jobs), 10)
+                await asyncio.sleep(0.5)
+                running.control.pause()
+                await asyncio.sleep(5)
+                running.control.resume()
+                await eventually(lambda: all(e.ended_ms is not None for e in ledger.executions if e.job != stalled), 10)
+                history = {job: await scheduler.history(job) for job in jobs if job != stalled}
+        finally:
+            await close_client(client)
+    ended = {e.job: e.ended_ms is not None for e in ledger.executions}
+    assert ended == {job: job != stalled for job in jobs}
+    assert {job: [(r.attempt, r.status) for r in records] for job, records in history.items()} == {
+        job: [(1, "ok")] for job in jobs if job != stalled
+    }
+
+
 async def test_a_backup_reruns_the_slot_of_a_winner_cut_off_mid_run(target: StoreTarget) -> None:
     ledger = Ledger()
     lost: list[tuple[str, bool, int]] = []

@@ -3,7 +3,8 @@
 Armed with a marker (bytes of the command to hit: a script's SHA, ``XADD``), the proxy forwards the first request
 that contains it to the server, waits for the server's complete reply, keeps it (so a test can see what the store
 decided) and closes both sides instead of forwarding it. The client sees its connection closed after the command
-went out: the command ran, its outcome is unknown to the client.
+went out: the command ran, its outcome is unknown to the client. Armed to hang, the proxy keeps the connection open
+and forwards nothing more on it, as a stale connection whose peer is gone: the client waits until it gives up.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ class LossyProxy:
     port: int = 0
     lost: list[Any] = field(default_factory=list)  # the replies the client never got, as the server sent them
     _marker: bytes | None = None
+    _hang = False
     _listener: asyncio.Server | None = None
     _pumps: set[asyncio.Task[None]] = field(default_factory=set)
 
@@ -66,9 +68,10 @@ class LossyProxy:
     def url(self, query: str = "") -> str:
         return f"redis://127.0.0.1:{self.port}/0{query}"
 
-    def arm(self, marker: bytes) -> None:
-        """Lose the reply to the next request that contains ``marker``."""
-        self._marker = marker
+    def arm(self, marker: bytes, *, hang: bool = False) -> None:
+        """Lose the reply to the next request that contains ``marker``; with ``hang``, leave its connection open
+        and silent instead of closing it."""
+        self._marker, self._hang = marker, hang
 
     async def close(self) -> None:
         if self._listener is not None:
@@ -82,15 +85,17 @@ class LossyProxy:
     async def _serve(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
         server_reader, server_writer = await asyncio.open_connection(self.server_host, self.server_port)
         dropping = asyncio.Event()  # set once the request whose reply is to be lost has gone to the server
+        hang = False
 
         def close_both() -> None:
             client_writer.close()
             server_writer.close()
 
         async def upstream() -> None:
+            nonlocal hang
             while data := await client_reader.read(65536):
                 if self._marker is not None and self._marker in data:
-                    self._marker = None
+                    self._marker, hang = None, self._hang
                     dropping.set()
                 server_writer.write(data)
                 await server_writer.drain()
@@ -109,6 +114,9 @@ class LossyProxy:
                 except Incomplete:
                     continue
                 self.lost.append(reply)
+                if hang:  # silent from now on, until the client closes its end
+                    while await server_reader.read(65536):
+                        pass
                 break
             close_both()
 

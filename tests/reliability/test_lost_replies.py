@@ -1,4 +1,5 @@
-"""Lost replies, live: a claim reaches the store, runs, and its reply never comes back (the connection drops).
+"""Lost replies, live: a claim or a finish reaches the store, runs, and its reply never comes back (the connection
+drops).
 
 A small TCP proxy sits between the instance and a real server. Armed, it forwards the claim, waits for the
 server's reply, keeps it and closes the connection instead of passing it on. The client sees a dropped
@@ -10,6 +11,9 @@ Every strategy's retry wins if the first try won and loses if it lost, so the ru
 - ``stream-id``'s claim is a bare ``XADD`` at the slot's ID; the retry is refused ("equal or smaller than the
   target stream top item") as an instance that lost would be, and reads the slot's entry back: its own token
   there makes it the winner.
+
+A finish whose reply was lost is tried again: the retry is told the result is recorded, and it is recorded once.
+A heartbeat whose connection goes silent is given up on and sent again, on a new connection, before the lease ends.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ from anarchon import Scheduler, StoreUnavailableError
 from anarchon._strategies import Claim, JobPolicy, Outcome, RunRequest, run_id
 from anarchon._strategies._base import fence_of
 from anarchon._strategies.lease import CLAIM as LEASE_CLAIM
+from anarchon._strategies.lease import FINISH as LEASE_FINISH
+from anarchon._strategies.lease import HEARTBEAT as LEASE_HEARTBEAT
 from anarchon._strategies.script import CLAIM as SCRIPT_CLAIM
 from sim.servers import start_server
 from sim.servers._running import RunningServer
@@ -33,6 +39,7 @@ from tests.reliability.proxy import LossyProxy
 from tests.support import Ledger, backend_for, eventually
 
 MARKERS = {"lease": LEASE_CLAIM.sha.encode(), "script": SCRIPT_CLAIM.sha.encode(), "stream-id": b"XADD"}
+FINISH_MARKERS = {"lease": LEASE_FINISH.sha.encode(), "script": b"ZADD", "stream-id": b"ZADD"}
 SLOT = 1_700_000_000_000
 POLICY = JobPolicy(lease_ms=30_000)
 
@@ -128,3 +135,58 @@ async def test_a_scheduler_whose_claim_reply_is_lost(
     assert any("claim of slot" in r.getMessage() and "failed" in r.getMessage() for r in caplog.records)
     assert [(e.attempt, e.ended_ms is not None) for e in ledger.executions] == [(1, True)]
     assert [(r.attempt, r.status, r.runner) for r in history] == [(1, "ok", "a")]
+
+
+@pytest.mark.parametrize("strategy", ["lease", "script", "stream-id"])
+async def test_a_scheduler_whose_finish_reply_is_lost_records_the_result_once(
+    live_target: str, lossy: tuple[RunningServer, LossyProxy], strategy: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The run's result reaches the store and its reply is lost: the retry is told it is recorded, not refused."""
+    caplog.set_level(logging.DEBUG, logger="anarchon")
+    _, proxy = lossy
+    ledger = Ledger()
+    scheduler: Scheduler[Any] = Scheduler(backend_for(live_target, proxy.url(), strategy), instance_id="a")
+    due = (int(time.time()) + 2) % 60
+    scheduler.add_job("tick", f"{due} * * * * *", ledger.job("a"))
+
+    def recorded_after_a_retry() -> bool:
+        return any("result recorded after 1 failed tries" in r.getMessage() for r in caplog.records)
+
+    async with scheduler:
+        proxy.arm(FINISH_MARKERS[strategy])
+        await eventually(recorded_after_a_retry, 15)
+        history = await scheduler.history("tick")
+    [lost_reply] = proxy.lost
+    assert lost_reply == 1  # the first try recorded it (ZADD: one member added), and was never told
+    assert [(e.attempt, e.ended_ms is not None) for e in ledger.executions] == [(1, True)]
+    assert [(r.attempt, r.status, r.runner) for r in history] == [(1, "ok", "a")]
+    assert not [r.getMessage() for r in caplog.records if "refused the result" in r.getMessage()]
+
+
+async def test_a_heartbeat_whose_connection_goes_silent_is_sent_again_and_the_lease_kept(
+    live_target: str, lossy: tuple[RunningServer, LossyProxy], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A URL's connections have no socket timeout: the beat would wait for ever. Lease 3 s, heartbeat 1 s: the
+    first beat's connection goes silent; the beat is given up on halfway to the deadline (0.93 s later) and sent
+    again on a new connection, and the 5 s run ends as it should, its lease kept throughout."""
+    caplog.set_level(logging.DEBUG, logger="anarchon")
+    _, proxy = lossy
+    ledger = Ledger()
+    backend = backend_for(live_target, proxy.url(), "lease")
+    scheduler: Scheduler[Any] = Scheduler(backend, instance_id="a", lease_ms=3000)
+    due = (int(time.time()) + 2) % 60
+    scheduler.add_job("long", f"{due} * * * * *", ledger.job("a", 5))
+    async with scheduler:
+        proxy.arm(LEASE_HEARTBEAT.sha.encode(), hang=True)
+        await eventually(lambda: any(e.ended_ms is not None for e in ledger.executions), 15)
+        history = await scheduler.history("long")
+    messages = [r.getMessage() for r in caplog.records]
+    assert proxy.lost == [3000]  # the store renewed the lease, and the answer never came
+    [failed] = [m for m in messages if "heartbeat failed" in m]
+    prefix, waited = failed.removesuffix(" s").rsplit(" ", 1)
+    assert prefix == "job long: heartbeat failed: no answer in"
+    assert 0.925 <= float(waited) < 1.0  # halfway from the beat to its run's deadline, 0.925 s, or a little later
+    assert "heartbeats reach the store again; 1 failed meanwhile" in messages
+    assert not [m for m in messages if "lease lost" in m]
+    assert [(e.attempt, e.ended_ms is not None) for e in ledger.executions] == [(1, True)]
+    assert [(r.attempt, r.status) for r in history] == [(1, "ok")]
