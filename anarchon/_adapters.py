@@ -74,6 +74,7 @@ _UNAVAILABLE = (
 # NOREPLICAS while fewer replicas than min-replicas-to-write are connected, OOM while its memory is over maxmemory
 # (noeviction), MISCONF while it cannot save a snapshot (stop-writes-on-bgsave-error). A write refused so was not
 # made: a claim or a finish sent again later is the right answer, as for a store that cannot be reached.
+_UNAVAILABLE_PREFIX = "store unavailable: "
 _UNAVAILABLE_CODES = (
     "LOADING", "CLUSTERDOWN", "TRYAGAIN", "MASTERDOWN", "BUSY", "READONLY", "NOREPLICAS", "OOM", "MISCONF",
 )  # fmt: skip
@@ -136,12 +137,22 @@ def _auth_code(text: str) -> str:
     return "ERR" if "no password" in lowered or "without any password" in lowered else "WRONGPASS"
 
 
+def _code_of(text: str) -> str:
+    """An error reply's code: its first word, or that of the redis.call error a script's error wraps."""
+    wrapped = _SCRIPT_CALL_CODE.match(text)
+    return wrapped.group(1) if wrapped else text.split(" ", 1)[0]
+
+
+def _refused_for_now(error: StoreUnavailableError) -> bool:
+    """Whether the store answered, with a refusal for now (as :func:`_reply_error` words it), not out of reach."""
+    return _code_of(str(error).removeprefix(_UNAVAILABLE_PREFIX)) in _UNAVAILABLE_CODES
+
+
 def _reply_error(text: str) -> StoreError:
     """A server's error reply, its code first: StoreReplyError, or StoreUnavailableError for a refusal for now."""
-    wrapped = _SCRIPT_CALL_CODE.match(text)
-    code = wrapped.group(1) if wrapped else text.split(" ", 1)[0]
+    code = _code_of(text)
     if code in _UNAVAILABLE_CODES:
-        return StoreUnavailableError(f"store unavailable: {text}")
+        return StoreUnavailableError(_UNAVAILABLE_PREFIX + text)
     if code == "NOPERM" or any(refusal in text for refusal in _ACL_REFUSALS_IN_SCRIPTS):
         refused_keys = "access" in text and "key" in text  # Redis 6.2: "… to access one of the keys used …"
         return StoreReplyError(text + (ACL_KEYS_HINT if refused_keys else _ACL_COMMANDS_HINT))
@@ -874,11 +885,18 @@ class SendAdapter:
         return decode(await _guard(call(), translate_send_error))
 
     async def execute_many(self, commands: Sequence[Command]) -> list[Reply | StoreError]:
+        """One command after another. A refusal for now (TRYAGAIN, LOADING…) is kept in its command's place, as an
+        error reply is; once the store cannot be reached, the commands left are not sent, and each is answered so
+        (the commands before keep their replies: they ran)."""
         results: list[Reply | StoreError] = []
-        for command in commands:
+        for index, command in enumerate(commands):
             try:
                 results.append(await self.execute(command))
             except StoreReplyError as error:
+                results.append(error)
+            except StoreUnavailableError as error:
+                if not _refused_for_now(error):
+                    return results + [error] * (len(commands) - index)
                 results.append(error)
         return results
 

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import inspect
 import itertools
 import logging
 import tempfile
 import threading
 import time
+import warnings
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
 from types import SimpleNamespace
@@ -49,7 +51,7 @@ from anarchon import (
     StoreUnavailableError,
     ValkeyBackend,
 )
-from anarchon._adapters import RedisPyAsync, RedisPyCluster, _same_primaries, adapt, pack, translate
+from anarchon._adapters import RedisPyAsync, RedisPyCluster, SendAdapter, _same_primaries, adapt, pack, translate
 from anarchon._keys import KeySpace
 from anarchon._store import CLOSE_WAIT_S, Command, Connection, Reply, Script, ScriptCall, ServerInfo, Store
 from anarchon._strategies import Claim, JobPolicy, Outcome, RunRequest
@@ -1454,6 +1456,23 @@ async def test_on_a_cluster_a_node_that_does_not_answer_holds_up_only_its_own_co
     assert [command[1] for command in connection.received][-2:] == ["x2", "x3"]  # the queued one in front
 
 
+async def test_a_batch_to_several_nodes_cancelled_as_it_starts_leaves_no_coroutine_unawaited() -> None:
+    """A batch to two nodes cancelled before its parts start: each part's pipeline is made as the part starts, so
+    none is left never awaited (Python would warn of it, and the commands were never sent)."""
+    connection = _OneNodeHeld()
+    store = Store(connection, owned=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        batch = asyncio.ensure_future(store.execute_many([("SET", "x1", "1"), ("SET", "y1", "1")]))
+        await asyncio.sleep(0)
+        batch.cancel()
+        await asyncio.gather(batch, return_exceptions=True)
+        gc.collect()
+    assert [str(warning.message) for warning in caught] == []
+    assert batch.cancelled()
+    assert connection.received == []
+
+
 async def _in_flight_and_queued(
     connection: Connection, *, owned: bool = False
 ) -> tuple[Store, asyncio.Future[Reply], asyncio.Future[Reply]]:
@@ -1993,6 +2012,39 @@ async def test_redis_py_asyncio_batches_keep_error_replies_in_place(
         assert await connection.execute(("ECHO", "next")) == "next"
     finally:
         await client.aclose()
+
+
+async def test_send_client_batches_keep_refusals_in_place_and_stop_when_the_store_is_gone(
+    real_server: ServerUnderTest,
+) -> None:
+    """A ``send`` client's batch goes one command after another. A refusal for now (TRYAGAIN) stays in its place,
+    and the commands after it are sent (they ran: their replies stand). A connection that fails stops the batch:
+    the commands left are not sent, and each is answered unavailable; those before keep their replies."""
+    client = SendClient(real_server.running)
+    connection = SendAdapter(client)
+    key = "adapter:send-batch"
+    try:
+        refusal = ("EVAL", "return redis.error_reply('TRYAGAIN the slot is moving')", 0)
+        replies = await connection.execute_many([("DEL", key), ("INCR", key), refusal, ("INCR", key)])
+        assert replies[:2] == [0, 1]
+        assert isinstance(replies[2], StoreUnavailableError)
+        assert "TRYAGAIN the slot is moving" in str(replies[2])
+        assert replies[3] == 2
+
+        async def gone(command: str, args: list[str]) -> Any:
+            if command == "PING":
+                raise ConnectionError("Connection reset by peer")
+            return await SendClient.send(client, command, args)
+
+        client.send = gone  # type: ignore[method-assign]
+        client.sent.clear()
+        replies = await connection.execute_many([("INCR", key), ("PING",), ("INCR", key)])
+        assert replies[0] == 3
+        assert [type(reply) for reply in replies[1:]] == [StoreUnavailableError] * 2
+        assert client.sent == ["INCR"]  # the INCR after the failed PING was not sent
+        assert await client.client.get(key) == b"3"
+    finally:
+        await client.close()
 
 
 async def test_a_command_cancelled_while_waiting_leaves_no_reply_behind(real_server: ServerUnderTest) -> None:
