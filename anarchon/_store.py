@@ -309,13 +309,13 @@ class Store:
             by_lane.setdefault(self._lane(command), []).append(index)
         if len(by_lane) == 1:
             return await self._batch(next(iter(by_lane)), commands)
-        parts = await asyncio.gather(
-            # A node out of reach answers each of its commands so; the other parts' replies stand (they ran).
-            *(
-                each_or_failed(len(indexes), self._batch(lane, [commands[i] for i in indexes]))
-                for lane, indexes in by_lane.items()
-            )
-        )
+
+        async def send_part(lane: _Lane, indexes: list[int]) -> list[Reply | StoreError]:
+            # Its batch is made here, not before: a part cancelled before it starts leaves no coroutine unawaited.
+            return await each_or_failed(len(indexes), self._batch(lane, [commands[i] for i in indexes]))
+
+        # A node out of reach answers each of its commands so; the other parts' replies stand (they ran).
+        parts = await asyncio.gather(*(send_part(lane, indexes) for lane, indexes in by_lane.items()))
         replies: list[Reply | StoreError] = [None] * len(commands)
         for indexes, part in zip(by_lane.values(), parts, strict=True):
             for index, reply in zip(indexes, part, strict=True):
