@@ -15,8 +15,10 @@ class RunRecord:
     """One attempt of one run of a job.
 
     ``slot`` is the scheduled time (epoch ms), the same on every instance; ``run`` identifies the run in the
-    store (the slot for scheduled runs, ``m<ms>-<token>`` for manual ones). Times are epoch ms. In ``history()``:
-    the server's clock under the lease strategy, the recording instance's clock under the claim-only strategies.
+    store (the slot for scheduled runs, ``m<ms>-<first 8 characters of the token>`` for manual ones). Times are
+    epoch ms. In ``history()``: the server's clock under the lease strategy, the recording instance's clock under
+    the claim-only strategies. A ``skipped-late`` record of a claim-only strategy has no runner or token and
+    starts and ends at its slot: every instance that finds the run late writes the same record, stored once.
     The record ``run_now()`` returns and ``on_run_end`` receives is the running instance's own, on its clock (a
     ``run_now`` that lease skipped for overlap returns the store's, as ``history()`` reads it).
     """

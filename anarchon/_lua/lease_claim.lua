@@ -176,9 +176,9 @@ else
   -- The lease end of another run of the job that is live now (nil if none, or if overlap is allowed): a retried
   -- claim whose lease ran out waits for it, and so does a takeover. Such a wait marks the run asked for now
   -- (its lease end set to now, keeping a hand-back's sign): trim closes as abandoned only a run nobody asked for
-  -- in keep_ms, and a backup may wait longer than that for a long run (a run_now) to end. Not a wait for a later
-  -- slot's run: the job has moved on, and behind a job whose runs follow each other closely such waits would
-  -- never end; trim closes the run once keep_ms has passed.
+  -- in keep_ms, and a backup may wait longer than that for a long run (a run_now) to end. A wait for a later
+  -- slot's run does not mark it: the job has moved on, and behind a job whose runs follow each other closely such
+  -- waits would never end; trim closes the run once keep_ms has passed.
   local function wait_for_live_other()
     if overlap_allowed then return nil end
     local _, lease_end, _, later = live_other(now)
