@@ -166,7 +166,7 @@ async def test_a_scheduler_whose_finish_reply_is_lost_records_the_result_once(
 async def test_a_heartbeat_whose_connection_goes_silent_is_sent_again_and_the_lease_kept(
     live_target: str, lossy: tuple[RunningServer, LossyProxy], caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A URL's connections have no socket timeout: the beat would wait for ever. Lease 3 s, heartbeat 1 s: the
+    """A URL's connections wait 10 s for an answer, longer than the lease has left. Lease 3 s, heartbeat 1 s: the
     first beat's connection goes silent; the beat is given up on halfway to the deadline (0.93 s later) and sent
     again on a new connection, and the 5 s run ends as it should, its lease kept throughout."""
     caplog.set_level(logging.DEBUG, logger="anarchon")
