@@ -371,10 +371,12 @@ class Store:
             # (A single command answered NOSCRIPT meanwhile sends its EVAL on its own, and may reach the store
             # after these: after a script flush, claims of two slots can arrive in either order. The lease claim
             # skips one as an overlap either way; stream-id refuses the earlier.)
-            # One EVAL per script loads it; the other calls go again by SHA (a batch of ten thousand claims does
-            # not send the source ten thousand times). A node that still lacks it (Cluster) gets EVAL. The
-            # replies already in stand whatever happens to these.
-            loaders = sorted({calls[i].script.sha: i for i in reversed(missing)}.values())  # in the batch's order
+            # One EVAL per script and node loads it there; the other calls go again by SHA (a batch of ten thousand
+            # claims does not send the source ten thousand times, nor, on a cluster whose primaries all lost their
+            # scripts, one call at a time). A node that still lacks it gets EVAL. The replies already in stand
+            # whatever happens to these.
+            first_of = {(calls[i].script.sha, self._call_lane(calls[i])): i for i in reversed(missing)}
+            loaders = sorted(first_of.values())  # in the batch's order
             for i, reply in zip(loaders, await self._kept_many([calls[i].eval() for i in loaders]), strict=True):
                 replies[i] = reply
             loaded = set(loaders)
@@ -385,6 +387,10 @@ class Store:
                     reply = await _kept(self._run(calls[i]))
                 replies[i] = reply
         return replies
+
+    def _call_lane(self, call: ScriptCall) -> Hashable:
+        """The node a script call goes to (None: one node for all)."""
+        return self.lane(call.keys[0]) if call.keys else None
 
     async def _kept_many(self, commands: Sequence[Command]) -> list[Reply | StoreError]:
         """:meth:`execute_many`, with a store that could not be reached at all answering each command so."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import hashlib
 import inspect
 import itertools
 import logging
@@ -470,6 +471,53 @@ async def test_start_caches_the_scripts_on_every_primary(cluster_client: ClientO
         finally:
             admin.close()
     await backend.stop()
+
+
+class _CountedRoundTrips:
+    """A connection that counts what it sends: one command, or a pipeline."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.round_trips = 0
+
+    def lane(self, key: Any) -> Any:
+        return self.inner.lane(key)
+
+    async def execute(self, command: Command) -> Reply:
+        self.round_trips += 1
+        return cast(Reply, await self.inner.execute(command))
+
+    async def execute_many(self, commands: Sequence[Command]) -> list[Reply | StoreError]:
+        self.round_trips += 1
+        return cast(list[Reply | StoreError], await self.inner.execute_many(commands))
+
+    async def server_info(self) -> ServerInfo:
+        return cast(ServerInfo, await self.inner.server_info())
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+async def test_a_cluster_whose_primaries_all_lost_their_scripts_loads_them_once_per_primary(
+    cluster_client: ClientOnServer,
+) -> None:
+    """After a restart, or failovers, the primaries answer a batch of claims NOSCRIPT. The script is loaded with
+    one EVAL on each primary, and the other calls go again by SHA, a pipeline per primary: 9 round trips for
+    300 calls on 3 primaries, not one call at a time (about 200 before)."""
+    name, client, running = cluster_client
+    counted = _CountedRoundTrips(adapt(client))
+    store = Store(counted, owned=False)
+    source = "return ARGV[1]"
+    script = Script("echo", source, hashlib.sha1(source.encode()).hexdigest())
+    calls = [ScriptCall(script, [f"{name}:job{i}"], [str(i)]) for i in range(300)]
+    assert len({running.shard_of(call.keys[0]) for call in calls}) == 3
+    await store.execute_many([("SCRIPT", "FLUSH")])  # every primary
+    counted.round_trips = 0
+    assert await store.run_many(calls) == [str(i) for i in range(300)]
+    assert counted.round_trips == 9  # NOSCRIPT from each, an EVAL on each, the rest again by SHA on each
+    counted.round_trips = 0
+    assert await store.run_many(calls) == [str(i) for i in range(300)]
+    assert counted.round_trips == 3
 
 
 async def test_a_cluster_batch_spans_every_primary_in_order_on_one_connection_each(
