@@ -7,10 +7,11 @@ a lost lease through the callback the run registered with.
 Each run's heartbeat is answered on its own: a beat that hangs (a stale connection, a cluster node that stopped
 answering) holds up neither the beats of the other runs nor the next pass. Nor does it hold its own run until the
 client gives up on it: a beat unanswered halfway to the run's deadline is given up on, and sent again. It is
-cancelled, with the beats sent with it that are still unanswered: redis-py and valkey-py then drop the connection
-they wait on, and the retry goes on another. GLIDE keeps its connection (its request timeout bounds the wait), and
-a sync client's thread waits on until its socket timeout. Where the keeper shares the scheduler's connection (no
-thread of its own), a claim or a finish stuck on it holds the beats queued behind it until the client's timeout.
+cancelled, with the other beats on their way to the same node (they wait on the same connection): redis-py and
+valkey-py then drop it, and the retries go on another. GLIDE keeps its connection (its request timeout bounds the
+wait), and a sync client's thread waits on until its socket timeout. Where the keeper shares the scheduler's
+connection (no thread of its own), a claim or a finish stuck on it holds the beats queued behind it until the
+client's timeout.
 
 The keeper runs on a thread of its own when it can (:class:`HeartbeatThread`): a job that hogs the event loop
 (CPU-bound code in an ``async def``, a blocking call) would otherwise stop the heartbeats of every run on that
@@ -25,7 +26,7 @@ import asyncio
 import concurrent.futures
 import logging
 import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Hashable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, TypeVar
@@ -58,6 +59,7 @@ class _Held:
     deadline: float  # keeper clock seconds: past it, the lease may be gone
     next_beat: float
     lose: Callable[[str], object]
+    lane: Hashable  # the store node its beats go to (see Store.lane)
     beat: asyncio.Future[int] | None = None  # the heartbeat on its way
     sent: float = 0.0  # when it was sent
     give_up: float = 0.0  # when it has failed if still unanswered
@@ -76,8 +78,13 @@ class LeaseKeeper:
     delivered, before the store can hand the run to a backup.
     """
 
-    def __init__(self, strategy: Strategy, store: Store, clock: Clock, *, heartbeat_ms: int, margin_ms: float) -> None:
+    def __init__(
+        self, strategy: Strategy, store: Store, clock: Clock, *, heartbeat_ms: int, margin_ms: float,
+        lane_of: Callable[[str], Hashable] = lambda job: None,
+    ) -> None:  # fmt: skip
+        """``lane_of(job)``: the node of ``store`` that the job's heartbeats go to (on a cluster)."""
         self.strategy = strategy
+        self.lane_of = lane_of
         self.store = store
         self.clock = clock
         self.heartbeat_s = heartbeat_ms / 1000
@@ -88,8 +95,8 @@ class LeaseKeeper:
         # own thread alone reads and writes them, and the beats on their way.
         self._failing: set[str] = set()
         self._failed_beats = 0
-        # The beats on their way (given up on or not, until they end), and when each was sent.
-        self._beats: dict[asyncio.Future[int], float] = {}
+        # The beats on their way (given up on or not, until they end), and the node each went to.
+        self._beats: dict[asyncio.Future[int], Hashable] = {}
         self._lock = threading.Lock()  # hold/release come from the scheduler's loop, serve may run elsewhere
         self._wake: Callable[[], object] = lambda: None
         self._sleeping_until = -float("inf")  # while awake, runs held meanwhile are seen on the next pass
@@ -104,7 +111,7 @@ class LeaseKeeper:
             # A claim retried with its own token may win with less of the lease left than a heartbeat period:
             # its first beat comes halfway to the deadline, or none would be sent before the lease runs out.
             first_beat = sent + (deadline - sent) / 2
-        held = _Held(request, policy, deadline, first_beat, lose)
+        held = _Held(request, policy, deadline, first_beat, lose, self.lane_of(request.job))
         with self._lock:
             self._held[request.token] = held
             if held.next_moment() < self._sleeping_until:
@@ -153,9 +160,9 @@ class LeaseKeeper:
                 if run.beat is not None:
                     run.beat.cancel()
                 run.lose(LEASE_RAN_OUT)
-        overdue = [run.sent for run in held if run.beat is not None and run.give_up <= now and self._holds(run)]
+        overdue = {run.lane for run in held if run.beat is not None and run.give_up <= now and self._holds(run)}
         if overdue:
-            self._give_up(held, max(overdue), now)
+            self._give_up(held, overdue, now)
         if self._failing:  # runs released, or lost, while failing: the next failure is an outage's first
             self._failing = {token for token in self._failing if token in self._held}
             if not self._failing:
@@ -168,23 +175,23 @@ class LeaseKeeper:
         """Whether ``run`` is still held: neither released nor lost, nor held again as another."""
         return self._held.get(run.request.token) is run
 
-    def _give_up(self, held: list[_Held], sent: float, now: float) -> None:
-        """Give up on every beat on its way that was sent by ``sent``: it has failed, and is cancelled, which ends
-        its wait for its connection (redis-py then drops that connection; the retry opens another). Beats sent
-        with it, or before, that are still unanswered are cancelled too, those of runs released meanwhile as well:
-        sent in one pipeline with it, or queued on the same connection behind it, they would hold that pipeline,
-        and the retries queued behind it, until the client's own timeout."""
-        for beat, beat_sent in list(self._beats.items()):
-            if beat_sent <= sent:
+    def _give_up(self, held: list[_Held], lanes: set[Hashable], now: float) -> None:
+        """A beat sent to one of ``lanes`` has gone unanswered for too long: give up on every beat on its way to
+        them. Each has failed, and is cancelled, which ends its wait for its connection (redis-py then drops that
+        connection; the retry opens another). Beats to the same node wait on one connection, in one pipeline or
+        queued behind it, those of runs released meanwhile too: one left waiting would hold that pipeline, and the
+        retries queued behind it, until the client's own timeout. Beats to other nodes go on."""
+        for beat, lane in list(self._beats.items()):
+            if lane in lanes:
                 beat.cancel()
         for run in held:
-            if run.beat is not None and run.sent <= sent and self._holds(run):
+            if run.beat is not None and run.lane in lanes and self._holds(run):
                 run.beat = None
                 self._failed(run, TimeoutError(f"no answer in {now - run.sent:.3g} s"), now)
 
     def _send(self, run: _Held, now: float) -> None:
         beat = asyncio.ensure_future(self.strategy.heartbeat(self.store, run.request, run.policy))
-        self._beats[beat] = now
+        self._beats[beat] = run.lane
         beat.add_done_callback(self._beat_ended)
         run.beat, run.sent = beat, now
         run.give_up = now + max(RETRY_MIN_S, (run.deadline - now) / 2)

@@ -1721,8 +1721,9 @@ class Scheduler(Generic[M]):
                 self._keeper, self._heartbeats = keeper, HeartbeatThread(keeper)
                 return
         self._keeper = LeaseKeeper(
-            self.backend.strategy, self.backend.store, self.clock, heartbeat_ms=self.heartbeat_ms, margin_ms=margin_ms
-        )
+            self.backend.strategy, self.backend.store, self.clock, heartbeat_ms=self.heartbeat_ms, margin_ms=margin_ms,
+            lane_of=self.backend.lane,
+        )  # fmt: skip
         self._spawn(self._keeper.serve(), "anarchon-heartbeats")
 
     def _heartbeat_connection(self) -> Connection | None:

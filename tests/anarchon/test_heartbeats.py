@@ -378,11 +378,11 @@ class BeatsThroughTheStore:
 
 
 def test_beats_sent_together_are_given_up_on_together_and_the_retry_goes_on_a_new_connection() -> None:
-    # a, b (leases of 1 s) and c (60 s), held at 0 with 0.3 s heartbeats: at 0.3 s a's beat goes out alone, and
-    # b's and c's queue behind it in the store's lane, then leave together, at 0.35 s, on a connection gone stale.
-    # b's is given up on at 0.625 s, halfway to its deadline: c's, still unanswered, is given up on with it, or
-    # it would hold the pipeline, and b's retry behind it, until b's deadline (0.95 s): a lease lost while the
-    # store answers. The retries go out on a new connection, and are answered.
+    # a, b (leases of 1 s) held at 0 and c (60 s) at 10 ms, with 0.3 s heartbeats: at 0.3 s a's beat goes out
+    # alone, and b's and c's (at 0.31 s) queue behind it in the store's lane, then leave together, at 0.35 s, on a
+    # connection gone stale. b's is given up on at 0.625 s, halfway to its deadline: c's, still unanswered on the
+    # same node, is given up on with it, or it would hold the pipeline, and b's retry behind it, until b's
+    # deadline (0.95 s): a lease lost while the store answers. The retries go out on a new connection.
     a, b, c = (RunRequest(job, "1", 1, f"token-{job}", "i") for job in "abc")
 
     async def main() -> tuple[dict[str, float], list[tuple[float, list[str]]]]:
@@ -392,14 +392,69 @@ def test_beats_sent_together_are_given_up_on_together_and_the_retry_goes_on_a_ne
         keeper = LeaseKeeper(cast(Strategy, BeatsThroughTheStore()), store, clock, heartbeat_ms=300, margin_ms=50)
         lost: dict[str, float] = {}
         serving = asyncio.create_task(keeper.serve())
-        for request, lease_ms in ((a, 1000), (b, 1000), (c, 60_000)):
-            hold_noting_the_loss(keeper, request, lease_ms, lost)
+        hold_noting_the_loss(keeper, a, 1000, lost)
+        hold_noting_the_loss(keeper, b, 1000, lost)
+        await asyncio.sleep(0.01)
+        hold_noting_the_loss(keeper, c, 60_000, lost)
         await asyncio.sleep(3)
         serving.cancel()
         await asyncio.gather(serving, return_exceptions=True)
         return lost, connection.cancelled
 
     assert run_virtual(main(), epoch_s=1_700_000_000, seed=1) == ({}, [(0.625, ["b", "c"])])
+
+
+class OneNodeSilent:
+    """Two cluster nodes (a ``Sharded`` connection under a real :class:`Store`): the jobs whose names start with
+    "x" are on one that stopped answering; the other answers in 100 ms. Notes the cancelled calls to that one."""
+
+    def __init__(self) -> None:
+        self.cancelled_on_the_other = 0
+
+    def lane(self, key: object) -> str:
+        return "x" if str(key).startswith("x") else "y"
+
+    async def _answer(self, commands: Sequence[Command]) -> list[Reply | StoreError]:
+        if self.lane(commands[0][1]) == "x":
+            await asyncio.sleep(3600)
+        try:
+            await asyncio.sleep(0.1)
+        except asyncio.CancelledError:
+            self.cancelled_on_the_other += 1
+            raise
+        return [int(command[2]) for command in commands]
+
+    async def execute(self, command: Command) -> Reply:
+        [reply] = await self._answer([command])
+        return reply
+
+    async def execute_many(self, commands: Sequence[Command]) -> list[Reply | StoreError]:
+        return await self._answer(commands)
+
+
+def test_a_cluster_node_that_stops_answering_costs_the_leases_of_its_own_runs_only() -> None:
+    # Five runs on node x, silent, and one on node y, which answers in 100 ms; leases of 1 s, heartbeats every
+    # 0.3 s. x's runs give their beats up ever more often as their deadline (0.95 s) nears: that must not cancel
+    # y's beats, on their way to another node.
+    async def main() -> tuple[dict[str, float], int]:
+        clock = SimClock()
+        connection = OneNodeSilent()
+        store = Store(cast(Connection, connection), owned=False)
+        keeper = LeaseKeeper(
+            cast(Strategy, BeatsThroughTheStore()), store, clock, heartbeat_ms=300, margin_ms=50,
+            lane_of=lambda job: store.lane(job),
+        )  # fmt: skip
+        lost: dict[str, float] = {}
+        serving = asyncio.create_task(keeper.serve())
+        for job in ["x0", "x1", "x2", "x3", "x4", "y"]:
+            hold_noting_the_loss(keeper, RunRequest(job, "1", 1, f"token-{job}", "i"), 1000, lost)
+        await asyncio.sleep(3)
+        serving.cancel()
+        await asyncio.gather(serving, return_exceptions=True)
+        return lost, connection.cancelled_on_the_other
+
+    lost, cancelled = run_virtual(main(), epoch_s=1_700_000_000, seed=1)
+    assert (lost, cancelled) == ({f"x{i}": 0.95 for i in range(5)}, 0)
 
 
 class AnsweredLateThenHangs:
