@@ -65,7 +65,7 @@ _CODES = {
 # SlotNotCoveredError: a cluster client's map has no node for a key's slot (yet). GLIDE's CircuitBreakerError
 # (it refuses requests for a while after failures) and RdmaError (a transfer that failed) did not reach the server.
 _UNAVAILABLE = (
-    "ConnectionError", "TimeoutError", "ClosingError", "BusyLoadingError", "MaxConnectionsError", "SlotNotCoveredError",
+    "ConnectionError", "TimeoutError", "ClosingError", "MaxConnectionsError", "SlotNotCoveredError",
     "CircuitBreakerError", "RdmaError",
 )  # fmt: skip
 # Replies that refuse a command for now without running it: the store is unavailable rather than saying no. A
@@ -111,8 +111,10 @@ def translate(error: BaseException) -> StoreError | None:
     if "AuthenticationError" in names:  # a ConnectionError to redis-py, but a wrong password is no outage
         text = str(error)
         return StoreReplyError(text if text.startswith(("WRONGPASS ", "NOAUTH ")) else f"{_auth_code(text)} {text}")
+    if "BusyLoadingError" in names:  # redis-py's LOADING reply, its code taken off: a refusal for now
+        return _reply_error(f"LOADING {error}")
     if any(name in _UNAVAILABLE for name in names) or isinstance(error, OSError | asyncio.TimeoutError):
-        return StoreUnavailableError(f"store unavailable: {str(error) or 'no reply in time'}")
+        return StoreUnavailableError(f"{_UNAVAILABLE_PREFIX}{str(error) or 'no reply in time'}")
     if "ResponseError" in names:  # redis-py, valkey-py, fakeredis
         return _reply_error(_reply_text(names, str(error)))
     if "RequestError" in names or "ExecAbortError" in names:  # GLIDE
