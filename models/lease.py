@@ -217,8 +217,8 @@ def trim(store: LeaseStore, now: int, policy: JobPolicy) -> LeaseStore:
     abandoned = [(run, r) for run, r in active if abs(r.lease_end) < horizon and run_slot(run) < horizon]
     if abandoned and len(active) > ABANDONED_SAMPLE:
         raise Unpredictable(f"trim closes the abandoned runs among {ABANDONED_SAMPLE} random active ones")
-    for run, r in abandoned:
-        store = store.put(run, r.close("interrupted", run_slot(run), now))
+    for run, r in abandoned:  # the state keeps no token: a finish that late is refused, not taken for a retry
+        store = store.put(run, replace(r.close("interrupted", run_slot(run), now), token=""))
     slack = max(1, policy.history_size // 10)
     if not policy.history_ttl_ms and sum(1 for _, r in store.runs if not r.running) <= policy.history_size + slack:
         return store

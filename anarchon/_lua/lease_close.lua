@@ -53,6 +53,10 @@ local function trim(now, history_size, keep_ms, ttl_ms)
     elseif math.abs(r.lease_end) < horizon and tonumber(r.slot) < horizon then
       local ended = r.lease_end < 0 and 'handed back' or 'lease expired'
       close_run(run, r, 'interrupted', now, '"abandoned: ' .. ended .. '; no instance took the run over"')
+      -- Its state keeps no attempt's token: a finish of its holder that comes this late (with "interrupted")
+      -- must be refused, not taken for a retry of a finish that ended the run.
+      r.token = ''
+      save_run(run, r)
     end
   end
   local slack = math.max(1, math.floor(history_size / 10))

@@ -1089,6 +1089,28 @@ async def test_lease_a_run_nobody_took_over_is_closed_at_the_jobs_next_finish(ta
     ]
 
 
+async def test_lease_a_finish_after_trim_closed_the_run_as_abandoned_is_refused(target: StoreTarget) -> None:
+    """Trim closed the run as interrupted, its holder silent for longer than keep_ms past its lease. A finish of
+    that holder coming then, with "interrupted" too, is refused: it is no retry of a finish that ended the run,
+    and trim's record stands."""
+    backend = await target.started_backend("lease")
+    policy = JobPolicy(lease_ms=10, history_size=1000, keep_ms=0)
+    now = int(await target.server_ms())
+    silent = request(now - 60_000, "silent")
+    silent_claim = await claim_one(backend, silent, policy)
+    await asyncio.sleep(0.02)  # its lease and keep_ms (0) past
+    following = request(now, "next")
+    won = await claim_one(backend, following, policy)
+    assert await backend.strategy.finish(backend.store, following, won, policy, record(following, won))
+    late = record(silent, silent_claim, "interrupted", "lease lost")
+    assert not await backend.strategy.finish(backend.store, silent, silent_claim, policy, late)
+    history = await backend.strategy.history(backend.store, "sync", 10)
+    assert [(r.slot, r.status, r.message) for r in history] == [
+        (following.slot, "ok", None),
+        (silent.slot, "interrupted", "abandoned: lease expired; no instance took the run over"),
+    ]
+
+
 async def test_lease_trim_leaves_a_handed_back_run_to_the_backups_for_keep_ms(target: StoreTarget) -> None:
     """A hand-back gives the backups keep_ms from its moment, as a crash does from the end of its lease, however
     old the run's slot (a long job): trim does not close the run meanwhile, and a backup takes it over."""
