@@ -11,7 +11,7 @@
 -- slots of the last keep_ms whose claims came early while another run was live and were told to come again at
 -- the slot, separated by spaces (lease_claim).
 
--- TIME followed by writes needs effects replication, the default from Redis 5.0 (the oldest supported).
+-- TIME followed by writes needs effects replication: server_now asks for it.
 
 local STATE, ACTIVE, SLOTS, RUNS, RESULTS = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 

@@ -12,7 +12,7 @@
 -- claim looks further back, to window_ms before the slot: an instance whose clock runs ahead claims a slot early,
 -- by up to window_ms (less jitter_ms and max_late_ms) if the window is sized for the instances' clocks, and its
 -- entry is kept while the slot is inside the window (see the trim below), for as long as a skip may come.
--- TIME followed by writes needs effects replication, the default from Redis 5.0 (the oldest supported).
+-- TIME followed by writes needs effects replication: server_now asks for it.
 
 -- include: server_now
 local runs = KEYS[1]

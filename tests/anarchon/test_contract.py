@@ -24,8 +24,9 @@ from anarchon._adapters import adapt
 from anarchon._store import Command, Connection, Reply, ScriptCall, ServerInfo, as_text, command_key
 from anarchon._strategies import Claim, JobPolicy, Outcome, RunRequest, run_id
 from anarchon._strategies.idmp import CONFIGURE
-from tests.anarchon.support import SLOT, StoreTarget, claim_one, record, request
-from tests.support import Recording
+from sim.servers import start_server
+from tests.anarchon.support import SLOT, StoreTarget, claim_one, record, request, server_ms
+from tests.support import Recording, backend_for
 
 STRATEGIES = ["lease", "stream-id", "idmp", "script"]
 OVERLAP_OK = JobPolicy(overlap=True)  # several runs of one job live at once, where a test needs that
@@ -1824,3 +1825,32 @@ async def test_claim_only_a_skip_at_exactly_late_after_ms_is_not_recorded(
     for slot, recorded in ((now - 101, True), (now - 100, False)):
         req = request(slot, f"z{slot}")
         assert await backend.strategy.skip(backend.store, req, policy, "skipped-late", "too late") is recorded
+
+
+@pytest.mark.parametrize("strategy", ["lease", "script", "stream-id"])
+async def test_scripts_run_on_a_redis_5_set_to_replicate_scripts_verbatim(real_target: str, strategy: str) -> None:
+    """Redis 5 (and 6) can be set to replicate scripts verbatim (``lua-replicate-commands no``), where a write
+    after TIME or XADD '*' is refused: the scripts ask for effects replication. Claim, a backup's claim, heartbeat,
+    finish and a late skip go through."""
+    if real_target != "redis-5":
+        pytest.skip(f"only Redis 5 and 6 replicate scripts verbatim when told; {real_target} has effects only")
+    with start_server(real_target, extra_args=["--lua-replicate-commands", "no"]) as running:
+        backend = backend_for(real_target, running.url(), strategy)
+        await backend.start(["sync"])
+        try:
+            policy = JobPolicy(lease_ms=5_000, late_after_ms=1_000)
+            now = await server_ms(backend.store)
+            late = request(now - 10_000, "late")  # first: under stream-id, a later slot's claim shuts it out
+            assert await backend.strategy.skip(backend.store, late, policy, "skipped-late", "too late")
+            mine = request(now, "mine")
+            won = await claim_one(backend, mine, policy)
+            assert won.outcome is Outcome.WON
+            lost = await claim_one(backend, request(now, "theirs"), policy)
+            assert lost.outcome is (Outcome.RUNNING if strategy == "lease" else Outcome.LOST)
+            if strategy == "lease":
+                assert await backend.strategy.heartbeat(backend.store, mine, policy) == 5_000
+            assert await backend.strategy.finish(backend.store, mine, won, policy, record(mine, won))
+            history = await backend.strategy.history(backend.store, "sync", 10)
+            assert [(r.slot, r.status) for r in history] == [(now, "ok"), (now - 10_000, "skipped-late")]
+        finally:
+            await backend.stop()
