@@ -1685,8 +1685,13 @@ class Scheduler(Generic[M]):
                 await self.clock.sleep(delay_s)
                 continue
             if not accepted:
-                log.warning("job %s slot %d attempt %d: the store refused the result (lease lost)", job, slot, attempt,
-                            extra=extra)  # fmt: skip
+                # A retry is told a result an earlier try recorded is recorded, unless trim has dropped the run since.
+                why = (
+                    "lease lost, or an earlier try recorded it and the run was trimmed since" if tried else "lease lost"
+                )
+                log.warning(
+                    "job %s slot %d attempt %d: the store refused the result (%s)", job, slot, attempt, why, extra=extra
+                )
             elif tried:
                 log.info("job %s slot %d: result recorded after %d failed tries", job, slot, tried, extra=extra)
             return
