@@ -174,12 +174,15 @@ def finish(
     store: LeaseStore, run: str, token: str, status: str, now: int, policy: JobPolicy
 ) -> tuple[LeaseStore, bool]:
     """Record how the current attempt ended; True also for a run that this call ended already (tried again after
-    its reply was lost): a run ended with the caller's token and this status."""
+    its reply was lost): a run ended with the caller's token and this status. An attempt that handed its run back
+    is refused."""
     r = store.run(run)
     if r is None or r.token != token:
         return store, False
     if not r.running:
         return store, r.status == status
+    if r.lease_end < 0:  # the attempt handed the run back
+        return store, False
     return trim(store.put(run, r.close(status, run_slot(run), now)), now, policy), True
 
 

@@ -4,7 +4,7 @@
 -- ARGV[3] status: "ok" | "error" | "interrupted"    ARGV[4] message as a JSON literal ('null' or "…")
 -- ARGV[5] history_size    ARGV[6] keep_ms    ARGV[7] history_ttl_ms ("0": none)
 -- returns 1 if recorded, now or by an earlier try of this call whose reply was lost; 0 if refused (not the current
---   attempt's token, or the run ended otherwise)
+--   attempt's token, the run ended otherwise, or the attempt handed it back)
 -- include: lease_run
 -- include: lease_state
 -- include: lease_close
@@ -15,9 +15,11 @@ if not r or r.token ~= token then
 end
 if r.status ~= 'running' then
   -- A run ended with the caller's token and this status was ended by this call, tried again after its reply was
-  -- lost: a takeover or a claim that gives the run up leaves its own token. (So was one that trim closed as
-  -- abandoned, keep_ms after its lease ran out, with the status "interrupted" that its holder reports then.)
+  -- lost: a takeover, a claim that gives the run up and trim's closing of an abandoned run leave no such token.
   return r.status == ARGV[3] and 1 or 0
+end
+if r.lease_end < 0 then -- the caller's attempt handed the run back: a backup takes it over, as its record says
+  return 0
 end
 local now = server_now()
 close_run(run, r, ARGV[3], now, ARGV[4])

@@ -190,6 +190,8 @@ async def test_a_released_run_is_taken_over_at_once_by_the_next_attempt(target: 
     # A heartbeat sent before the hand-back (the heartbeat thread has a connection of its own) that arrives after
     # it does not take the lease back for another minute.
     assert await backend.strategy.heartbeat(backend.store, first, policy) == 0
+    # Nor does a finish close the run under the backup (the scheduler sends one or the other, never both).
+    assert not await backend.strategy.finish(backend.store, first, won, policy, record(first, won, "interrupted"))
     late_copy = await claim_one(backend, first, policy)  # of its own claim: nor does it take the run back
     assert (late_copy.outcome, late_copy.attempt) == (Outcome.DONE, 1)
     taken = await claim_one(backend, backup, policy)  # no wait for the minute's lease
