@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import cast
 
 import pytest
@@ -19,6 +20,17 @@ from sim.world import SimClock
 from tests.support import eventually
 
 REQUEST = RunRequest("job", "1700000000000", 1_700_000_000_000, "token-a", "a")
+
+
+@contextlib.asynccontextmanager
+async def serving(keeper: LeaseKeeper) -> AsyncIterator[None]:
+    """The keeper beating, until the block ends."""
+    task = asyncio.create_task(keeper.serve())
+    try:
+        yield
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
 
 
 class RefusingStrategy:
@@ -43,14 +55,10 @@ async def refused_heartbeat_reports(ended_meanwhile: bool) -> tuple[int, list[st
     )  # fmt: skip
     strategy.keeper = keeper
     lost: list[str] = []
-    serving = asyncio.create_task(keeper.serve())
-    try:
+    async with serving(keeper):
         keeper.hold(REQUEST, JobPolicy(), SystemClock().monotonic(), 10_000, lost.append)
         await eventually(lambda: strategy.beats >= 1, cap_s=5)
         await asyncio.sleep(0.1)  # a few more heartbeat periods: the run is no longer kept, nothing more happens
-    finally:
-        serving.cancel()
-        await asyncio.gather(serving, return_exceptions=True)
     return strategy.beats, lost
 
 
@@ -91,15 +99,15 @@ async def test_a_heartbeat_failing_unexpectedly_is_tried_again_and_the_keeper_go
     strategy = FailingOnceStrategy(error)
     keeper = LeaseKeeper(cast(Strategy, strategy), cast(Store, None), SystemClock(), heartbeat_ms=20, margin_ms=0)
     lost: list[str] = []
-    serving = asyncio.create_task(keeper.serve())
+    task = asyncio.create_task(keeper.serve())
     try:
         keeper.hold(REQUEST, JobPolicy(), SystemClock().monotonic(), 10_000, lost.append)
         await eventually(lambda: strategy.beats >= 3, cap_s=5)  # the retry a second later, then the next beat
         assert strategy.beats >= 3
-        assert not serving.done()
+        assert not task.done()
     finally:
-        serving.cancel()
-        await asyncio.gather(serving, return_exceptions=True)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
     assert lost == []
 
 
@@ -126,11 +134,9 @@ def test_a_failed_heartbeat_of_a_short_lease_is_tried_again_before_the_lease_end
         strategy = FailingFirstStrategy(clock, lease_ms=2000)
         keeper = LeaseKeeper(cast(Strategy, strategy), cast(Store, None), clock, heartbeat_ms=1000, margin_ms=50)
         lost: list[str] = []
-        serving = asyncio.create_task(keeper.serve())
-        keeper.hold(REQUEST, JobPolicy(), clock.monotonic(), 2000, lost.append)
-        await asyncio.sleep(4)
-        serving.cancel()
-        await asyncio.gather(serving, return_exceptions=True)
+        async with serving(keeper):
+            keeper.hold(REQUEST, JobPolicy(), clock.monotonic(), 2000, lost.append)
+            await asyncio.sleep(4)
         return strategy.beats, lost
 
     beats, lost = run_virtual(main(), epoch_s=1_700_000_000, seed=1)
@@ -162,12 +168,10 @@ def test_heartbeats_that_fail_are_said_once_per_outage(caplog: pytest.LogCapture
             cast(Strategy, FailingWhileDownStrategy(clock)), cast(Store, None), clock, heartbeat_ms=1000, margin_ms=0
         )
         lost: list[str] = []
-        serving = asyncio.create_task(keeper.serve())
-        for token in ("a", "b"):
-            keeper.hold(REQUEST._replace(token=token), JobPolicy(), clock.monotonic(), 10_000, lost.append)
-        await asyncio.sleep(7)
-        serving.cancel()
-        await asyncio.gather(serving, return_exceptions=True)
+        async with serving(keeper):
+            for token in ("a", "b"):
+                keeper.hold(REQUEST._replace(token=token), JobPolicy(), clock.monotonic(), 10_000, lost.append)
+            await asyncio.sleep(7)
         return lost
 
     assert run_virtual(main(), epoch_s=1_700_000_000, seed=1) == []
@@ -215,13 +219,11 @@ def test_a_run_learns_its_lease_is_lost_at_its_deadline_while_another_runs_beat_
             cast(Strategy, OneFailsOneHangs(x)), cast(Store, None), clock, heartbeat_ms=300, margin_ms=50
         )
         lost: dict[str, float] = {}
-        serving = asyncio.create_task(keeper.serve())
-        hold_noting_the_loss(keeper, x, 1000, lost)
-        await asyncio.sleep(0.25)
-        hold_noting_the_loss(keeper, y, 1000, lost)
-        await asyncio.sleep(3)
-        serving.cancel()
-        await asyncio.gather(serving, return_exceptions=True)
+        async with serving(keeper):
+            hold_noting_the_loss(keeper, x, 1000, lost)
+            await asyncio.sleep(0.25)
+            hold_noting_the_loss(keeper, y, 1000, lost)
+            await asyncio.sleep(3)
         return lost
 
     lost = run_virtual(main(), epoch_s=1_700_000_000, seed=1)
@@ -246,11 +248,9 @@ def test_a_run_won_with_less_lease_left_than_a_heartbeat_period_is_beaten_before
         strategy = Extending(clock)
         keeper = LeaseKeeper(cast(Strategy, strategy), cast(Store, None), clock, heartbeat_ms=333, margin_ms=50)
         lost: list[str] = []
-        serving = asyncio.create_task(keeper.serve())
-        keeper.hold(REQUEST, JobPolicy(lease_ms=1000), clock.monotonic(), 300, lost.append)
-        await asyncio.sleep(1)
-        serving.cancel()
-        await asyncio.gather(serving, return_exceptions=True)
+        async with serving(keeper):
+            keeper.hold(REQUEST, JobPolicy(lease_ms=1000), clock.monotonic(), 300, lost.append)
+            await asyncio.sleep(1)
         return strategy.beats, lost
 
     beats, lost = run_virtual(main(), epoch_s=1_700_000_000, seed=1)
@@ -286,15 +286,13 @@ def test_a_runs_heartbeats_go_on_while_another_runs_beat_hangs() -> None:
         strategy = HangsFor(y)
         keeper = LeaseKeeper(cast(Strategy, strategy), cast(Store, None), clock, heartbeat_ms=300, margin_ms=50)
         lost: dict[str, float] = {}
-        serving = asyncio.create_task(keeper.serve())
-        hold_noting_the_loss(keeper, y, 60_000, lost)
-        await asyncio.sleep(0.35)
-        hold_noting_the_loss(keeper, x, 1000, lost)
-        await asyncio.sleep(3)
-        strategy.answer.set()
-        await asyncio.sleep(0.1)
-        serving.cancel()
-        await asyncio.gather(serving, return_exceptions=True)
+        async with serving(keeper):
+            hold_noting_the_loss(keeper, y, 60_000, lost)
+            await asyncio.sleep(0.35)
+            hold_noting_the_loss(keeper, x, 1000, lost)
+            await asyncio.sleep(3)
+            strategy.answer.set()
+            await asyncio.sleep(0.1)
         gc.collect()
         return lost, strategy.beats, unretrieved
 
@@ -334,11 +332,9 @@ def test_a_heartbeat_that_hangs_is_given_up_on_halfway_to_the_deadline_and_sent_
         strategy = HangsOnce(clock, hang_s=10)
         keeper = LeaseKeeper(cast(Strategy, strategy), cast(Store, None), clock, heartbeat_ms=3333, margin_ms=500)
         lost: dict[str, float] = {}
-        serving = asyncio.create_task(keeper.serve())
-        hold_noting_the_loss(keeper, REQUEST, 10_000, lost)
-        await asyncio.sleep(12)
-        serving.cancel()
-        await asyncio.gather(serving, return_exceptions=True)
+        async with serving(keeper):
+            hold_noting_the_loss(keeper, REQUEST, 10_000, lost)
+            await asyncio.sleep(12)
         return strategy.beats, strategy.abandoned, lost
 
     beats, abandoned, lost = run_virtual(main(), epoch_s=1_700_000_000, seed=1)
@@ -391,14 +387,12 @@ def test_beats_sent_together_are_given_up_on_together_and_the_retry_goes_on_a_ne
         store = Store(cast(Connection, connection), owned=False)
         keeper = LeaseKeeper(cast(Strategy, BeatsThroughTheStore()), store, clock, heartbeat_ms=300, margin_ms=50)
         lost: dict[str, float] = {}
-        serving = asyncio.create_task(keeper.serve())
-        hold_noting_the_loss(keeper, a, 1000, lost)
-        hold_noting_the_loss(keeper, b, 1000, lost)
-        await asyncio.sleep(0.01)
-        hold_noting_the_loss(keeper, c, 60_000, lost)
-        await asyncio.sleep(3)
-        serving.cancel()
-        await asyncio.gather(serving, return_exceptions=True)
+        async with serving(keeper):
+            hold_noting_the_loss(keeper, a, 1000, lost)
+            hold_noting_the_loss(keeper, b, 1000, lost)
+            await asyncio.sleep(0.01)
+            hold_noting_the_loss(keeper, c, 60_000, lost)
+            await asyncio.sleep(3)
         return lost, connection.cancelled
 
     assert run_virtual(main(), epoch_s=1_700_000_000, seed=1) == ({}, [(0.625, ["b", "c"])])
@@ -426,7 +420,7 @@ class OneNodeSilent:
 
     async def execute(self, command: Command) -> Reply:
         [reply] = await self._answer([command])
-        return reply
+        return cast(Reply, reply)
 
     async def execute_many(self, commands: Sequence[Command]) -> list[Reply | StoreError]:
         return await self._answer(commands)
@@ -445,12 +439,10 @@ def test_a_cluster_node_that_stops_answering_costs_the_leases_of_its_own_runs_on
             lane_of=lambda job: store.lane(job),
         )  # fmt: skip
         lost: dict[str, float] = {}
-        serving = asyncio.create_task(keeper.serve())
-        for job in ["x0", "x1", "x2", "x3", "x4", "y"]:
-            hold_noting_the_loss(keeper, RunRequest(job, "1", 1, f"token-{job}", "i"), 1000, lost)
-        await asyncio.sleep(3)
-        serving.cancel()
-        await asyncio.gather(serving, return_exceptions=True)
+        async with serving(keeper):
+            for job in ["x0", "x1", "x2", "x3", "x4", "y"]:
+                hold_noting_the_loss(keeper, RunRequest(job, "1", 1, f"token-{job}", "i"), 1000, lost)
+            await asyncio.sleep(3)
         return lost, connection.cancelled_on_the_other
 
     lost, cancelled = run_virtual(main(), epoch_s=1_700_000_000, seed=1)
@@ -479,11 +471,9 @@ def test_a_heartbeat_answered_late_extends_the_lease_from_when_it_was_sent() -> 
         strategy = AnsweredLateThenHangs(delay_s=0.3)
         keeper = LeaseKeeper(cast(Strategy, strategy), cast(Store, None), clock, heartbeat_ms=300, margin_ms=50)
         lost: dict[str, float] = {}
-        serving = asyncio.create_task(keeper.serve())
-        hold_noting_the_loss(keeper, REQUEST, 1000, lost)
-        await asyncio.sleep(3)
-        serving.cancel()
-        await asyncio.gather(serving, return_exceptions=True)
+        async with serving(keeper):
+            hold_noting_the_loss(keeper, REQUEST, 1000, lost)
+            await asyncio.sleep(3)
         return strategy.beats, lost
 
     # The later beats, unanswered, are given up on and sent again until the deadline.

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -36,7 +35,7 @@ from anarchon._strategies.script import CLAIM as SCRIPT_CLAIM
 from sim.servers import start_server
 from sim.servers._running import RunningServer
 from tests.reliability.proxy import LossyProxy
-from tests.support import Ledger, backend_for, eventually
+from tests.support import Ledger, backend_for, eventually, second_from_now
 
 MARKERS = {"lease": LEASE_CLAIM.sha.encode(), "script": SCRIPT_CLAIM.sha.encode(), "stream-id": b"XADD"}
 FINISH_MARKERS = {"lease": LEASE_FINISH.sha.encode(), "script": b"ZADD", "stream-id": b"ZADD"}
@@ -60,6 +59,15 @@ def decided(claim: Claim) -> tuple[Outcome, int]:
     """A claim's outcome and attempt: not the lease time left (which shrinks between the two tries), nor the fence
     (a lease renewed by a retry takes the next: nobody heard the first)."""
     return (claim.outcome, claim.attempt)
+
+
+def scheduler_through(
+    proxy: LossyProxy, target: str, strategy: str, job: str, ledger: Ledger, work_s: float = 0.0, **options: Any
+) -> Scheduler[Any]:
+    """Instance "a" on a connection through the proxy, with ``job`` due 2 s from now (once a minute)."""
+    scheduler: Scheduler[Any] = Scheduler(backend_for(target, proxy.url(), strategy), instance_id="a", **options)
+    scheduler.add_job(job, second_from_now(2), ledger.job("a", work_s))
+    return scheduler
 
 
 @pytest.fixture
@@ -117,9 +125,7 @@ async def test_a_scheduler_whose_claim_reply_is_lost(
     caplog.set_level(logging.DEBUG, logger="anarchon")
     _, proxy = lossy
     ledger = Ledger()
-    scheduler: Scheduler[Any] = Scheduler(backend_for(live_target, proxy.url(), strategy), instance_id="a")
-    due = (int(time.time()) + 2) % 60
-    scheduler.add_job("tick", f"{due} * * * * *", ledger.job("a"))
+    scheduler = scheduler_through(proxy, live_target, strategy, "tick", ledger)
 
     def retried() -> bool:  # the retry ran the job, or was answered "lost"
         lost = any(r.getMessage().endswith(": lost") for r in caplog.records)
@@ -145,9 +151,7 @@ async def test_a_scheduler_whose_finish_reply_is_lost_records_the_result_once(
     caplog.set_level(logging.DEBUG, logger="anarchon")
     _, proxy = lossy
     ledger = Ledger()
-    scheduler: Scheduler[Any] = Scheduler(backend_for(live_target, proxy.url(), strategy), instance_id="a")
-    due = (int(time.time()) + 2) % 60
-    scheduler.add_job("tick", f"{due} * * * * *", ledger.job("a"))
+    scheduler = scheduler_through(proxy, live_target, strategy, "tick", ledger)
 
     def recorded_after_a_retry() -> bool:
         return any("result recorded after 1 failed tries" in r.getMessage() for r in caplog.records)
@@ -172,10 +176,7 @@ async def test_a_heartbeat_whose_connection_goes_silent_is_sent_again_and_the_le
     caplog.set_level(logging.DEBUG, logger="anarchon")
     _, proxy = lossy
     ledger = Ledger()
-    backend = backend_for(live_target, proxy.url(), "lease")
-    scheduler: Scheduler[Any] = Scheduler(backend, instance_id="a", lease_ms=3000)
-    due = (int(time.time()) + 2) % 60
-    scheduler.add_job("long", f"{due} * * * * *", ledger.job("a", 5))
+    scheduler = scheduler_through(proxy, live_target, "lease", "long", ledger, 5, lease_ms=3000)
     async with scheduler:
         proxy.arm(LEASE_HEARTBEAT.sha.encode(), hang=True)
         await eventually(lambda: any(e.ended_ms is not None for e in ledger.executions), 15)
