@@ -79,6 +79,9 @@ RunEndHook = Callable[[RunContext, RunRecord], object]
 DEFAULT_LEASE_MS = 30_000
 RETRY_MIN_S = 0.5
 RETRY_MAX_S = 30.0
+# A wall clock that moved this much less than the monotonic one was set back (below it: the two clocks' reading
+# moments and rounding).
+STEP_BACK_MIN_MS = 2
 MAX_SLEEP_S = 60.0  # wake at least this often, so a wall clock that jumps is noticed
 LEASE_MARGIN = 0.05  # share of the lease a winner gives up, so that it stops before the store's lease end
 # After stop()'s timeout, how long the runs it cut short (and claims in flight) may still wait for the store to
@@ -1001,13 +1004,16 @@ class Scheduler(Generic[M]):
             self._sleeper.cancel()
 
     async def _dispatch(self) -> None:
-        last = self.clock.wall_ms()
+        last, last_monotonic = self.clock.wall_ms(), self.clock.monotonic()
         while True:
             raise_if_cancelled()
-            now = self.clock.wall_ms()
-            if now < last:
-                self._stepped_back_ms += last - now
-            last = now
+            now, monotonic = self.clock.wall_ms(), self.clock.monotonic()
+            # How much less the wall clock moved than the monotonic one: it was set back, by that much. (Not only
+            # when it now shows less than before: set back by less than the dispatcher slept, it shows more.)
+            went_back = last - now + round((monotonic - last_monotonic) * 1000)
+            if went_back > STEP_BACK_MIN_MS:
+                self._stepped_back_ms += went_back
+            last, last_monotonic = now, monotonic
             if self._stepped_back_ms and not self._claiming:
                 # Once no round is on its way: a round settles its claims by the clock it began with, and what
                 # it queues (retries, backups) is planned again with the rest.
@@ -1118,20 +1124,25 @@ class Scheduler(Generic[M]):
         would wait that much longer, and a lone instance would run no slot meanwhile. A job whose planned slot
         is no longer its next goes on from the first slot that may still be claimed, as after a stall: when the
         clock went back is not known, so a slot since may have been missed (one claimed already, early while the
-        clock was ahead, is answered done). Retries and backups wait what they had left."""
+        clock was ahead, is answered done). So does a job with a slot that came before its scheduling began by the
+        clock of before, and after by the corrected one: nothing claimed it. Retries and backups wait what they
+        had left."""
         planned, self._queue = self._waiting(), []
         for held in self._claiming.values():
             held.clear()
         for at_ms, _, name, slot, kind, failures, token in planned:
             if kind == "scheduled":
                 job = self._jobs[name]
+                # No further back than when the job's scheduling began, by the corrected clock: the slots before
+                # came due while no instance of this process could claim them (catch_up_ms's part).
+                started = self._added_at.get(name, self._started_at or 0.0)
+                began = now - int((self.clock.monotonic() - started) * 1000)
+                resume_after = max(now - job.options.late_after_ms, began)
+                owed = job.schedule.next_after(resume_after)
+                missed = owed is not None and owed < slot and owed <= began + step_ms
                 first = job.schedule.next_after(now)
-                if first is not None and first < slot:
-                    # No further back than when the job's scheduling began, by the corrected clock: the slots
-                    # before came due while no instance of this process could claim them (catch_up_ms's part).
-                    started = self._added_at.get(name, self._started_at or 0.0)
-                    began = now - int((self.clock.monotonic() - started) * 1000)
-                    self._schedule_next(job, max(now - job.options.late_after_ms, began))
+                if missed or (first is not None and first < slot):
+                    self._schedule_next(job, resume_after)
                     continue
             else:
                 at_ms -= step_ms

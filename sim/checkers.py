@@ -43,7 +43,7 @@ from zoneinfo import ZoneInfo
 from anarchon._cron import CronSchedule
 from anarchon._job import JobOptions
 from anarchon._scheduler import DEFAULT_LEASE_MS
-from anarchon._strategies import run_id
+from anarchon._strategies import Outcome, run_id
 from sim.history import Event, Execution, History
 from sim.scenario import InstanceSpec, JobSpec, Scenario
 from sim.world import FaultWindow
@@ -127,6 +127,13 @@ def judge(
     names = [instance.name for instance in scenario.instances]
 
     healthy: dict[float, bool] = {}  # by slot time: every job with a slot then asks the same
+    # (instance, slot) of the lease claims made early that the store put off to the slot (any job's)
+    put_off = {
+        (event.process, int(event.run))
+        for event in history.events
+        if event.op == "claim" and event.kind == "ok" and event.run.isdigit()
+        and event.value.startswith(f"{Outcome.RUNNING.value} attempt=0 ")
+    }  # fmt: skip
     clocks = {instance.name: _Clock.of(instance, fault_windows) for instance in scenario.instances}
 
     judged_until = scenario.duration_s - settle_s  # later slots may not have run by the end: not judged
@@ -136,13 +143,16 @@ def judge(
         time: an outage anywhere in it, not only at its ends, can leave the slot to nobody. By its own clock: a
         scheduler started again after that moment owes the slot nothing, however early in true time it was, but
         one whose clock is set back and shows it again owes it then; one whose clock shows it too late for the
-        settling time to pass before the end may not have run it yet."""
+        settling time to pass before the end may not have run it yet. Under lease, a clock ahead of the store's
+        whose claim came while another run of the job was live was told to claim again at the slot by the store's
+        clock: its settling time counts from then."""
         if t not in healthy:
             healthy[t] = any(
-                not any(w.hits(name, at, at + settle_s) for w in fault_windows)
+                not any(w.hits(name, at, begin + settle_s) for w in fault_windows)
                 for name in names
                 for at in clocks[name].showings(t)
-                if 0 <= at <= judged_until
+                for begin in [max(at, t) if (name, round((t + epoch) * 1000)) in put_off else at]
+                if at >= 0 and begin <= judged_until
             )
         return healthy[t]
 

@@ -1190,6 +1190,34 @@ def test_a_clock_set_back_reaches_back_no_further_than_the_job_was_started() -> 
     assert sorted(ran["added"]) == list(range(2, 11))  # added at 1 s: 7 early, 2 to 6 late, from 8 on time
 
 
+def test_a_clock_set_back_past_the_start_runs_the_slot_it_shows_again_that_nobody_claimed() -> None:
+    """A job every 10 s on an instance started at 12 s, alone. At 14.2 s its clock is set back 5.5 s: by the
+    corrected clock it began at 6.5 s, so the slot at 10 s came due while it was up, and nobody claimed it. The
+    scheduler, asleep until the slot at 20 s by the clock of before (8 s), wakes at 20 s: the clock shows 14.5 s,
+    more than when it fell asleep, but 5.5 s less than it slept. It runs the slot at 10 s then, though the slot
+    it had planned (20 s) is still the next after the corrected time, and the slot at 20 s when it comes."""
+
+    async def main() -> list[tuple[int, float]]:
+        scheduler = _virtual_instance(fakeredis.FakeServer(), "a")
+        clock: SimClock = scheduler.clock  # type: ignore[assignment]
+        ran: list[tuple[int, float]] = []
+
+        async def tick(run: RunContext) -> None:
+            ran.append((run.slot // 1000 - VIRTUAL_EPOCH_S, round(asyncio.get_running_loop().time(), 1)))
+
+        scheduler.add_job("tick", "*/10 * * * * *", tick)
+        await asyncio.sleep(12)
+        await scheduler.start()
+        await asyncio.sleep(2.2)
+        clock.offset_ms = -5_500
+        await asyncio.sleep(20)
+        await scheduler.stop()
+        return ran
+
+    ran = run_virtual(main(), epoch_s=VIRTUAL_EPOCH_S, seed=1)
+    assert ran == [(10, 20.0), (20, 25.5)]
+
+
 def test_a_claim_on_its_way_as_the_clock_is_set_back_is_retried_after_what_it_had_left() -> None:
     """The clock, an hour ahead, is set right while a claim is on its way; it fails 1.8 s later. Its retry waits
     the 0.5 s it was given, by the corrected clock too (and is then found late), not the hour the clock went back

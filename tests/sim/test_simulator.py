@@ -589,9 +589,11 @@ def test_a_clock_jump_and_late_claims_move_when_an_instance_starts_its_runs() ->
     # the jump, and from the slot at 30 s on it starts each run 4 s before the slot (true time).
     assert starts({"at_s": 15, "kind": "skew", "instance": "a", "offset_ms": 4000}) == [0, 0, -4, -4, -4, -4]
     # From 15 s to 35 s its clock is 3 s behind: the slots at 20 and 30 s start 3 s late, and so does the one at
-    # 40 s, whose timer was set while the clock was behind; the slot at 60 s falls after the end.
+    # 40 s, whose timer was set while the clock was behind; the slot at 60 s falls after the end. Woken at 20 s
+    # for the slot at 20 s, a sees its clock went back 3 s: by it, a began at -3 s, before the slot at 0 s (at
+    # its first instant by the clock of before, owed by no one then), which nobody ran. It runs it then.
     late = {"at_s": 15, "kind": "late", "instance": "a", "delay_ms": 3000, "duration_s": 20}
-    assert starts(late) == [0, 3, 3, 3, 0]
+    assert starts(late) == [0, 20, 3, 3, 3, 0]
 
 
 def _far_ahead(instances: list[dict[str, object]], faults: list[dict[str, object]], duration_s: int) -> Outcome:
@@ -876,6 +878,41 @@ def test_a_slot_is_judged_missed_only_once_its_jittered_claim_could_have_run() -
     outcome = simulate(scenario, "lease", 3)
     assert [round(e.started - true_s(e.slot, EPOCH_S)) for e in outcome.history.executions][-1] > 15
     assert (outcome.judgement.verdicts["P2"].status, outcome.judgement.slots_checked) == ("valid", 2)  # 30 and 60 s
+
+
+SHRUNK_BASE = {
+    "duration_s": 120, "scheduler": {"lease_ms": 3000, "heartbeat_ms": 1000},
+    "instances": [{"name": "a"}, {"name": "b"}, {"name": "c"}],
+    "jobs": [{"name": "tick", "cron": "*/10 * * * * *", "work_s": 2.0, "max_late_ms": 30_000}],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("strategy", ["lease", "stream-id", "script", "idmp"])
+def test_an_instance_whose_clock_is_set_back_past_its_start_runs_the_slot_nobody_claimed(strategy: str) -> None:
+    # Found by the property search. b and c crash at 1 s; a crashes at 8 s and starts again at 12 s; at 14.2 s
+    # its clock is set back 5.5 s. By it, a was up at the slot at 10 s, which nobody ran: a runs it (at 20 s,
+    # when it wakes for the slot it had planned; that clock shows 14.5 s then).
+    scenario = parse({**SHRUNK_BASE, "name": "stepback", "faults": [
+        {"at_s": 1, "kind": "crash", "instance": "b"}, {"at_s": 1, "kind": "crash", "instance": "c"},
+        {"at_s": 8, "kind": "crash", "instance": "a", "restart_after_s": 4},
+        {"at_s": 14.2, "kind": "skew", "instance": "a", "offset_ms": -5500},
+    ]})  # fmt: skip
+    outcome = simulate(scenario, strategy, 1)
+    assert outcome.judgement.verdicts["P2"].status == "valid", outcome.judgement.verdicts["P2"].witness
+    ten = [e for e in outcome.history.executions if true_s(e.slot, EPOCH_S) == 10]
+    assert [(e.instance, round(e.started, 1)) for e in ten] == [("a", 20.0)]
+
+
+def test_a_lease_claim_put_off_to_its_slot_is_given_its_settling_time_from_the_slot() -> None:
+    # Found by the property search: b's clock runs 20.5 s ahead; its claim of the slot at 120 s, at 99.5 s, is put
+    # off by the store to the slot, the scenario's last instant. P2 gave the settling time from 99.5 s, and said
+    # the slot never started.
+    scenario = parse({**SHRUNK_BASE, "name": "early", "faults": [
+        {"at_s": 31.5, "kind": "skew", "instance": "b", "offset_ms": 10_161},
+        {"at_s": 77.0, "kind": "pause", "instance": "a", "duration_s": 1},
+        {"at_s": 90.0, "kind": "skew", "instance": "winner", "offset_ms": 10_347},
+    ]})  # fmt: skip
+    assert simulate(scenario, "lease", 399).judgement.verdicts["P2"].status == "valid"
 
 
 def test_bad_scenarios_are_refused_with_the_reason() -> None:
