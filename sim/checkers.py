@@ -44,7 +44,7 @@ from anarchon._cron import CronSchedule
 from anarchon._job import JobOptions
 from anarchon._scheduler import DEFAULT_LEASE_MS
 from anarchon._strategies import Outcome, run_id
-from sim.history import Event, Execution, History
+from sim.history import ClaimAnswer, Event, Execution, History
 from sim.scenario import InstanceSpec, JobSpec, Scenario
 from sim.world import FaultWindow
 
@@ -131,9 +131,8 @@ def judge(
     put_off = {
         (event.process, int(event.run))
         for event in history.events
-        if event.op == "claim" and event.kind == "ok" and event.run.isdigit()
-        and event.value.startswith(f"{Outcome.RUNNING.value} attempt=0 ")
-    }  # fmt: skip
+        if (answer := ClaimAnswer.of(event)) and answer[:2] == (Outcome.RUNNING.value, 0) and event.run.isdigit()
+    }
     clocks = {instance.name: _Clock.of(instance, fault_windows) for instance in scenario.instances}
 
     judged_until = scenario.duration_s - settle_s  # later slots may not have run by the end: not judged
@@ -311,7 +310,7 @@ def _overlapped(history: History) -> set[tuple[str, str]]:
     """The runs (job, run id) some claim of was answered ``overlap``: lease skipped them, by design, while an
     earlier run of the job held its lease."""
     return {(e.job, e.run) for e in history.events
-            if e.kind == "ok" and e.op == "claim" and e.value.startswith("overlap")}  # fmt: skip
+            if (answer := ClaimAnswer.of(e)) and answer.outcome == Outcome.OVERLAP.value}  # fmt: skip
 
 
 def _attempts(scenario: Scenario, strategy: str) -> dict[str, int]:
@@ -426,9 +425,10 @@ def lease_margins(history: History, lease_ms: int) -> dict[tuple[str, str], tupl
             sent[(event.process, event.op, event.token)] = event.t
         if event.kind != "ok":
             continue
-        if event.op == "claim" and event.value.startswith("won"):
-            left = event.value.split("lease_ms=")[1].split()[0] if "lease_ms=" in event.value else ""
-            granted_ms = int(left) if left else lease_ms  # what is left of the lease (a retried claim's is less)
+        answer = ClaimAnswer.of(event)
+        if answer and answer.outcome == Outcome.WON.value:
+            # What is left of the lease (a retried claim's is less).
+            granted_ms = lease_ms if answer.lease_ms is None else answer.lease_ms
         elif event.op == "heartbeat" and event.value.isdigit() and int(event.value) > 0:
             granted_ms = int(event.value)
         else:
@@ -500,9 +500,8 @@ def _no_lost_ack(strategy: str, history: History, fault_windows: list[FaultWindo
     # came reads it late, but the store the try was sent to accepted the claim.
     wins: dict[tuple[str, str], list[tuple[_Place, _Place, str, int, str]]] = defaultdict(list)
     for event, place, sent in _claim_answers(history):
-        if event.kind == "ok" and event.value.startswith("won"):
-            attempt = int(event.value.split("attempt=")[1].split()[0])
-            wins[(event.job, event.run)].append((place, sent, event.token, attempt, event.process))
+        if (answer := ClaimAnswer.of(event)) and answer.outcome == Outcome.WON.value:
+            wins[(event.job, event.run)].append((place, sent, event.token, answer.attempt, event.process))
     bad, doubtful = [], []
     for (job, run), acks in sorted(wins.items()):
         acks.sort()
@@ -606,9 +605,9 @@ def _fencing(history: History, manual_ordered: bool) -> Verdict:
         if event.kind == "fail":
             continue
         first_send.setdefault(event.token, sent)
-        if event.kind == "ok" and event.value.startswith("won") and event.token not in acknowledged:
-            fence = int(event.value.split("fence=")[1])
-            acknowledged[event.token] = fence
+        answer = ClaimAnswer.of(event)
+        if answer and answer.outcome == Outcome.WON.value and event.token not in acknowledged:
+            fence = acknowledged[event.token] = answer.fence
             if event.run.startswith("m") and not manual_ordered:
                 continue
             accepted[event.job].append((first_send[event.token], place, fence))

@@ -11,7 +11,7 @@ import hashlib
 import json
 from collections.abc import Awaitable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from anarchon import RunRecord, StoreError, StoreUnavailableError
 from anarchon._store import ServerInfo, Store
@@ -32,6 +32,28 @@ class Event:
     token: str = ""
     value: str = ""
     attempt: int = 0  # the run's attempt this operation belongs to; 0 while a claim has not named one
+
+
+class ClaimAnswer(NamedTuple):
+    """What the store answered a claim, as an ``ok`` claim event's value holds it."""
+
+    outcome: str  # an Outcome's value
+    attempt: int
+    fence: int
+    lease_ms: int | None = None  # the lease left (absent from the values of some tests' histories)
+
+    def __str__(self) -> str:
+        return f"{self.outcome} attempt={self.attempt} lease_ms={self.lease_ms} fence={self.fence}"
+
+    @classmethod
+    def of(cls, event: Event) -> ClaimAnswer | None:
+        """The answer an ``ok`` claim event records; None for any other event."""
+        if event.kind != "ok" or event.op != "claim":
+            return None
+        outcome, *fields = event.value.split()
+        values = dict(field.split("=", 1) for field in fields)
+        lease_ms = values.get("lease_ms")
+        return cls(outcome, int(values["attempt"]), int(values["fence"]), None if lease_ms is None else int(lease_ms))
 
 
 @dataclass(slots=True)
@@ -114,13 +136,8 @@ class RecordingStrategy:
         elif isinstance(result, Claim):
             if result.outcome is Outcome.WON:
                 self._attempts[request.token] = result.attempt
-            answer = result.outcome.value
-            self._record(
-                "ok",
-                op,
-                request,
-                f"{answer} attempt={result.attempt} lease_ms={result.lease_ms_left} fence={result.fence}",
-            )
+            answer = ClaimAnswer(result.outcome.value, result.attempt, result.fence, result.lease_ms_left)
+            self._record("ok", op, request, str(answer))
         else:
             self._record("ok", op, request, str(result))
 
