@@ -7,11 +7,12 @@ Claim latency: for each target, the same asyncio redis-py client (RESP2) takes t
 lease claim is followed (untimed) by its finish, as in real use. Claims cycle over 100 jobs. The script strategy
 scans a job's claims of the last ``window_ms``: each job's window holds 30 of them throughout (a job every 10 s
 with the default window of 300 s), each claim followed (untimed) by the trim of the oldest. p50 /
-p99 in microseconds, and each strategy's p50 over SET NX PX's. Beside them, ``lua_spin``: a script that does
-nothing but spin a Lua loop for as long as the lease claim runs in the server (``INFO commandstats``), which shows
-how much of the lease claim's ratio any script of that server time would cost. Pipelined claims per second are
-measured on each target, and on a cluster of three primaries of the burst's target, batches of each operation
-taking turns, each rate beside the time per claim over pipelined SET NX PX's.
+p99 in microseconds, and each strategy's p50 over SET NX PX's. Beside them, ``lua_spin``: a script sent with a
+lease claim's keys and arguments that does nothing but spin a Lua loop for as long as the lease claim runs in the
+server (``INFO commandstats``), which shows how much of the lease claim's ratio any script told what a claim is
+told, of that server time, would cost; what lease takes beyond it is anarchon's work in the client. Pipelined
+claims per second are measured on each target, and on a cluster of three primaries of the burst's target, batches
+of each operation taking turns, each rate beside the time per claim over pipelined SET NX PX's.
 
 Server instructions: each target's server runs once more under callgrind (valgrind), which counts the
 instructions it executes for a request (reading it, running it, writing the reply; not the kernel's part): per
@@ -60,8 +61,9 @@ from redis.backoff import NoBackoff
 
 from anarchon import RedisBackend, RunContext, RunRecord, Scheduler, ValkeyBackend
 from anarchon._adapters import RedisPyAsync, adapt
-from anarchon._store import Store, as_text
+from anarchon._store import Command, Store, as_text
 from anarchon._strategies import Claim, JobPolicy, Outcome, RunRequest
+from anarchon._strategies.lease import LeaseStrategy
 from sim.checkers import percentile
 from sim.live import supported
 from sim.servers import RunningServer, available_targets, backend_for, start_server
@@ -70,8 +72,9 @@ STRATEGIES = ("lease", "stream-id", "idmp", "script")
 JOBS = 100
 WARM_UP = JOBS  # every job's first claim (lease: it also fixes the job's catch-up moment) is left out
 SCRIPT_WINDOW_CLAIMS = 30  # claims in a script job's window while it is measured: one every 10 s for 300 s
-# SPIN: spin a Lua loop ARGV[1] times and nothing else. KEYS: none. Returns 1.
-SPIN = "local x = 0 for i = 1, tonumber(ARGV[1]) do x = x + i end return 1"
+# SPIN: spin a Lua loop ARGV[#ARGV] times and nothing else. KEYS and the other ARGV: a lease claim's, unread (what
+# the server and the client do with a claim's arguments is not anarchon's to cut). Returns 1.
+SPIN = "local x = 0 for i = 1, tonumber(ARGV[#ARGV]) do x = x + i end return 1"
 Cleanup = Callable[[], Awaitable[None]] | None
 T = TypeVar("T")
 
@@ -111,9 +114,9 @@ class ClaimBench:
         for strategy, backend in backends.items():
             ops[strategy] = self._claimer(backend, policy)
         lease_server_us = await self._lease_server_us(store, backends["lease"], policy)
-        spin_sha = as_text(await store.execute("SCRIPT", "LOAD", SPIN))
-        spin_rounds = await _spin_rounds_for(store, spin_sha, lease_server_us)
-        ops["lua_spin"] = lambda i: self._spin(store, spin_sha, spin_rounds)
+        spin = await _claim_shaped_spin(store, backends["lease"], policy)
+        spin_rounds = await _spin_rounds_for(store, spin, lease_server_us)
+        ops["lua_spin"] = lambda i: self._spin(store, spin, spin_rounds)
         samples: dict[str, list[float]] = {name: [] for name in ops}
         for i in range(self.iterations + WARM_UP):  # warm-up rounds fill connection pools and script caches
             for name, op in ops.items():
@@ -141,8 +144,8 @@ class ClaimBench:
         return None
 
     @staticmethod
-    async def _spin(store: Store, sha: str, rounds: int) -> Cleanup:
-        await store.execute("EVALSHA", sha, 0, rounds)
+    async def _spin(store: Store, spin: Command, rounds: int) -> Cleanup:
+        await store.execute(*spin, rounds)
         return None
 
     @staticmethod
@@ -220,13 +223,21 @@ async def _evalsha_stats(store: Store) -> tuple[float, int]:
     raise RuntimeError("INFO commandstats counted no EVALSHA: the server time of a script cannot be measured")
 
 
-async def _spin_rounds_for(store: Store, sha: str, server_us: float) -> int:
+async def _claim_shaped_spin(store: Store, backend: RedisBackend[Any], policy: JobPolicy) -> Command:
+    """SPIN's EVALSHA with a lease claim's keys and arguments, but for its rounds (the last argument, appended)."""
+    sha = as_text(await store.execute("SCRIPT", "LOAD", SPIN))
+    assert isinstance(backend.strategy, LeaseStrategy)
+    claim = backend.strategy.claim_call(RunRequest("job0", "1700000000000", 1_700_000_000_000, "t0", "bench"), policy)
+    return ("EVALSHA", sha, len(claim.keys), *claim.keys, *claim.args)
+
+
+async def _spin_rounds_for(store: Store, spin: Command, server_us: float) -> int:
     """How many SPIN rounds take ``server_us`` in the server: two measured points, a line through them."""
     points = []
     for rounds in (1000, 4000):
         await store.execute("CONFIG", "RESETSTAT")
         for _ in range(300):
-            await store.execute("EVALSHA", sha, 0, rounds)
+            await store.execute(*spin, rounds)
         used_us, calls = await _evalsha_stats(store)
         points.append((rounds, used_us / calls))
     (low, low_us), (high, high_us) = points
