@@ -743,8 +743,10 @@ async def test_batches_cut_short_give_their_cluster_connections_back(real_target
         connection = adapt(client)
         try:
             for _ in range(3):
-                with pytest.raises(TimeoutError):  # the BLPOP's reply comes in 1 s
-                    await asyncio.wait_for(connection.execute_many([("BLPOP", "{k}list", 1), ("GET", "{k}")]), 0.1)
+                # The BLPOP would answer in 30 s: a loop held up past its own 0.1 s still times out (at 1 s, a
+                # stalled machine once saw the batch done by then, and wait_for return its replies).
+                with pytest.raises(TimeoutError):
+                    await asyncio.wait_for(connection.execute_many([("BLPOP", "{k}list", 30), ("GET", "{k}")]), 0.1)
             assert await connection.execute_many([("SET", "{k}", "v"), ("GET", "{k}")]) == ["OK", "v"]
         finally:
             await connection.close()
