@@ -275,8 +275,8 @@ class IdmpConnection:
             if excess > 0:
                 oldest = as_list(await self.inner.execute(["XRANGE", key, "-", now - kept_ms - 1, "COUNT", excess]))
                 if oldest:
-                    last_ms = int(text(as_list(oldest[-1], 2)[0]).split("-")[0])
-                    await self.inner.execute(["XTRIM", key, "MINID", last_ms + 1])
+                    last_ms, last_seq = text(as_list(oldest[-1], 2)[0]).split("-")
+                    await self.inner.execute(["XTRIM", key, "MINID", f"{last_ms}-{int(last_seq) + 1}"])
             if int(ttl_ms) > 0:
                 await self.inner.execute(["XTRIM", key, "MINID", now - max(int(ttl_ms), kept_ms)])
             return await self.inner.execute(["XLEN", key])

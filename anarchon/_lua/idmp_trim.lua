@@ -18,12 +18,14 @@ local fields = stream_info(key)
 local now = server_now()
 local kept_ms = 2 * tonumber(fields['idmp-duration']) * 1000
 -- The oldest entries past the count, and none of the last two durations: usually the one entry the record's
--- claim added. MINID deletes those whose ms is below the given one.
+-- claim added. MINID deletes the entries whose id is below the given one: the id just after the last to go, as
+-- claims sent together share a ms, and MINID of the next ms would delete them all.
 local excess = tonumber(fields['length']) - math.max(tonumber(ARGV[1]), tonumber(fields['idmp-maxsize']))
 if excess > 0 then
   local oldest = redis.call('XRANGE', key, '-', now - kept_ms - 1, 'COUNT', excess)
   if #oldest > 0 then
-    redis.call('XTRIM', key, 'MINID', tonumber(string.match(oldest[#oldest][1], '^(%d+)')) + 1)
+    local ms, seq = string.match(oldest[#oldest][1], '^(%d+)%-(%d+)$')
+    redis.call('XTRIM', key, 'MINID', ms .. '-' .. string.format('%d', tonumber(seq) + 1))
   end
 end
 local ttl_ms = tonumber(ARGV[2])

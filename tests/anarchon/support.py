@@ -3,6 +3,7 @@ request, claim and record, as the strategy tests make them."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import fakeredis
@@ -39,6 +40,25 @@ async def server_ms(store: Store) -> int:
     """The server's clock (TIME), in ms."""
     seconds, micros = await store.execute("TIME")  # type: ignore[misc]
     return int(seconds) * 1000 + int(micros) // 1000
+
+
+# duration_sec 1 and max_size 10: the idmp settings trimmed_after_claims_sent_together expects
+IDMP_TRIMMED_QUICKLY = {"name": "idmp", "duration_sec": 1, "max_size": 10}
+
+
+async def trimmed_after_claims_sent_together(backend: RedisBackend[Any]) -> int:
+    """Length of job sync's runs stream after 40 claims sent in one batch (their entries share a ms or two), 2.5 s
+    (past two durations), then a run claimed and recorded, whose trim keeps history_size 10 of its entries."""
+    policy = JobPolicy(history_size=10, keep_ms=1000)
+    now = await server_ms(backend.store)
+    batch = [(request(now - 100_000 + i * 1000, f"t{i}"), policy) for i in range(40)]
+    assert all(isinstance(c, Claim) for c in await backend.strategy.claim(backend.store, batch))
+    await asyncio.sleep(2.5)
+    later = request(now + 1000, "later")
+    claim = await claim_one(backend, later, policy)
+    assert await backend.strategy.finish(backend.store, later, claim, policy, record(later, claim))
+    length: Reply = await backend.store.execute("XLEN", "cron:sync:runs")
+    return int(length)  # type: ignore[arg-type]
 
 
 class StoreTarget:

@@ -25,7 +25,16 @@ from anarchon._store import Command, Connection, Reply, ScriptCall, ServerInfo, 
 from anarchon._strategies import Claim, JobPolicy, Outcome, RunRequest, run_id
 from anarchon._strategies.idmp import CONFIGURE
 from sim.servers import start_server
-from tests.anarchon.support import SLOT, StoreTarget, claim_one, record, request, server_ms
+from tests.anarchon.support import (
+    IDMP_TRIMMED_QUICKLY,
+    SLOT,
+    StoreTarget,
+    claim_one,
+    record,
+    request,
+    server_ms,
+    trimmed_after_claims_sent_together,
+)
 from tests.support import Recording, backend_for
 
 STRATEGIES = ["lease", "stream-id", "idmp", "script"]
@@ -737,6 +746,14 @@ async def test_idmp_a_late_skip_claims_nothing_once_the_server_keeps_max_size_id
         assert not await backend.strategy.skip(backend.store, late, policy, "skipped-late", "too late")
     assert (await claim_one(backend, request(base + 1000, "again"), policy)).outcome is Outcome.LOST
     assert await backend.strategy.history(backend.store, "sync", 10) == []
+
+
+async def test_idmp_trim_keeps_history_size_entries_of_claims_sent_together(target: StoreTarget) -> None:
+    """40 claims sent in one batch share a ms or two. The trim after a later run's record deletes the oldest past
+    history_size (and max_size), 31 of them here; it deleted every entry of the last one's ms as well, and kept 1."""
+    if not target.supports_idmp:
+        pytest.skip(f"idmp needs Redis 8.6+; {target.name} is {target.describe}")
+    assert await trimmed_after_claims_sent_together(await target.started_backend(IDMP_TRIMMED_QUICKLY)) == 10
 
 
 async def test_idmp_a_late_claim_of_a_run_whose_entry_is_gone_loses(target: StoreTarget) -> None:

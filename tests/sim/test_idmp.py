@@ -22,7 +22,14 @@ from sim.links import Link
 from sim.servers.testing import ServerUnderTest
 from sim.vtime import run_virtual
 from sim.world import EPOCH_S, SimClock, SimStore
-from tests.anarchon.support import claim_one, record, request, server_ms
+from tests.anarchon.support import (
+    IDMP_TRIMMED_QUICKLY,
+    claim_one,
+    record,
+    request,
+    server_ms,
+    trimmed_after_claims_sent_together,
+)
 
 # (command, pause in seconds afterwards). Durations are short so that expiry can be seen in real time.
 PROGRAM: list[tuple[tuple[Any, ...], float]] = [
@@ -431,6 +438,12 @@ async def test_idmp_on_the_emulation_a_late_claim_of_a_run_whose_entry_is_gone_l
         [[entry_id, _]] = await store.execute("XRANGE", "cron:sync:runs", "-", "+", "COUNT", 1)  # type: ignore[misc]
         assert await store.execute("XDEL", "cron:sync:runs", entry_id) == 1
         assert (await claim_one(backend, request(first, "late"), policy)).outcome is Outcome.LOST
+
+
+async def test_idmp_on_the_emulation_trim_keeps_history_size_entries_of_claims_sent_together() -> None:
+    settings = {key: value for key, value in IDMP_TRIMMED_QUICKLY.items() if key != "name"}
+    async with emulated_idmp(**settings) as (backend, _):
+        assert await trimmed_after_claims_sent_together(backend) == 10
 
 
 async def test_idmp_on_the_emulation_keeps_as_many_runs_as_it_remembers_ids() -> None:
