@@ -855,6 +855,19 @@ class Scheduler(Generic[M]):
         starting = self._starting is not None and not self._starting.is_set()
         return self._started or starting or self._stopping is not None
 
+    async def _run_now_for_elsewhere(self, name: str) -> RunRecord:
+        """run_now on the scheduler's loop for a caller on another thread (or loop). An async job's SystemExit or
+        KeyboardInterrupt (its run recorded) leaves the scheduler's loop, where it ends the app, or on a scheduler
+        thread stops the scheduler (see SchedulerThread._serve); passed on to the caller's thread, it would end
+        that thread's work too, a second time."""
+        try:
+            return await self.run_now(name)
+        except (SystemExit, KeyboardInterrupt) as error:
+            raise SchedulerStateError(
+                f"run_now({name!r}): the job raised {type(error).__name__}, which stops the scheduler; the run is "
+                "recorded as an error"
+            ) from error
+
     def _own_loop_elsewhere(self, method: str) -> asyncio.AbstractEventLoop | None:
         """The loop the scheduler started on, when the caller runs on another (an app's second loop or thread)
         while the scheduler is starting, started or stopping: its tasks and connection belong to its loop, so
@@ -883,7 +896,7 @@ class Scheduler(Generic[M]):
         another event loop than the scheduler's (it runs there), as may :meth:`history` and :meth:`stop`.
         """
         if loop := self._own_loop_elsewhere("run_now"):
-            return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self.run_now(name), loop))
+            return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._run_now_for_elsewhere(name), loop))
         job = self._job(name)
         if not self._started:
             raise SchedulerStateError("run_now needs a started scheduler: call start() or use 'async with'")
@@ -1938,7 +1951,7 @@ class SchedulerThread:
             raise
 
     def run_now(self, name: str) -> RunRecord:
-        return self._call(self.scheduler.run_now(name))
+        return self._call(self.scheduler._run_now_for_elsewhere(name))
 
     def history(self, name: str, limit: int = 50) -> list[RunRecord]:
         return self._call(self.scheduler.history(name, limit))

@@ -5035,7 +5035,7 @@ def test_an_async_job_that_exits_ends_the_app_once_its_run_is_recorded(kind: str
 EXIT_ON_A_SCHEDULER_THREAD = """
 import sys, time
 import fakeredis
-from anarchon import RedisBackend, Scheduler
+from anarchon import RedisBackend, Scheduler, SchedulerStateError
 
 async def leave(run):
     sys.exit(3)
@@ -5045,8 +5045,13 @@ async def ended(run, record):
     print("recorded", stored.status, stored.message, flush=True)
 
 scheduler = Scheduler(RedisBackend(redis=fakeredis.FakeAsyncRedis()), on_run_end=ended)
-scheduler.add_job("cli", "* * * * * *", leave)
+scheduler.add_job("cli", "0 0 1 1 *" if sys.argv[1] == "run_now" else "* * * * * *", leave)
 thread = scheduler.run_in_thread()
+if sys.argv[1] == "run_now":
+    try:
+        thread.run_now("cli")
+    except SchedulerStateError as error:
+        print("run_now:", error, flush=True)
 deadline = time.monotonic() + 20
 while scheduler.backend.started and time.monotonic() < deadline:
     time.sleep(0.05)
@@ -5057,18 +5062,23 @@ if sys.argv[1] == "stop":
 """
 
 
-@pytest.mark.parametrize("how", ["stop", "exit"])
+@pytest.mark.parametrize("how", ["stop", "exit", "run_now"])
 def test_an_async_job_that_exits_on_a_scheduler_thread_stops_the_scheduler(how: str) -> None:
     """sys.exit() in an async job under run_in_thread() cannot end the app from the scheduler's thread: its run is
     recorded as an error and the scheduler stops. The app's stop() then returns, and so does the app at its exit
-    (before, the exit left the thread's loop stopped, and both waited for it for ever: the 30 s timeout)."""
+    (before, the exit left the thread's loop stopped, and both waited for it for ever: the 30 s timeout). A
+    run_now() of it says so with SchedulerStateError (it raised the SystemExit in the app's thread, which ended)."""
     import subprocess
 
     done = subprocess.run(
         [sys.executable, "-c", EXIT_ON_A_SCHEDULER_THREAD, how], capture_output=True, text=True, timeout=30
     )
     assert done.returncode == 0, done.stderr
-    shown = ["recorded error SystemExit: 3", "stopped", *(["stop() returned"] if how == "stop" else [])]
+    told = (
+        "run_now: run_now('cli'): the job raised SystemExit, which stops the scheduler; the run is recorded as an error"
+    )
+    shown = ["recorded error SystemExit: 3", *([told] if how == "run_now" else []), "stopped",
+             *(["stop() returned"] if how == "stop" else [])]  # fmt: skip
     assert done.stdout.splitlines() == shown
 
 
