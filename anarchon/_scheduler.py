@@ -137,11 +137,14 @@ _Failed: TypeAlias = tuple[str, int, StoreError, int, float]  # a claim that fai
 
 class _Failing:
     """Claims failing: since when (monotonic), how many in all, those not said yet (the first SAID_RUNS of them
-    kept to name), the jobs whose last claim could not reach the store, and those whose last claim, retried past
+    kept to name), the jobs whose last claim could not reach the store, those whose last claim the store refused
+    (a key of another type, an ACL: retried as well, and said as seldom), and those whose last claim, retried past
     its lateness, ended as a skip that could not reach the store either (with their node: no claim of theirs may
     come for a day, and an answer from their node says they would reach it)."""
 
-    __slots__ = ("given_up", "out_of_reach", "said_at", "since", "total", "unreachable", "unsaid", "unsaid_count")
+    __slots__ = (
+        "given_up", "out_of_reach", "refused", "said_at", "since", "total", "unreachable", "unsaid", "unsaid_count"
+    )  # fmt: skip
 
     def __init__(self, since: float) -> None:
         self.since = since
@@ -149,6 +152,7 @@ class _Failing:
         self.total = self.unsaid_count = 0
         self.unsaid: list[_Failed] = []
         self.out_of_reach: set[str] = set()
+        self.refused: set[str] = set()
         self.given_up: dict[str, Hashable] = {}
         self.unreachable = False  # some claim could not reach the store (others were refused: an answer)
 
@@ -160,6 +164,13 @@ class _Failing:
             if isinstance(error, StoreUnavailableError):
                 self.out_of_reach.add(name)
                 self.unreachable = True
+            else:
+                self.refused.add(name)
+
+    @property
+    def over(self) -> bool:
+        """Whether every job's last claim (or late skip) was answered."""
+        return not self.out_of_reach and not self.refused and not self.given_up
 
     def say(self, now: float) -> None:
         if self.unsaid_count == 1:
@@ -1248,13 +1259,15 @@ class Scheduler(Generic[M]):
         if live_elsewhere:
             self._another_run_is_live(live_elsewhere, sent_ms, queued_before)
         if self._started and (failed or self._failing is not None):
-            answered = (entry[2] for entry, claim in zip(part, claims, strict=True)
-                        if not isinstance(claim, StoreUnavailableError))  # fmt: skip
-            self._note_failures(failed, answered)
+            answered = {entry[2]: claim for entry, claim in zip(part, claims, strict=True)
+                        if not isinstance(claim, StoreUnavailableError)}  # fmt: skip
+            settled = (name for name, claim in answered.items() if not isinstance(claim, StoreError))
+            self._note_failures(failed, answered, settled)
 
-    def _note_failures(self, failed: list[_Failed], answered: Iterable[str]) -> None:
-        """Say the claims that failed: at once, then at most once per FAILING_SAID_S, and once every job's claims
-        reach the store again (on a cluster, a node that stays down keeps its jobs' claims failing)."""
+    def _note_failures(self, failed: list[_Failed], answered: Iterable[str], settled: Iterable[str]) -> None:
+        """Say the claims that failed (``answered``: jobs whose claims reached the store, refused or not;
+        ``settled``: those not refused): at once, then at most once per FAILING_SAID_S, and once every job's
+        claims are answered again (on a cluster, a node that stays down keeps its jobs' claims failing)."""
         now = self.clock.monotonic()
         failing = self._failing
         if failing is None:
@@ -1262,12 +1275,13 @@ class Scheduler(Generic[M]):
         failing.add(failed)
         reached = set(answered)
         failing.out_of_reach.difference_update(reached)
+        failing.refused.difference_update(settled)
         if failing.given_up and reached:
             nodes = {self.backend.lane(name) for name in reached}
             failing.given_up = {name: node for name, node in failing.given_up.items() if node not in nodes}
         if failed and now - failing.said_at >= FAILING_SAID_S:
             failing.say(now)
-        if not failing.out_of_reach and not failing.given_up:
+        if failing.over:
             if failing.unsaid:
                 failing.say(now)
             if failing.unreachable:
@@ -1284,7 +1298,7 @@ class Scheduler(Generic[M]):
             return
         if reached_store:
             failing.given_up.pop(name, None)
-            self._note_failures([], (name,))
+            self._note_failures([], (name,), (name,))
         elif name in failing.out_of_reach:
             failing.out_of_reach.discard(name)
             failing.given_up[name] = self.backend.lane(name)

@@ -563,6 +563,32 @@ async def test_claims_failing_through_an_outage_take_a_few_lines_of_the_log(
     assert int(met[2]) == first_count + int(total[1])
 
 
+async def test_claims_the_store_refuses_take_a_few_lines_of_the_log(
+    fake_target: StoreTarget, caplog: pytest.LogCaptureFixture
+) -> None:
+    """5 jobs every second whose state keys hold a string (WRONGTYPE) for 3 s: their claims are said as an outage's
+    are, at once and then together once they are answered again, not a line per batch at every retry (79 lines in
+    10 s before: a refusal, being an answer, ended the grouping each time). Nothing was out of reach: no line says
+    claims reach the store again."""
+    caplog.set_level(logging.INFO, logger="anarchon")
+    scheduler = Scheduler(fake_target.backend("lease"), instance_id="a")
+    ledger = Ledger()
+    jobs = [f"job{j}" for j in range(5)]
+    for name in jobs:
+        await fake_target.raw("SET", f"{{cron:{name}}}:state", "not a hash")
+        scheduler.add_job(name, "* * * * * *", ledger.job("a"))
+    async with scheduler:
+        await asyncio.sleep(3)
+        await fake_target.raw("DEL", *(f"{{cron:{name}}}:state" for name in jobs))
+        await eventually(lambda: {record.job for record in ledger.of()} == set(jobs), cap_s=6)
+    said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and "claim" in r.getMessage()]
+    assert len(said) == 2, said
+    assert all("WRONGTYPE" in line for line in said), said
+    assert re.match(r"claims of 5 runs failed \(WRONGTYPE", said[0]), said[0]
+    assert re.match(r"claims of \d+ runs failed in the last \d\.\d s \(WRONGTYPE", said[1]), said[1]
+    assert not [r for r in caplog.records if "reach the store again" in r.getMessage()]
+
+
 def _claims_back_line_after_s(
     caplog: pytest.LogCaptureFixture,
     jobs: dict[str, str],
