@@ -195,6 +195,9 @@ class RedisBackend(Generic[M]):
             try:
                 self.server = await store.server_info()
                 self.strategy.check_server(self.server)
+                # Every strategy's scripts read the server's clock, but a lease claim that wins need not: a user
+                # refused TIME would start, run its first run, and then have its heartbeats and result refused.
+                await store.execute("TIME")
                 await _check_format(store, self.keys.format)
                 for job in jobs[:KEY_CHECK_JOBS]:  # the first whose keys answer (a cluster node may be down)
                     keys = self.keys.lease(job) if self.leases else self.keys.claim(job)

@@ -384,6 +384,28 @@ async def test_an_acl_user_without_the_lease_keys_pattern_is_refused_at_start(
         admin.execute_command("ACL", "DELUSER", "narrow")
 
 
+@pytest.mark.parametrize("strategy", ["lease", "stream-id"])
+async def test_an_acl_user_refused_time_is_refused_at_start(real_server: ServerUnderTest, strategy: str) -> None:
+    """A lease claim that wins reads no clock: a user refused TIME started, ran its first run, then had its
+    heartbeats and its result refused (the run left holding the job), and every later claim. The start is
+    refused, saying what to allow, before anything is written."""
+    running = real_server.running
+    if running.target == "redis-5":
+        pytest.skip("Redis 5 has no ACL")
+    admin = real_server.client()
+    admin.execute_command("ACL", "SETUSER", "timeless", "reset", "on", ">pw", "~*", "+@all", "-time")
+    try:
+        url = f"redis://timeless:pw@{running.host}:{running.port}/0"
+        scheduler = Scheduler(RedisBackend(redis=url, strategy=strategy, prefix="timeless:"))
+        scheduler.add_job("sync", "0 0 1 1 *", lambda: None)
+        with pytest.raises(StoreReplyError, match=r"^NOPERM .*'time'.* \+info \+time, as README"):
+            await scheduler.start()
+        assert not scheduler.backend.started
+        assert admin.keys("*timeless:*") == []
+    finally:
+        admin.execute_command("ACL", "DELUSER", "timeless")
+
+
 class InfoRenamed(SendClient):
     """A client of a server where INFO was renamed away (``rename-command``, a hardening older than ACLs): its
     INFO reaches the server under a name the server does not know."""

@@ -1369,7 +1369,7 @@ async def test_idmp_configures_the_stream_once(target: StoreTarget) -> None:
 
 def _configures(commands: Sequence[Command]) -> bool:
     """Whether the commands run the idmp configure script (by SHA or source)."""
-    return any(str(command[1]) in (CONFIGURE.sha, CONFIGURE.source) for command in commands)
+    return any(len(command) > 1 and str(command[1]) in (CONFIGURE.sha, CONFIGURE.source) for command in commands)
 
 
 class ConfigureTrips(Recording):

@@ -4149,7 +4149,7 @@ class ClaimsDeafToCancellation(BatchLink):
 
     async def execute_many(self, commands: Any) -> Any:
         replies = await super().execute_many(commands)
-        if any(command[1] in (CLAIM.sha, CLAIM.source) for command in commands):
+        if any(_is_claim(command) for command in commands):
             self.claiming.set()
             while not self.let_go.is_set():
                 with contextlib.suppress(asyncio.CancelledError):
@@ -4232,6 +4232,11 @@ async def target_backend(server: ServerUnderTest) -> Any:
     return backend
 
 
+def _is_claim(command: Sequence[Any]) -> bool:
+    """Whether ``command`` is a lease claim: EVALSHA, or EVAL after NOSCRIPT."""
+    return len(command) > 1 and command[1] in (CLAIM.sha, CLAIM.source)
+
+
 class LoseOneClaimReply(Link):
     """Delivers the first lease claim to the store but loses its reply, as a dropped connection would."""
 
@@ -4239,7 +4244,7 @@ class LoseOneClaimReply(Link):
 
     async def execute(self, command: Any) -> Any:
         reply = await super().execute(command)
-        if not self.lost and command[1] in (CLAIM.sha, CLAIM.source):  # EVALSHA, or EVAL after NOSCRIPT
+        if not self.lost and _is_claim(command):
             self.lost = True
             raise StoreUnavailableError("the reply was lost")
         return reply
@@ -4465,7 +4470,7 @@ class ClaimAnsweredAfterStopBegins(Link):
 
     async def execute(self, command: Any) -> Any:
         reply = await super().execute(command)
-        if command[1] in (CLAIM.sha, CLAIM.source):
+        if _is_claim(command):
             self.claimed.set()
             while self.scheduler._started:  # noqa: ASYNC110 (no event marks the moment stop() begins)
                 await asyncio.sleep(0.01)
