@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from sim.run import simulate
 from sim.scenario import STRATEGIES, Scenario, load_all
+from tests.support import assert_virtual_verdicts
 
 pytestmark = pytest.mark.scenarios
-SEEDS = (1, 2, 3)
 SCENARIOS = load_all()
 
 
@@ -21,10 +20,4 @@ SCENARIOS = load_all()
 def test_declared_verdicts_hold_in_virtual_time(scenario: Scenario, strategy: str) -> None:
     expected = scenario.expect.get(strategy, {})
     assert expected, f"{scenario.name} declares no verdict for {strategy}"
-    for seed in SEEDS:
-        outcome = simulate(scenario, strategy, seed)
-        for checker, verdict in expected.items():
-            got = outcome.judgement.verdict(checker)
-            assert got.status == verdict, (
-                f"{checker} is {got.status}, expected {verdict}: {got.witness}\nreplay: {outcome.replay_command()}"
-            )
+    assert_virtual_verdicts(scenario, strategy, expected)

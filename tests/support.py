@@ -8,7 +8,7 @@ import inspect
 import itertools
 import time
 from collections import Counter, defaultdict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,7 +23,22 @@ from glide import (
 
 from anarchon import RedisBackend, RunContext, ValkeyBackend
 from anarchon._store import Command, Connection, Reply, ServerInfo
+from sim.run import simulate
+from sim.scenario import Scenario
 from sim.servers import RunningServer
+
+VIRTUAL_SEEDS = (1, 2, 3)
+
+
+def assert_virtual_verdicts(scenario: Scenario, strategy: str, expected: Mapping[str, str]) -> None:
+    """``scenario`` under ``strategy`` in virtual time, with each of VIRTUAL_SEEDS: each checker gets its verdict."""
+    for seed in VIRTUAL_SEEDS:
+        outcome = simulate(scenario, strategy, seed)
+        for checker, verdict in expected.items():
+            got = outcome.judgement.verdict(checker)
+            assert got.status == verdict, (
+                f"{checker} is {got.status}, expected {verdict}: {got.witness}\nreplay: {outcome.replay_command()}"
+            )
 
 
 def now_ms() -> int:

@@ -9,11 +9,10 @@ from typing import Any
 
 import pytest
 
-from sim.run import simulate
 from sim.scenario import STRATEGIES, parse
+from tests.support import assert_virtual_verdicts
 
 pytestmark = pytest.mark.scenarios
-SEEDS = (1, 2, 3)
 LEASE = {"lease_ms": 3000, "heartbeat_ms": 1000}
 
 
@@ -24,13 +23,7 @@ def three(**instance: Any) -> list[dict[str, Any]]:
 def assert_verdicts(scenario: dict[str, Any], strategies: tuple[str, ...], expected: dict[str, str]) -> None:
     parsed = parse({"name": "guarantee", **scenario})
     for strategy in strategies:
-        for seed in SEEDS:
-            outcome = simulate(parsed, strategy, seed)
-            for checker, verdict in expected.items():
-                got = outcome.judgement.verdict(checker)
-                assert got.status == verdict, (
-                    f"{strategy} seed {seed}: {checker} is {got.status}, expected {verdict}: {got.witness}"
-                )
+        assert_virtual_verdicts(parsed, strategy, expected)
 
 
 def test_a_restarted_winner_does_not_take_its_old_process_run_for_its_own() -> None:
