@@ -186,9 +186,10 @@ async def test_a_heartbeat_whose_connection_goes_silent_is_sent_again_and_the_le
     [failed] = [m for m in messages if "heartbeat failed" in m]
     prefix, waited = failed.removesuffix(" s").rsplit(" ", 1)
     assert prefix == "job long: heartbeat failed: no answer in"
-    # Not before halfway from the beat to its run's deadline (0.925 s), and before that deadline (1.85 s). When
-    # exactly is the virtual-time keeper tests' to say: here a loaded machine may wake the keeper late.
-    assert 0.925 <= float(waited) < 1.85
+    # Halfway from the beat to its run's deadline: 0.925 s for a beat sent on time, (1.85 - d) / 2 for one a loaded
+    # machine sent d late (0.924 s seen), at least 0.5 s while d is under 0.85 s; and before that deadline (1.85 s).
+    # When exactly is the virtual-time keeper tests' to say.
+    assert 0.5 <= float(waited) < 1.85
     assert "heartbeats reach the store again; 1 failed meanwhile" in messages
     assert not [m for m in messages if "lease lost" in m]
     assert [(e.attempt, e.ended_ms is not None) for e in ledger.executions] == [(1, True)]
