@@ -22,7 +22,7 @@ from glide import (
 )
 
 from anarchon import RedisBackend, RunContext, ValkeyBackend
-from anarchon._store import Command, Connection, Reply, ServerInfo
+from anarchon._store import Command, Connection, Reply, Script, ServerInfo
 from sim.run import simulate
 from sim.scenario import Scenario
 from sim.servers import RunningServer
@@ -39,6 +39,11 @@ def assert_virtual_verdicts(scenario: Scenario, strategy: str, expected: Mapping
             assert got.status == verdict, (
                 f"{checker} is {got.status}, expected {verdict}: {got.witness}\nreplay: {outcome.replay_command()}"
             )
+
+
+def runs_script(command: Sequence[Any], script: Script) -> bool:
+    """Whether ``command`` runs ``script``: EVALSHA, or EVAL (after NOSCRIPT)."""
+    return len(command) > 1 and str(command[1]) in (script.sha, script.source)
 
 
 def now_ms() -> int:

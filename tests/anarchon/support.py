@@ -42,8 +42,8 @@ async def server_ms(store: Store) -> int:
     return int(seconds) * 1000 + int(micros) // 1000
 
 
-# duration_sec 1 and max_size 10: the idmp settings trimmed_after_claims_sent_together expects
-IDMP_TRIMMED_QUICKLY = {"name": "idmp", "duration_sec": 1, "max_size": 10}
+# The idmp settings trimmed_after_claims_sent_together expects: ids remembered 1 s, 10 per job
+IDMP_TRIMMED_QUICKLY = {"duration_sec": 1, "max_size": 10}
 
 
 async def trimmed_after_claims_sent_together(backend: RedisBackend[Any]) -> int:

@@ -35,7 +35,7 @@ from tests.anarchon.support import (
     server_ms,
     trimmed_after_claims_sent_together,
 )
-from tests.support import Recording, backend_for
+from tests.support import Recording, backend_for, runs_script
 
 STRATEGIES = ["lease", "stream-id", "idmp", "script"]
 OVERLAP_OK = JobPolicy(overlap=True)  # several runs of one job live at once, where a test needs that
@@ -753,7 +753,10 @@ async def test_idmp_trim_keeps_history_size_entries_of_claims_sent_together(targ
     history_size (and max_size), 31 of them here; it deleted every entry of the last one's ms as well, and kept 1."""
     if not target.supports_idmp:
         pytest.skip(f"idmp needs Redis 8.6+; {target.name} is {target.describe}")
-    assert await trimmed_after_claims_sent_together(await target.started_backend(IDMP_TRIMMED_QUICKLY)) == 10
+    assert (
+        await trimmed_after_claims_sent_together(await target.started_backend({"name": "idmp", **IDMP_TRIMMED_QUICKLY}))
+        == 10
+    )
 
 
 async def test_idmp_a_late_claim_of_a_run_whose_entry_is_gone_loses(target: StoreTarget) -> None:
@@ -1369,7 +1372,7 @@ async def test_idmp_configures_the_stream_once(target: StoreTarget) -> None:
 
 def _configures(commands: Sequence[Command]) -> bool:
     """Whether the commands run the idmp configure script (by SHA or source)."""
-    return any(len(command) > 1 and str(command[1]) in (CONFIGURE.sha, CONFIGURE.source) for command in commands)
+    return any(runs_script(command, CONFIGURE) for command in commands)
 
 
 class ConfigureTrips(Recording):

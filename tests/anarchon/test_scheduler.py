@@ -78,6 +78,7 @@ from tests.support import (
     glide,
     jobs_on_every_shard,
     now_ms,
+    runs_script,
     second_from_now,
 )
 
@@ -4149,7 +4150,7 @@ class ClaimsDeafToCancellation(BatchLink):
 
     async def execute_many(self, commands: Any) -> Any:
         replies = await super().execute_many(commands)
-        if any(_is_claim(command) for command in commands):
+        if any(runs_script(command, CLAIM) for command in commands):
             self.claiming.set()
             while not self.let_go.is_set():
                 with contextlib.suppress(asyncio.CancelledError):
@@ -4232,11 +4233,6 @@ async def target_backend(server: ServerUnderTest) -> Any:
     return backend
 
 
-def _is_claim(command: Sequence[Any]) -> bool:
-    """Whether ``command`` is a lease claim: EVALSHA, or EVAL after NOSCRIPT."""
-    return len(command) > 1 and command[1] in (CLAIM.sha, CLAIM.source)
-
-
 class LoseOneClaimReply(Link):
     """Delivers the first lease claim to the store but loses its reply, as a dropped connection would."""
 
@@ -4244,7 +4240,7 @@ class LoseOneClaimReply(Link):
 
     async def execute(self, command: Any) -> Any:
         reply = await super().execute(command)
-        if not self.lost and _is_claim(command):
+        if not self.lost and runs_script(command, CLAIM):
             self.lost = True
             raise StoreUnavailableError("the reply was lost")
         return reply
@@ -4362,7 +4358,7 @@ async def test_a_result_stands_when_the_history_trim_after_it_fails(fake_target:
         refused = 0
 
         async def execute(self, command: Any) -> Any:  # execute_many sends each command through here
-            if command[0] in ("EVALSHA", "EVAL") and command[1] in (TRIM_STREAM.sha, TRIM_STREAM.source):
+            if runs_script(command, TRIM_STREAM):
                 self.refused += 1
                 raise StoreUnavailableError("store unavailable: the connection dropped")
             return await super().execute(command)
@@ -4470,7 +4466,7 @@ class ClaimAnsweredAfterStopBegins(Link):
 
     async def execute(self, command: Any) -> Any:
         reply = await super().execute(command)
-        if _is_claim(command):
+        if runs_script(command, CLAIM):
             self.claimed.set()
             while self.scheduler._started:  # noqa: ASYNC110 (no event marks the moment stop() begins)
                 await asyncio.sleep(0.01)

@@ -441,8 +441,7 @@ async def test_idmp_on_the_emulation_a_late_claim_of_a_run_whose_entry_is_gone_l
 
 
 async def test_idmp_on_the_emulation_trim_keeps_history_size_entries_of_claims_sent_together() -> None:
-    settings = {key: value for key, value in IDMP_TRIMMED_QUICKLY.items() if key != "name"}
-    async with emulated_idmp(**settings) as (backend, _):
+    async with emulated_idmp(**IDMP_TRIMMED_QUICKLY) as (backend, _):
         assert await trimmed_after_claims_sent_together(backend) == 10
 
 
