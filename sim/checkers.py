@@ -9,6 +9,9 @@ P2 no missed slot: every slot due while at least one instance was healthy (up, n
    too (where some instance stayed healthy), not only those after the last fault healed: a slot whose winner
    crashed mid-run is where lease and the claim-only strategies differ.
    A slot whose only executions were still going when the run ended may yet have run to its end: unknown.
+   Under lease, a job's catch_up_ms owes more: a slot due while no instance was healthy, within the job's last
+   catch_up_ms before an instance started again (by its clock) and after the job's first slot, is run by that
+   instance's catch-up where it then stayed healthy long enough to run every slot of the period and settle.
 P3 no overlap: two runs of a job whose overlap is forbidden never execute at once in true time (a manual run is a
    run of its own, whatever its slot number; two executions of one run are P1's concern).
 P4 lease safety (lease only): no two attempts of one run, a manual one's too (two lease holders: two tokens),
@@ -160,6 +163,16 @@ def judge(
     shown = [clock.shown_between(0.0, max(judged_until, 0.0)) for clock in clocks.values()]
     due = _expected_slots(scenario, epoch, min(low for low, _ in shown), max(high for _, high in shown))
     expected = [(job, slot) for job, slot in due if someone_healthy(true_s(slot, epoch))]
+    # Slots due while no instance was healthy that a catch-up owes (lease, catch_up_ms), and who owed each.
+    already = set(expected)
+    caught_up = _caught_up(scenario, strategy, fault_windows, clocks, due, expected, epoch, settle_s)
+    overlapped = _overlapped(history)  # and not one recorded skipped-overlap: decided, not caught up
+    owed = {
+        key: owner
+        for key, owner in caught_up.items()
+        if key not in already and (key[0], run_id(key[1])) not in overlapped
+    }
+    expected += [key for key in due if key in owed]
     nothing_to_judge = (
         "no slot was due while an instance was healthy"
         if due
@@ -173,7 +186,7 @@ def judge(
     attempts = _attempts(scenario, strategy)
     verdicts = {
         "P1": _no_duplicate(strategy, by_run, epoch, attempts),
-        "P2": _no_missed(by_slot, expected, epoch, _overlapped(history), attempts, nothing_to_judge),
+        "P2": _no_missed(by_slot, expected, epoch, overlapped, attempts, owed, nothing_to_judge),
         "P3": _no_overlap(scenario, history.executions, epoch),
         "P4": _lease_safety(strategy, by_run, epoch, margins),
         "P5": _no_lost_ack(strategy, history, fault_windows),
@@ -261,6 +274,49 @@ class _Clock:
         return min(readings), max(readings)
 
 
+def _caught_up(
+    scenario: Scenario,
+    strategy: str,
+    fault_windows: Sequence[FaultWindow],
+    clocks: dict[str, _Clock],
+    due: list[tuple[str, int]],
+    expected: list[tuple[str, int]],
+    epoch: float,
+    settle_s: float,
+) -> dict[tuple[str, int], str]:
+    """The slots a catch-up owes (lease only), each with who owed it: those of a job's last catch_up_ms before an
+    instance started again (a crash's or a stop's end), by its clock then. Only where the catch-up had time: the
+    instance stayed healthy while it ran every slot of the period one after another and a slot's settling time
+    after, and the slot was still inside the period when the slots before it were done (the scheduler does not
+    claim one that aged out). A catch-up reaches back no further than the job's first start on the store: only the
+    slots after the job's first slot some instance owed."""
+    if strategy != "lease":
+        return {}
+    owed: dict[tuple[str, int], str] = {}
+    for job in scenario.jobs:
+        catch_up_s = int(job.options.get("catch_up_ms", JobOptions().catch_up_ms)) / 1000
+        claimed = [true_s(slot, epoch) for name, slot in expected if name == job.name]
+        if not catch_up_s or not claimed:
+            continue
+        for restart in sorted(fault_windows, key=lambda window: window.end):  # the first started owes it
+            if restart.kind not in ("crash", "stop") or math.isinf(restart.end):
+                continue
+            shown, _ = clocks[restart.instance].shown_between(restart.end, restart.end)
+            period = [(job.name, slot) for name, slot in due
+                      if name == job.name and min(claimed) <= true_s(slot, epoch) < shown
+                      and true_s(slot, epoch) > shown - catch_up_s]  # fmt: skip
+            busy_s = len(period) * job.work_s
+            done_by = restart.end + busy_s + settle_s
+            if done_by > scenario.duration_s or any(
+                other.hits(restart.instance, restart.end, done_by) for other in fault_windows if other is not restart
+            ):
+                continue
+            for key in period:
+                if true_s(key[1], epoch) > shown - catch_up_s + busy_s:
+                    owed.setdefault(key, f"{restart.instance}'s catch-up at {restart.end:.0f} s")
+    return owed
+
+
 def _expected_slots(scenario: Scenario, epoch: float, start_s: float, end_s: float) -> list[tuple[str, int]]:
     slots: list[tuple[str, int]] = []
     for job in scenario.jobs:
@@ -326,6 +382,7 @@ def _no_missed(
     epoch: float,
     overlapped: set[tuple[str, str]],
     attempts: dict[str, int],
+    owed: dict[tuple[str, int], str],
     nothing_to_judge: str,
 ) -> Verdict:
     if not expected:
@@ -344,6 +401,8 @@ def _no_missed(
             how += " (skipped-overlap: an earlier run of the job held its lease)"
         elif used_up:
             how += f" (its max_attempts, {attempts[job]}, were used up: the store recorded it interrupted)"
+        if (job, slot) in owed:
+            how += f" (owed by {owed[job, slot]})"
         return f"{job} slot at {true_s(slot, epoch):.0f} s: {how}"
 
     unfinished = [(job, slot) for job, slot in expected if not any(e.completed for e in by_slot.get((job, slot), []))]

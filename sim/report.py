@@ -50,8 +50,9 @@ CHECKER_RULES = {
     "duplicate; a run_now is never retried.",
     "P2": "Every slot due while some instance was healthy, from the slot through the time a slot is given to run "
     "(three leases, the jitter, the work and 5 s), runs to its end. A slot that lease skips because the job's "
-    "previous run still holds its lease (skipped-overlap, its overlap protection) counts as missed. A run_now is "
-    "not a slot: one that lease skips for overlap is not judged here.",
+    "previous run still holds its lease (skipped-overlap, its overlap protection) counts as missed. Under lease, a "
+    "job's catch_up_ms also owes the slots due while every instance was down, within that period before one was "
+    "started again. A run_now is not a slot: one that lease skips for overlap is not judged here.",
     "P3": "Two runs of a job never execute at once (a job may allow it: none here does); the rates count each "
     "overlapping pair.",
     "P4": "Lease only: two holders of one run's lease (two tokens), a slot's or a run_now's, never execute at once.",

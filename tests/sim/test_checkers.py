@@ -928,3 +928,47 @@ def test_a_claim_sent_early_and_answered_late_is_judged_against_the_claims_accep
     assert _judge([x, y, _fenced(z, 7)], events(7)).verdicts["P6"].status == "valid"
     # z with fence 3 is stale: y's fence 5 was surely accepted before z's claim was sent.
     assert _judge([x, y, _fenced(z, 3)], events(3)).verdicts["P6"].status == "invalid"
+
+
+def test_under_lease_a_catch_up_owes_the_slots_due_while_every_instance_was_down() -> None:
+    """a and b are down from 35 s; a is back at 62 s, b at 100 s. With catch_up_ms 30 s, a's catch-up owes the
+    slots at 40, 50 and 60 s, due while nobody was up: missing one is a missed slot, named with who owed it."""
+    windows = [FaultWindow(35, 62, "crash", "a"), FaultWindow(35, 100, "crash", "b")]
+    before = [_execution("a", s, s, s + 1) for s in (10, 20, 30)]
+    caught_up = [_execution("a", s, 62 + i, 63 + i) for i, s in enumerate((40, 50, 60))]
+    after = [_execution("a", s, s, s + 1) for s in (70, 80)]
+
+    def p2(executions: list[Execution], strategy: str = "lease", **job_options: Any) -> Verdict:
+        history = History(epoch_s=EPOCH_S, executions=executions)
+        return judge(_scenario(**job_options), strategy, history, windows).verdicts["P2"]
+
+    assert p2([*before, *caught_up, *after], catch_up_ms=30_000).status == "valid"
+    skipped = p2([*before, *caught_up[::2], *after], catch_up_ms=30_000)
+    assert (skipped.status, skipped.count) == ("invalid", 1)
+    assert skipped.witness == "tick slot at 50 s: never started (owed by a's catch-up at 62 s)"
+    # No catch-up asked for, or a strategy without one: nobody owed those slots.
+    assert p2([*before, *after]).status == "valid"
+    assert p2([*before, *after], "script", catch_up_ms=30_000).status == "valid"
+
+
+@pytest.mark.parametrize(
+    ("crashed_again_at", "catch_up_ms", "owed"),
+    [(None, 30_000, ["40", "50", "60"]), (75.0, 30_000, []), (None, 25_000, ["50", "60"])],
+)
+def test_a_catch_up_owes_only_what_it_had_time_to_run(
+    crashed_again_at: float | None, catch_up_ms: int, owed: list[str]
+) -> None:
+    """A catch-up owes its slots where its instance stays up while it runs them (three slots of 1 s here) and
+    one's settling time after (15 s), and the slots still within catch_up_ms once the ones before them are done:
+    with 25 s, the slot at 40 s may have aged out (it would be 25 s old at 65 s)."""
+    windows = [FaultWindow(35, 62, "crash", "a"), FaultWindow(35, 100, "crash", "b")]
+    if crashed_again_at is not None:
+        windows.append(FaultWindow(crashed_again_at, 100, "crash", "a"))
+    ran = [_execution("a", s, s, s + 1) for s in (10, 20, 30, 70, 80)]  # none of 40, 50 and 60 s
+    judgement = judge(_scenario(catch_up_ms=catch_up_ms), "lease", History(epoch_s=EPOCH_S, executions=ran), windows)
+    p2 = judgement.verdicts["P2"]
+    assert p2.count == len(owed)
+    # The slot at 10 s, those at 70 and 80 s unless a was down again in their settling time, and those owed
+    assert judgement.slots_checked == (1 if crashed_again_at else 3) + len(owed)
+    if owed:
+        assert p2.witness.startswith(f"tick slot at {owed[0]} s: never started (owed by a's catch-up at 62 s)")
