@@ -28,7 +28,7 @@ from tqdm import tqdm  # type: ignore[import-untyped]
 
 from sim.checkers import percentile, true_s
 from sim.history import Execution
-from sim.live import SCALE, SETTLE_AFTER_FAULTS_S
+from sim.live import SCALE, SETTLE_AFTER_FAULTS_S, scaled
 from sim.run import Outcome, simulate
 from sim.scenario import Scenario, load_all
 from sim.world import IDMP_VERSION, STORE_VERSION
@@ -43,6 +43,25 @@ CHECKER_NAMES = {
     "P6": "fencing order",
     "lateness": "on time",
 }
+# What a violation of each checker means for a job's owner, in the guide's words.
+CONSEQUENCES = {
+    "P1": "runs a run twice (P1)",
+    "P2": "misses slots (P2)",
+    "P3": "lets runs of a job overlap (P3)",
+    "P4": "two lease holders work at once (P4)",
+    "P5": "wins a lost claim again (P5)",
+    "P6": "fences out of order (P6)",
+    "lateness": "starts runs late",
+}
+# What each strategy is, whatever the scenarios show (the specification's table).
+STRATEGY_FACTS = {
+    "works on": {"lease": "Redis 5+, Valkey", "stream-id": "Redis 5+, Valkey", "idmp": "Redis 8.6+ only (not Valkey)",
+                 "script": "Redis 5+, Valkey"},
+    "remembers a run for": {"lease": "as long as a late claim or a catch-up could ask for it", "stream-id": "forever",
+                            "idmp": "duration_sec (300 s)", "script": "window_ms (300 s)"},
+    "backups, retries, overlap protection, catch-up": {"lease": "yes", "stream-id": "no", "idmp": "no",
+                                                       "script": "no"},
+}  # fmt: skip
 # What each checker asks of a run (sim/checkers.py has the exact rules), for the reader choosing a strategy.
 CHECKER_RULES = {
     "P1": "A slot, or a run_now, runs at most once. Under lease a later attempt of a slot, within the job's "
@@ -421,14 +440,18 @@ def _verdict_cell(cell: Cell, strategy: str, interval: bool) -> str:
         return "not run"
     bad = []
     for name, n in sorted(cell.violations.items()):
-        where = [f"{target} {k}/{cell.runs_on[target]}" for target, k in sorted(cell.violations_on[name].items())]
-        bad.append(f"{name} {_rate(n, cell.runs, interval)}" + (f" on {', '.join(where)}" if where else "")
+        by_server = cell.violations_on[name]
+        if cell.runs_on and by_server == cell.runs_on:  # in every run on every server that ran it
+            where = ["every server"]
+        else:
+            where = [f"{target} {k}/{cell.runs_on[target]}" for target, k in sorted(by_server.items())]
+        bad.append(f"✗ {name} {_rate(n, cell.runs, interval)}" + (f" on {', '.join(where)}" if where else "")
                    + (_overlap_skips(cell) if name == "P2" else ""))  # fmt: skip
     # P4 is of leases: the other strategies have none to judge, which is no doubt about them.
     unknown = [f"{name} not judged in {n}/{cell.runs}" for name, n in sorted(cell.unknown.items())
                if name != "P4" or strategy == "lease"]  # fmt: skip
     if not bad:
-        bad = [f"{'the others' if unknown else 'all'} hold ({cell.runs} runs)"]
+        bad = [f"✓ {'the others' if unknown else 'all'} hold ({cell.runs} runs)"]
     return "<br>".join(bad + unknown)
 
 
@@ -440,6 +463,62 @@ def _overlap_skips(cell: Cell) -> str:
     if cell.skipped_overlap == missed:
         return " (every missed slot skipped-overlap, by design)"
     return f" ({cell.skipped_overlap} of {missed} missed slots skipped-overlap, by design)"
+
+
+def _guide(results: Results) -> list[str]:
+    """Which strategy to choose: the advice, what each strategy is, and, for each way a strategy can fail a job,
+    the scenarios in which this report saw it fail that way."""
+    lines = [
+        "## Which strategy?",
+        "",
+        "Use **lease**, the default, unless you have a reason not to: it is the only strategy with backups, retries,",
+        "overlap protection and catch-up. What it can get wrong is running a run twice: a winner frozen for longer",
+        "than what is left of its lease (zombie), or whose finish never reaches the store (finish-lost); pass",
+        "`run.fence` downstream to refuse the stale writer. The others only decide who runs each time: a run whose",
+        "winner crashes, is stopped or never hears its claim's answer is lost, runs of a job may overlap, and script",
+        "and idmp forget a run after their window. Under every strategy a store that loses acknowledged writes (a",
+        "failover to a replica that had not received them, a restart without persistence) can run a slot twice:",
+        "keep jobs safe to run twice.",
+        "",
+        "Each scenario strikes at the worst moment on purpose: a scenario named below shows that a failure can",
+        "happen, not how often it happens in production.",
+        "",
+        *_head("", *STRATEGIES),
+        *[_row(fact, *(by[strategy] for strategy in STRATEGIES)) for fact, by in STRATEGY_FACTS.items()],
+    ]
+    for checker, consequence in CONSEQUENCES.items():
+        row = []
+        for strategy in STRATEGIES:
+            where = []
+            for scenario in results.scenarios:
+                cell = results.cells.get((scenario.name, strategy), Cell())
+                if cell.violations.get(checker):
+                    by_design = checker == "P2" and cell.skipped_overlap == cell.counts.get("P2")
+                    where.append(scenario.name + (" (skipped-overlap, by design)" if by_design else ""))
+            row.append(", ".join(where) or "–")
+        lines.append(_row(consequence + " in", *row))
+    if results.bench:
+        ratios = {
+            strategy: [
+                ops[strategy]["ratio_to_set_nx_px"] for ops in results.bench["claims"].values() if strategy in ops
+            ]
+            for strategy in STRATEGIES
+        }
+        lines.append(_row("claim p50 over a SET NX PX lock's",
+                          *(f"{min(r):.2f}–{max(r):.2f}×" if r else "–" for r in ratios.values())))  # fmt: skip
+    return lines
+
+
+def _settings(scenario: Scenario, live: bool) -> str:
+    """What a scenario sets, to translate its thresholds to production, and how much of it a live run covers."""
+    parts = [f"{name} {value}" for name, value in scenario.scheduler.items()]
+    for job in scenario.jobs:
+        options = "".join(f", {name} {value}" for name, value in job.options.items())
+        parts.append(f"job {job.name}: `{job.cron}`, works {job.work_s:g} s{options}")
+    parts += [f"{strategy} {name} {value}" for strategy, settings in scenario.strategies.items()
+              for name, value in settings.items()]  # fmt: skip
+    covered = f"; a live run covers its first {scaled(scenario).duration_s / SCALE:g} s" if live else ""
+    return f"Sets: {'; '.join(parts)}{covered}."
 
 
 def _this_run(results: Results) -> str:
@@ -472,17 +551,23 @@ def render(results: Results, figure: Callable[[str, bytes], str]) -> str:
         ]
     else:
         how = [
-            f"{len(results.scenarios)} scenarios × {len(STRATEGIES)} strategies on {', '.join(results.targets)},",
-            f"{results.seeds} run(s) each, in real time: instances are OS processes, crashes SIGKILL, stops",
-            "Scheduler.stop() told on stdin, pauses SIGSTOP, partitions and failovers go through TCP proxies and a",
-            f"real replica. Durations are compressed {1 / SCALE:g}x, the defaults of the time options a scenario",
+            f"{len(results.scenarios)} scenarios × {len(STRATEGIES)} strategies on {', '.join(results.targets)}",
+            f"(idmp where the server has IDMP: Redis 8.6), {results.seeds} run(s) each, in real time: instances are",
+            "OS processes, crashes SIGKILL, stops Scheduler.stop() told on stdin, pauses SIGSTOP, partitions and",
+            "failovers go through TCP proxies and a real replica. Durations are compressed "
+            f"{1 / SCALE:g}x, the defaults of the time options a scenario",
             "leaves unset included (the library's own retry delays are not). A run ends at the scenario's end or",
-            f"{SETTLE_AFTER_FAULTS_S} scenario s after its last fault heals, whichever is sooner. idmp runs where the",
-            "server has IDMP (Redis 8.6). Times in witnesses and lateness figures are live time: a fifth of the",
-            "scenario's (the slot at 40 s of a scenario's description is the slot at 8 s of its run).",
+            f"{SETTLE_AFTER_FAULTS_S} scenario s after its last fault heals, whichever is sooner (a scenario without",
+            f"faults: after its first {SETTLE_AFTER_FAULTS_S} s). Times in witnesses and lateness figures are live",
+            "time: a fifth of the scenario's (the slot at 40 s of a scenario's description is the slot at 8 s of its",
+            "run).",
         ]
     lines = [
         "# Strategy comparison",
+        "",
+        *_guide(results),
+        "",
+        "## How the runs were made",
         "",
         *how,
         "Each run is judged by the checkers P1–P6 and lateness, each valid, invalid or not judged (the run gave it",
@@ -507,8 +592,10 @@ def render(results: Results, figure: Callable[[str, bytes], str]) -> str:
             cell = results.cells.get((scenario.name, strategy), Cell())
             row.append(_verdict_cell(cell, strategy, interval=results.mode == "live"))
         lines.append(_row(*row))
-    lines += ["", "Scenarios:", ""]
-    lines += [f"- **{s.name}**: {' '.join(s.description.split())}" for s in results.scenarios]
+    lines += ["", "Scenarios (the library's defaults, where a scenario sets its own: lease_ms 30,000, heartbeat_ms a",
+              "third of the lease, max_late_ms 60,000, window_ms and duration_sec 300 s):", ""]  # fmt: skip
+    lines += [f"- **{s.name}**: {' '.join(s.description.split())} {_settings(s, results.mode == 'live')}"
+              for s in results.scenarios]  # fmt: skip
     lines += [
         "",
         "## Rates per 1,000 slots",
@@ -517,7 +604,8 @@ def render(results: Results, figure: Callable[[str, bytes], str]) -> str:
         "(the slots P2 examines). P1 and P3 count every run, also those of the first and last moments of a scenario,",
         "so where nearly every run overlaps the next a rate can pass 1,000. Of the missed slots, those lease skipped",
         "on purpose (skipped-overlap: the job's previous run still held its lease) are counted again on their own.",
-        "The scenarios the counts come from follow.",
+        "The scenarios aim their faults at each strategy's weak points: these are what a fault staged here costs,",
+        "not how often a failure happens in production. The scenarios the counts come from follow.",
         "",
         *_head(
             "strategy",
@@ -551,7 +639,9 @@ def render(results: Results, figure: Callable[[str, bytes], str]) -> str:
         + " Below 0, a run started before its slot: an instance whose clock runs ahead claimed it early.",
         "A slot no instance ran (P2) has no start and is not judged here: fewer late runs may mean more missed",
         "slots (stream-id misses the late slot of late-claim that the others run late).",
-        "Which scenarios the late runs are in: the Verdicts table (lateness) and the counterexamples.",
+        "Which scenarios the late runs are in: the Verdicts table (lateness) and the counterexamples. The spread",
+        "comes mostly from the scenarios whose instances' clocks are off (skew, late-claim, lost-reply): such an",
+        "instance starts its runs early or late by its clock's offset.",
         "",
         *_head(
             "strategy",
@@ -570,7 +660,8 @@ def render(results: Results, figure: Callable[[str, bytes], str]) -> str:
         "",
         "## Counterexamples",
         "",
-        "For each strategy and checker violated, the smallest run that shows it (fewest history events).",
+        "For each strategy and checker violated, the smallest run that shows it (fewest history events); its",
+        "scenario is described under Verdicts.",
         "",
     ]
     commit = results.commit
@@ -579,8 +670,6 @@ def render(results: Results, figure: Callable[[str, bytes], str]) -> str:
             verdict = outcome.judgement.verdict(checker)
             lines += [
                 f"### {strategy}: {checker} ({CHECKER_NAMES[checker]}) in {name}",
-                "",
-                " ".join(outcome.scenario.description.split()),
                 "",
                 f"Witness: {verdict.witness}",
                 "",
