@@ -258,6 +258,8 @@ def timeline_figure(outcome: Outcome, checker: str) -> bytes:
     figure, axis = plt.subplots(figsize=(10, 0.7 * len(instances) + 1.6))
     lanes = {name: i + 1 for i, name in enumerate(instances)}
     lanes["store"] = 0
+    # A live instance's restart is a window of its own that begins where its crash or stop ends: one fault, one label.
+    goes_on = {(w.instance, w.end) for w in outcome.fault_windows}
     for window in outcome.fault_windows:
         end = min(window.end, outcome.scenario.duration_s)
         if end < low or window.start > high:  # drawn outside the axes, it would widen the figure
@@ -265,7 +267,8 @@ def timeline_figure(outcome: Outcome, checker: str) -> bytes:
         lane = lanes.get(window.instance, 0)
         axis.broken_barh([(window.start, max(end - window.start, 0.2))], (lane - 0.45, 0.9), facecolor="#dddddd",
                          edgecolor="#999999", hatch="//", zorder=0)  # fmt: skip
-        axis.text(max(window.start, low), lane + 0.32, f" {window.kind}", fontsize=7, zorder=3, clip_on=True)
+        if (window.instance, window.start) not in goes_on or window.start < low:
+            axis.text(max(window.start, low), lane + 0.32, f" {window.kind}", fontsize=7, zorder=3, clip_on=True)
     shown = [e for e in history.executions if (e.ended is None or e.ended >= low) and e.started <= high]
     for e, level, levels in _stacked(shown):
         end = e.ended if e.ended is not None else high
@@ -281,13 +284,15 @@ def timeline_figure(outcome: Outcome, checker: str) -> bytes:
     for event in history.events:
         if event.kind == "invoke" or event.op != "claim" or not low <= event.t <= high:
             continue
-        marker = {"ok": "^" if event.value.startswith("won") else ".", "fail": "x", "info": "$?$"}[event.kind]
+        answered = "^" if event.value.startswith("won") else "o" if event.value.startswith("overlap") else "."
+        marker = {"ok": answered, "fail": "x", "info": "$?$"}[event.kind]
         axis.plot(event.t, lanes[event.process] - 0.42, marker=marker, color="black", markersize=5, linestyle="")
     axis.set_yticks(list(lanes.values()), list(lanes.keys()))
     axis.set_ylim(-0.6, len(instances) + 0.6)
     axis.set_xlim(low, high)
     axis.set_xlabel(
-        "true time (s); bars: runs (green: ran to the end, red: stopped); ^ won, . lost, x failed, ? unknown"
+        "true time (s); bars: runs (green: ran to the end, red: stopped); claims: ^ won, . lost, o skipped-overlap, "
+        "x failed, ? unknown"
     )
     run = f"on {outcome.target}" if outcome.target else f"seed {outcome.seed}"  # a live run has no seed
     axis.set_title(f"{outcome.scenario.name} / {outcome.strategy} / {run}: {checker} violated")

@@ -178,6 +178,21 @@ def test_a_live_runs_timeline_names_its_server_not_a_seed() -> None:
     assert title.call_args.args[0] == f"zombie / lease / on redis-7: {checker} violated"
 
 
+def test_a_timeline_labels_a_crash_and_the_live_restart_after_it_once_and_marks_overlap_answers() -> None:
+    """Live mode records an instance's restart as a window that begins where its crash ends: one fault, one label.
+    A claim answered overlap is drawn apart from a lost one."""
+    outcome = simulate(load("long-job"), "lease", 1)
+    windows = [FaultWindow(30, 40, "crash", "a"), FaultWindow(40, 41, "crash", "a"), FaultWindow(45, 46, "pause", "b")]
+    with (
+        unittest.mock.patch.object(report.plt.Axes, "text") as text,
+        unittest.mock.patch.object(report.plt.Axes, "plot") as plot,
+    ):
+        report.timeline_figure(replace(outcome, fault_windows=windows), "P2")
+    labels = [call.args[2] for call in text.call_args_list if not call.args[2].startswith(" slot")]
+    assert labels == [" crash", " pause"]
+    assert "o" in {call.kwargs["marker"] for call in plot.call_args_list}
+
+
 def test_the_page_renders_the_markdown_paragraphs_lists_and_tables_as_html() -> None:
     markdown = (
         "One sentence\nwrapped over two lines.\n\n- first\n- second\n\n| a | b |\n|---|---|\n| x<br>y | **z** |\n"
