@@ -125,3 +125,74 @@ def test_script_finds_a_claim_behind_more_than_a_page_of_newer_ones() -> None:
         ("script",),
         {"P1": "valid"},
     )  # fmt: skip
+
+
+def test_two_jobs_due_at_the_same_slots_each_run_every_slot() -> None:
+    """Two jobs on one schedule: each has keys of its own, so each runs every slot once. Caught: lease keys whose
+    hash tag left out the job, so that both jobs shared one state and one of them never ran."""
+    assert_verdicts(
+        {
+            "duration_s": 60, "scheduler": LEASE, "instances": three(),
+            "jobs": [{"name": name, "cron": "*/10 * * * * *", "work_s": 2.0} for name in ("sync", "report")],
+        },
+        STRATEGIES,
+        {"P1": "valid", "P2": "valid"},
+    )  # fmt: skip
+
+
+def test_a_crashed_winners_lease_ends_a_lease_after_its_last_heartbeat() -> None:
+    """The winner of a run of 8 s is killed 7 s in, after seven heartbeats: a backup takes the run over when the
+    lease of the last beat ends, and it ends before the next slot. Caught: a heartbeat that extended the lease
+    from its previous end instead of from the store's now, which held the run past the next slot: skipped."""
+    assert_verdicts(
+        {
+            "duration_s": 100, "scheduler": LEASE, "instances": three(),
+            "jobs": [{"name": "tick", "cron": "*/20 * * * * *", "work_s": 8.0}],
+            "faults": [{"at_s": 27, "kind": "crash", "instance": "winner", "restart_after_s": 30}],
+        },
+        ("lease",),
+        {"P1": "valid", "P2": "valid"},
+    )  # fmt: skip
+
+
+def test_a_claim_delayed_by_its_jitter_is_not_late() -> None:
+    """jitter_ms 8 s with max_late_ms 2 s: a claim may come up to 10 s after its slot and still run it. Caught:
+    a lateness limit that left out the jitter, which skipped every slot whose drawn delay passed 2 s."""
+    assert_verdicts(
+        {
+            "duration_s": 200, "scheduler": LEASE, "instances": three(),
+            "jobs": [{"name": "tick", "cron": "*/20 * * * * *", "work_s": 1.0, "jitter_ms": 8000,
+                      "max_late_ms": 2000}],
+        },
+        STRATEGIES,
+        {"P2": "valid", "lateness": "valid"},
+    )  # fmt: skip
+
+
+def test_a_backup_takes_a_run_over_after_max_late_ms() -> None:
+    """max_late_ms 1 s; the winner of a run of 10 s is killed 5 s in: the backup's takeover, 8 s after the slot,
+    is no late claim, and runs the slot. Caught: a late skip that did not spare backups, which lost the run."""
+    assert_verdicts(
+        {
+            "duration_s": 80, "scheduler": LEASE, "instances": three(),
+            "jobs": [{"name": "tick", "cron": "*/20 * * * * *", "work_s": 10.0, "max_late_ms": 1000}],
+            "faults": [{"at_s": 25, "kind": "crash", "instance": "winner", "restart_after_s": 30}],
+        },
+        ("lease",),
+        {"P2": "valid"},
+    )  # fmt: skip
+
+
+def test_script_keeps_claims_inside_its_window_past_history_size() -> None:
+    """history_size 5 with a job every second: trim keeps more than five claims while they are inside window_ms,
+    so b, 3 s behind, finds each slot's claim. Caught: a trim by history_size that deleted claims still inside the
+    window, which let b run slots again."""
+    assert_verdicts(
+        {
+            "duration_s": 40, "scheduler": {**LEASE, "history_size": 5},
+            "instances": [{"name": "a"}, {"name": "b", "offset_ms": -3000}],
+            "jobs": [{"name": "tick", "cron": "* * * * * *", "work_s": 0.2}],
+        },
+        ("script",),
+        {"P1": "valid"},
+    )  # fmt: skip
