@@ -196,3 +196,19 @@ def test_script_keeps_claims_inside_its_window_past_history_size() -> None:
         ("script",),
         {"P1": "valid"},
     )  # fmt: skip
+
+
+def test_a_catch_up_waits_for_the_run_another_catch_up_is_running() -> None:
+    """Both instances are down from 15 s; b is back at 31 s and catches up the slot at 20 s (runs of 15 s); a, back
+    at 35 s, catches up its own period's slot at 30 s, which nobody has claimed: it waits for b's run, and the two
+    never overlap. Caught: a catch-up's claim of a slot with no state that skipped the overlap check."""
+    assert_verdicts(
+        {
+            "duration_s": 120, "scheduler": LEASE, "instances": [{"name": "a"}, {"name": "b"}],
+            "jobs": [{"name": "tick", "cron": "*/10 * * * * *", "work_s": 15.0, "catch_up_ms": 15_000}],
+            "faults": [{"at_s": 15, "kind": "crash", "instance": "a", "restart_after_s": 20},
+                       {"at_s": 15, "kind": "crash", "instance": "b", "restart_after_s": 16}],
+        },
+        ("lease",),
+        {"P1": "valid", "P3": "valid"},
+    )  # fmt: skip
