@@ -25,7 +25,8 @@ P5 no lost acknowledged claim: a run whose won claim the store lost (a restart l
    same attempt, or an earlier one, granted again; a later attempt is a takeover of a lease the store still knew).
 P6 fencing: the fences of a job's executions grow in the order their claims were acknowledged (under the claim-only
    strategies a manual run's fence comes from a stream of its own, documented as not ordered against the slots':
-   those of scheduled runs only).
+   those of scheduled runs only). Under lease a claim sent again after its answer was lost takes the next fence,
+   accepted by the try answered; under the others it is told its first fence, accepted by the first try applied.
 At one true time, what happened first is what comes first in the history (P5, P6).
 Lateness: every scheduled run starts (its earliest execution, true time) within the job's allowance after its
    slot: jitter_ms + max_late_ms (or catch_up_ms under lease, if larger: a catch-up is not told apart from a late
@@ -190,7 +191,7 @@ def judge(
         "P3": _no_overlap(scenario, history.executions, epoch),
         "P4": _lease_safety(strategy, by_run, epoch, margins),
         "P5": _no_lost_ack(strategy, history, fault_windows),
-        "P6": _fencing(history, manual_ordered=strategy == "lease"),
+        "P6": _fencing(history, lease=strategy == "lease"),
     }
     # When each run started: its earliest execution (a duplicate is P1's to judge), whatever its attempt: a run
     # whose first attempt never started (its winner crashed first, or handed it back) started when a backup took
@@ -648,11 +649,14 @@ def _claim_answers(history: History) -> Iterator[tuple[Event, _Place, _Place]]:
             yield event, place, sending.pop(event.token, place)
 
 
-def _fencing(history: History, manual_ordered: bool) -> Verdict:
+def _fencing(history: History, lease: bool) -> Verdict:
     """Fences must grow in the order the store accepted the claims, and each execution must run with the fence
     its claim was acknowledged. The store accepted a claim between the first send it may have applied (a retry
     may win with a try whose answer was lost; a try that failed was not applied) and the answer that told its
-    sender it won; one claim was surely accepted before another when its answer came before the other's first
+    sender it won. Under lease a claim sent again takes the next fence (nobody heard its first): the fence it is
+    told was accepted by the try answered, between that try's send and its answer. Under the claim-only
+    strategies a manual run's fence is not ordered against the slots' (documented): only lease's are judged. One
+    claim was surely accepted before another when its answer came before the other's first
     such send. Two claims of a job accepted with the same fence are out of order whichever came first. Places in
     the history (true time, then the order events were recorded: one event loop records them as they happen) order
     them."""
@@ -667,9 +671,9 @@ def _fencing(history: History, manual_ordered: bool) -> Verdict:
         answer = ClaimAnswer.of(event)
         if answer and answer.outcome == Outcome.WON.value and event.token not in acknowledged:
             fence = acknowledged[event.token] = answer.fence
-            if event.run.startswith("m") and not manual_ordered:
+            if event.run.startswith("m") and not lease:
                 continue
-            accepted[event.job].append((first_send[event.token], place, fence))
+            accepted[event.job].append((sent if lease else first_send[event.token], place, fence))
     bad = [
         f"{e.job} {e.instance} attempt {e.attempt} ran with fence {e.fence}; its claim was told {acknowledged[e.token]}"
         for e in history.executions

@@ -79,8 +79,9 @@ CHECKER_RULES = {
     "instance or by a new claim of its own. Judged where a store fault lost writes; elsewhere it holds.",
     "P6": "The fences of a job's runs grow in the order the store accepted their claims, where that order is "
     "known: a claim answered before another was sent was accepted first, and no two claims share a fence "
-    "(claim-only strategies: scheduled runs only, as documented). Each execution runs with the fence its claim "
-    "was told.",
+    "(claim-only strategies: scheduled runs only, as documented). Under lease a claim sent again after its "
+    "answer was lost takes the next fence: it counts from the try answered. Each execution runs with the fence "
+    "its claim was told.",
     "lateness": "Each scheduled run starts no later than its job's jitter_ms + max_late_ms (catch_up_ms under lease, "
     "if larger) + 1 s after its slot (in scenario seconds: 61 s with the defaults, 6 s in late-claim, 11 s in "
     "lost-reply; a fifth of that live). Judged for the "

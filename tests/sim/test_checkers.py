@@ -889,9 +889,11 @@ def test_a_claim_acknowledged_again_with_its_own_token_after_a_failover_is_not_a
     assert _p5([_won("a", 21.95), _won("b", 23.0)], failover, "script").status == "invalid"
 
 
-def test_a_retried_claim_is_judged_from_its_first_send() -> None:
+def test_a_retried_claim_is_judged_from_its_first_send_and_under_lease_from_the_try_answered() -> None:
     """a's claim, sent at 40 s, went unanswered; a sent it again (the same token) at 42 s and won fence 4. b's claim,
-    sent at 41 s, won fence 5 at 41.1 s. The store may have accepted a's first try, at 40 s, before b's: no fault."""
+    sent at 41 s, won fence 5 at 41.1 s. Under the claim-only strategies a retry is told its first fence, and the
+    store may have accepted a's first try, at 40 s, before b's: no fault. Under lease the retry took the next
+    fence at 42 s, after b's 5: fence 4 is out of order."""
     a, b = _fenced(_execution("a", 40, 42, 43), 4), _fenced(_execution("b", 50, 41, 42), 5)
     events = [
         Event(40.0, "invoke", "a", "claim", "tick", a.run, a.token),
@@ -901,10 +903,13 @@ def test_a_retried_claim_is_judged_from_its_first_send() -> None:
         Event(42.0, "invoke", "a", "claim", "tick", a.run, a.token),
         _ack(a, 42.1),
     ]
-    assert _judge([a, b], events).verdicts["P6"].status == "valid"
+    assert _judge([a, b], events, strategy="script").verdicts["P6"].status == "valid"
+    renewed = _judge([a, b], events).verdicts["P6"]
+    assert (renewed.status, renewed.witness) == ("invalid", "tick: fence 4 accepted at 42.100 s (sent at 42.000 s) "
+                                                            "after fence 5 at 41.100 s")  # fmt: skip
     # Had the first try failed (the store never ran it), only the second could have won: after fence 5.
     failed = [*events[:3], Event(41.5, "fail", "a", "claim", "tick", a.run, a.token, "link cut: not sent"), *events[4:]]
-    stale = _judge([a, b], failed).verdicts["P6"]
+    stale = _judge([a, b], failed, strategy="script").verdicts["P6"]
     assert (stale.status, stale.witness) == ("invalid", "tick: fence 4 accepted at 42.100 s (sent at 42.000 s) after "
                                                         "fence 5 at 41.100 s")  # fmt: skip
 

@@ -212,3 +212,19 @@ def test_a_catch_up_waits_for_the_run_another_catch_up_is_running() -> None:
         ("lease",),
         {"P1": "valid", "P3": "valid"},
     )  # fmt: skip
+
+
+def test_a_lease_claim_sent_again_takes_a_fence_above_those_granted_meanwhile() -> None:
+    """a's claim of the slot at 10 s is granted and its answer lost; cut off 3.5 s, a sends it again while its
+    lease is live, after b won the slot at 12 s (overlap allowed): the renewed claim is told the next fence, above
+    b's. Caught: a renewal that kept the fence of the first try, below one granted since."""
+    assert_verdicts(
+        {
+            "duration_s": 40, "scheduler": {"lease_ms": 6000, "heartbeat_ms": 2000},
+            "instances": [{"name": "a"}, {"name": "b"}],
+            "jobs": [{"name": "tick", "cron": "*/2 * * * * *", "work_s": 0.5, "overlap": True}],
+            "faults": [{"at_s": 9, "kind": "partition", "instance": "a", "duration_s": 3.5, "reply_lost": True}],
+        },
+        ("lease",),
+        {"P1": "valid", "P6": "valid"},
+    )  # fmt: skip
