@@ -447,7 +447,7 @@ def _verdict_cell(cell: Cell, strategy: str, interval: bool) -> str:
     bad = []
     for name, n in sorted(cell.violations.items()):
         by_server = cell.violations_on[name]
-        if cell.runs_on and by_server == cell.runs_on:  # in every run on every server that ran it
+        if len(cell.runs_on) > 1 and by_server == cell.runs_on:  # in every run on every server that ran it
             where = ["every server"]
         else:
             where = [f"{target} {k}/{cell.runs_on[target]}" for target, k in sorted(by_server.items())]

@@ -85,7 +85,7 @@ def test_a_live_report_counts_its_live_runs_and_the_strategy_runs_judged_in_them
 
 def test_a_live_verdict_names_each_server_with_its_own_count_of_runs() -> None:
     """Pooled over servers, "P1 2/4 on redis-7" would read as one failure in two there: it was every run there.
-    A checker violated in every run on every server says so once."""
+    A checker violated in every run on every server says so once; on the only server that ran it, names it."""
     zombie = load("zombie")
     results = report.Results("live", 2, ["redis-7", "redis-8.6"], [zombie])
     for target in results.targets:
@@ -98,6 +98,12 @@ def test_a_live_verdict_names_each_server_with_its_own_count_of_runs() -> None:
     [row] = [line for line in _render(results) if line.startswith("| **zombie**")]
     lease = row.split(" | ")[1]
     assert re.fullmatch(r"✗ P1 2/4 \(\d+–\d+%\) on redis-7 2/2<br>✗ P4 4/4 \(\d+–100%\) on every server", lease)
+    # idmp runs on redis-8.6 only: "every server" would hide which.
+    only = report.Results("live", 2, ["redis-8.6"], [zombie])
+    for seed in (1, 2):
+        only.add(simulate(zombie, "lease", seed), "redis-8.6")
+    [row] = [line for line in _render(only) if line.startswith("| **zombie**")]
+    assert row.split(" | ")[1].startswith("✗ P1 2/2 (34–100%) on redis-8.6 2/2<br>")
 
 
 def test_a_live_report_gives_its_times_in_live_ms() -> None:
