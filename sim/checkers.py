@@ -296,15 +296,15 @@ def _caught_up(
     owed: dict[tuple[str, int], str] = {}
     for job in scenario.jobs:
         catch_up_s = int(job.options.get("catch_up_ms", JobOptions().catch_up_ms)) / 1000
-        claimed = [true_s(slot, epoch) for name, slot in expected if name == job.name]
-        if not catch_up_s or not claimed:
+        first = min((true_s(slot, epoch) for name, slot in expected if name == job.name), default=None)
+        if not catch_up_s or first is None:
             continue
         for restart in sorted(fault_windows, key=lambda window: window.end):  # the first started owes it
             if restart.kind not in ("crash", "stop") or math.isinf(restart.end):
                 continue
             shown, _ = clocks[restart.instance].shown_between(restart.end, restart.end)
             period = [(job.name, slot) for name, slot in due
-                      if name == job.name and min(claimed) <= true_s(slot, epoch) < shown
+                      if name == job.name and first <= true_s(slot, epoch) < shown
                       and true_s(slot, epoch) > shown - catch_up_s]  # fmt: skip
             busy_s = len(period) * job.work_s
             done_by = restart.end + busy_s + settle_s

@@ -26,6 +26,9 @@ import matplotlib.pyplot as plt
 from markdown_it import MarkdownIt
 from tqdm import tqdm  # type: ignore[import-untyped]
 
+from anarchon._config import IdmpConfig, ScriptConfig
+from anarchon._job import JobOptions
+from anarchon._scheduler import DEFAULT_LEASE_MS
 from sim.checkers import percentile, true_s
 from sim.history import Execution
 from sim.live import SCALE, SETTLE_AFTER_FAULTS_S, scaled
@@ -58,7 +61,8 @@ STRATEGY_FACTS = {
     "works on": {"lease": "Redis 5+, Valkey", "stream-id": "Redis 5+, Valkey", "idmp": "Redis 8.6+ only (not Valkey)",
                  "script": "Redis 5+, Valkey"},
     "remembers a run for": {"lease": "as long as a late claim or a catch-up could ask for it", "stream-id": "forever",
-                            "idmp": "duration_sec (300 s)", "script": "window_ms (300 s)"},
+                            "idmp": f"duration_sec ({IdmpConfig().duration_sec} s)",
+                            "script": f"window_ms ({ScriptConfig().window_ms // 1000} s)"},
     "backups, retries, overlap protection, catch-up": {"lease": "yes", "stream-id": "no", "idmp": "no",
                                                        "script": "no"},
 }  # fmt: skip
@@ -117,6 +121,11 @@ class Cell:
     runs_on: dict[str, int] = field(default_factory=lambda: defaultdict(int))  # live: runs per server
     # live: per checker, the runs per server it found violated in
     violations_on: dict[str, dict[str, int]] = field(default_factory=lambda: defaultdict(lambda: defaultdict(int)))
+
+    @property
+    def missed_only_by_overlap(self) -> bool:
+        """Whether every slot P2 counted missed was one lease skipped on purpose (skipped-overlap)."""
+        return bool(self.skipped_overlap) and self.skipped_overlap == self.counts.get("P2", 0)
 
 
 @dataclass
@@ -466,7 +475,7 @@ def _overlap_skips(cell: Cell) -> str:
     missed = cell.counts.get("P2", 0)
     if not cell.skipped_overlap:
         return ""
-    if cell.skipped_overlap == missed:
+    if cell.missed_only_by_overlap:
         return " (every missed slot skipped-overlap, by design)"
     return f" ({cell.skipped_overlap} of {missed} missed slots skipped-overlap, by design)"
 
@@ -499,7 +508,7 @@ def _guide(results: Results) -> list[str]:
             for scenario in results.scenarios:
                 cell = results.cells.get((scenario.name, strategy), Cell())
                 if cell.violations.get(checker):
-                    by_design = checker == "P2" and cell.skipped_overlap == cell.counts.get("P2")
+                    by_design = checker == "P2" and cell.missed_only_by_overlap
                     where.append(scenario.name + (" (skipped-overlap, by design)" if by_design else ""))
             row.append(", ".join(where) or "–")
         lines.append(_row(consequence + " in", *row))
@@ -598,8 +607,10 @@ def render(results: Results, figure: Callable[[str, bytes], str]) -> str:
             cell = results.cells.get((scenario.name, strategy), Cell())
             row.append(_verdict_cell(cell, strategy, interval=results.mode == "live"))
         lines.append(_row(*row))
-    lines += ["", "Scenarios (the library's defaults, where a scenario sets its own: lease_ms 30,000, heartbeat_ms a",
-              "third of the lease, max_late_ms 60,000, window_ms and duration_sec 300 s):", ""]  # fmt: skip
+    lines += ["", "Scenarios (the library's defaults, where a scenario sets its own: "
+              f"lease_ms {DEFAULT_LEASE_MS:,}, heartbeat_ms a third of the lease, max_late_ms "
+              f"{JobOptions().max_late_ms:,}, window_ms {ScriptConfig().window_ms // 1000} s and duration_sec "
+              f"{IdmpConfig().duration_sec} s):", ""]  # fmt: skip
     lines += [f"- **{s.name}**: {' '.join(s.description.split())} {_settings(s, results.mode == 'live')}"
               for s in results.scenarios]  # fmt: skip
     lines += [
