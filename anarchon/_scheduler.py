@@ -77,6 +77,7 @@ RunStartHook = Callable[[RunContext], object]
 RunEndHook = Callable[[RunContext, RunRecord], object]
 
 DEFAULT_LEASE_MS = 30_000
+DEFAULT_HISTORY_SIZE = 1000
 RETRY_MIN_S = 0.5
 RETRY_MAX_S = 30.0
 # A wall clock that moved this much less than the monotonic one was set back (below it: the two clocks' reading
@@ -255,7 +256,7 @@ class Scheduler(Generic[M]):
         *,
         lease_ms: int = 30_000,
         heartbeat_ms: int | None = None,
-        history_size: int = 1000,
+        history_size: int = DEFAULT_HISTORY_SIZE,
         history_ttl_ms: int | None = None,
         clock: Clock | None = None,
         instance_id: str | None = None,
@@ -269,7 +270,7 @@ class Scheduler(Generic[M]):
         self: Scheduler[ClaimOnly],
         backend: RedisBackend[ClaimOnly],
         *,
-        history_size: int = 1000,
+        history_size: int = DEFAULT_HISTORY_SIZE,
         history_ttl_ms: int | None = None,
         clock: Clock | None = None,
         instance_id: str | None = None,
@@ -284,7 +285,7 @@ class Scheduler(Generic[M]):
         *,
         lease_ms: int | None = None,
         heartbeat_ms: int | None = None,
-        history_size: int = 1000,
+        history_size: int = DEFAULT_HISTORY_SIZE,
         history_ttl_ms: int | None = None,
         clock: Clock | None = None,
         instance_id: str | None = None,

@@ -27,6 +27,12 @@ P6 fencing: the fences of a job's executions grow in the order their claims were
    strategies a manual run's fence comes from a stream of its own, documented as not ordered against the slots':
    those of scheduled runs only). Under lease a claim sent again after its answer was lost takes the next fence,
    accepted by the try answered; under the others it is told its first fence, accepted by the first try applied.
+P7 true history: what ``Scheduler.history`` says at the end agrees with the ledger. A run recorded ok was executed
+   to its end by the attempt the record names (its token), and a record names that execution's instance, attempt
+   and fence; a run recorded skipped (late, or for overlap) was executed by nobody; a run whose finish the store
+   acknowledged, or that its scheduler stopped short (not a kill), is recorded, unless a store fault since lost it or
+   trimming dropped it (older than the oldest record the job keeps, or than history_ttl_ms); and trimming keeps at
+   least history_size records of a job that was owed more (without history_ttl_ms or a store fault).
 At one true time, what happened first is what comes first in the history (P5, P6).
 Lateness: every scheduled run starts (its earliest execution, true time) within the job's allowance after its
    slot: jitter_ms + max_late_ms (or catch_up_ms under lease, if larger: a catch-up is not told apart from a late
@@ -46,7 +52,7 @@ from zoneinfo import ZoneInfo
 
 from anarchon._cron import CronSchedule
 from anarchon._job import JobOptions
-from anarchon._scheduler import DEFAULT_LEASE_MS
+from anarchon._scheduler import DEFAULT_HISTORY_SIZE, DEFAULT_LEASE_MS
 from anarchon._strategies import Outcome, run_id
 from sim.history import ClaimAnswer, Event, Execution, History
 from sim.scenario import InstanceSpec, JobSpec, Scenario
@@ -66,7 +72,7 @@ class Verdict:
 
 @dataclass
 class Judgement:
-    verdicts: dict[str, Verdict]  # P1..P6
+    verdicts: dict[str, Verdict]  # P1..P7
     slots_checked: int
     lateness_ms: list[float] = field(default_factory=list)  # each scheduled run's earliest start - its slot
     lease_margins_ms: list[float] = field(default_factory=list)  # lease: each attempt's lease expiry - its end
@@ -74,7 +80,7 @@ class Judgement:
 
     @property
     def checks(self) -> dict[str, Verdict]:
-        """P1..P6 and lateness."""
+        """P1..P7 and lateness."""
         return {**self.verdicts, "lateness": self.lateness}
 
     def verdict(self, checker: str) -> Verdict:
@@ -192,6 +198,7 @@ def judge(
         "P4": _lease_safety(strategy, by_run, epoch, margins),
         "P5": _no_lost_ack(strategy, history, fault_windows),
         "P6": _fencing(history, lease=strategy == "lease"),
+        "P7": _true_history(scenario, history, fault_windows),
     }
     # When each run started: its earliest execution (a duplicate is P1's to judge), whatever its attempt: a run
     # whose first attempt never started (its winner crashed first, or handed it back) started when a backup took
@@ -705,3 +712,62 @@ def _fencing(history: History, lease: bool) -> Verdict:
     if not bad and history.executions and not acknowledged:
         return Verdict("P6", "unknown", "no acknowledged claim: the fences cannot be ordered")
     return Verdict("P6", "invalid" if bad else "valid", bad[0] if bad else "", len(bad))
+
+
+SKIPPED = ("skipped-late", "skipped-overlap")
+
+
+def _true_history(scenario: Scenario, history: History, fault_windows: list[FaultWindow]) -> Verdict:
+    """What the store's records say of each run against what the ledger saw run (see P7)."""
+    if history.records is None:
+        return Verdict("P7", "unknown", "the store's records were not read")
+    epoch = history.epoch_s
+    by_token = {e.token: e for e in history.executions}
+    ran = {(e.job, e.run): e for e in history.executions}
+    bad = []
+    for record in history.records:
+        where = f"{record.job} {'manual run' if record.manual else 'slot'} at {true_s(record.slot, epoch):.0f} s"
+        execution = by_token.get(record.token) if record.token else None
+        if record.status in SKIPPED and (record.job, record.run) in ran:
+            bad.append(f"{where}: recorded {record.status}, but it ran ({_describe(ran[(record.job, record.run)])})")
+        elif record.status in ("ok", "error") and execution is None:
+            bad.append(f"{where}: recorded {record.status} by {record.runner}, but no execution has its token")
+        elif record.status == "ok" and execution is not None and not execution.completed:
+            bad.append(f"{where}: recorded ok, but its execution did not run to its end ({_describe(execution)})")
+        elif execution is not None and (execution.job, execution.run, execution.instance, execution.attempt,
+                                        execution.fence) != (record.job, record.run, record.runner, record.attempt,
+                                                             record.fence):  # fmt: skip
+            bad.append(f"{where}: recorded {record.status} by {record.runner} attempt {record.attempt} fence "
+                       f"{record.fence}, but that token's execution is {_describe(execution)} with fence "
+                       f"{execution.fence}")  # fmt: skip
+    # The executions the store must have recorded: those whose finish it acknowledged, and those stopped short by
+    # their scheduler (a stop(), a lost lease), not by a kill, which the store hears of as an interrupted attempt.
+    acknowledged = {e.token: e.t for e in history.events if e.op == "finish" and e.kind == "ok" and e.value == "True"}
+    owed = [
+        (e, acknowledged[e.token] if e.completed else e.ended or 0.0)
+        for e in history.executions
+        if (e.completed and e.token in acknowledged) or not (e.completed or e.killed or e.cut_by_end)
+    ]
+    recorded = {record.token for record in history.records}
+    oldest = {job: min(r.slot for r in history.records if r.job == job) for job in {r.job for r in history.records}}
+    ttl_ms = scenario.scheduler.get("history_ttl_ms")
+    struck = [w.end for w in fault_windows if w.kind in STORE_FAULTS]  # when each store fault struck
+    for execution, since in owed:
+        if execution.token in recorded:
+            continue
+        trimmed = execution.slot < oldest.get(execution.job, math.inf) and (
+            execution.job in oldest or ttl_ms is not None
+        )
+        if not (trimmed or any(at >= since for at in struck)):
+            what = f"its finish was acknowledged at {since:.3f} s" if execution.completed else "it was stopped short"
+            bad.append(f"{execution.job} {_run(execution, epoch)}: {what}, but no record of it is kept "
+                       f"({_describe(execution)})")  # fmt: skip
+    # Trimming keeps history_size records of a job (more while runs are in progress); history_ttl_ms may keep fewer.
+    history_size = int(scenario.scheduler.get("history_size", DEFAULT_HISTORY_SIZE))
+    if ttl_ms is None and not struck:
+        for job in sorted({e.job for e, _ in owed}):
+            kept = sum(record.job == job for record in history.records)
+            written = sum(e.job == job for e, _ in owed)
+            if kept < min(history_size, written):
+                bad.append(f"{job}: {kept} records kept of the {written} it was owed, with history_size {history_size}")
+    return Verdict("P7", "invalid" if bad else "valid", bad[0] if bad else "", len(bad))

@@ -3,6 +3,7 @@
 History: immutable records, ``invoke`` then ``ok`` / ``fail`` / ``info`` (info: outcome unknown) for each store
 operation of each instance, and a ``fault`` record for each fault, all stamped with true (simulator) time.
 Ledger: every execution of a job function, from its first instruction to its last, and whether it ran to the end.
+Records: what ``Scheduler.history`` tells of each job at the end, read from the store the instances last used.
 """
 
 from __future__ import annotations
@@ -13,12 +14,14 @@ from collections.abc import Awaitable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, NamedTuple, TypeVar
 
-from anarchon import RunRecord, StoreError, StoreUnavailableError
+from anarchon import Clock, RedisBackend, RunContext, RunRecord, Scheduler, StoreError, StoreUnavailableError
 from anarchon._store import ServerInfo, Store
 from anarchon._strategies import Claim, JobPolicy, Outcome, RunRequest, Strategy
 from sim.links import NotSent
+from sim.scenario import Scenario
 
 T = TypeVar("T")
+READ_ALL = 1_000_000  # the most records history() gives at once: more than any run stores
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +73,7 @@ class Execution:
     ended: float | None = None
     completed: bool = False
     cut_by_end: bool = False  # still going when the run ended (``ended`` is then the end): its outcome unknown
+    killed: bool = False  # its process was killed as it ran (a crash, or the run's end): nothing of it ran after
 
     def overlaps(self, other: Execution) -> bool:
         end = self.ended if self.ended is not None else float("inf")
@@ -82,6 +86,7 @@ class History:
     epoch_s: float = 0.0  # the wall clock (s since the Unix epoch) at true time 0: slots are wall times
     events: list[Event] = field(default_factory=list)
     executions: list[Execution] = field(default_factory=list)
+    records: list[RunRecord] | None = None  # None: not read (a history made by hand, or a live store gone)
 
     def add(self, event: Event) -> None:
         self.events.append(event)
@@ -94,13 +99,31 @@ class History:
             hasher.update(json.dumps(asdict(event), sort_keys=True).encode())
         for execution in self.executions:
             hasher.update(json.dumps(asdict(execution), sort_keys=True).encode())
+        for record in self.records or ():
+            hasher.update(json.dumps(asdict(record), sort_keys=True).encode())
         return hasher.hexdigest()[:16]
 
     def as_json(self) -> dict[str, Any]:
         return {
             "events": [asdict(event) for event in self.events],
             "executions": [asdict(execution) for execution in self.executions],
+            "records": None if self.records is None else [asdict(record) for record in self.records],
         }
+
+
+async def read_records(backend: RedisBackend[Any], scenario: Scenario, strategy: str, clock: Clock) -> list[RunRecord]:
+    """Every record ``Scheduler.history`` gives of the scenario's jobs, newest first per job, through ``backend``: read
+    by a scheduler that is not started, as a process that shows the history reads it."""
+    scheduler: Scheduler[Any] = Scheduler(
+        backend, clock=clock, instance_id="reader", **scenario.scheduler_options(strategy)
+    )
+    for job in scenario.jobs:
+        scheduler.add_job(job.name, job.cron, _never_runs, **scenario.job_options(job, strategy))
+    return [record for job in scenario.jobs for record in await scheduler.history(job.name, limit=READ_ALL)]
+
+
+async def _never_runs(run: RunContext) -> None:
+    raise AssertionError(f"the reader's scheduler is never started, yet it ran {run.job}")
 
 
 class RecordingStrategy:

@@ -37,12 +37,13 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from anarchon import RedisBackend, RunRecord, SystemClock, ValkeyBackend
 from anarchon._config import STRATEGY_NAMES, parse_strategy
 from anarchon._job import JobOptions
 from anarchon._scheduler import DEFAULT_LEASE_MS
 from sim import nemesis
 from sim.checkers import Judgement, judge
-from sim.history import Event, Execution, History
+from sim.history import Event, Execution, History, read_records
 from sim.live_instance import SkewedClock
 from sim.run import Outcome
 from sim.scenario import FaultSpec, JobSpec, Scenario, ScenarioError, toml_value
@@ -558,6 +559,7 @@ class LiveRun:
             for execution, incarnation in by_token.values():
                 if execution.ended is None:  # its process was killed (two may run at once: see Instance.leaving)
                     execution.ended = killed.get(incarnation, self.scenario.duration_s)
+                    execution.killed = True
                     execution.cut_by_end = incarnation in instance.killed_at_end
         history.events.sort(key=lambda e: e.t)
         history.executions.sort(key=lambda e: e.started)
@@ -618,14 +620,27 @@ async def run_live(scenario: Scenario, target: str, strategies: list[str]) -> di
                     for instance in group:
                         await instance.kill_all()
                         await instance.proxy.close()
+            # The store the instances last used: the replica once a failover promoted it.
+            store = server.replica if any(w.kind == "failover" for w in run.windows[chosen[0]]) else server
             outcomes = {}
             for strategy in chosen:
                 history = run.history(strategy, epoch_s)
+                history.records = await _records(live, strategy, store)
                 judgement = judge_live(live, strategy, history, run.windows[strategy])
                 outcomes[strategy] = Outcome(
                     live, strategy, 0, history, judgement, run.windows[strategy], target, server.version
                 )
             return outcomes
+
+
+async def _records(scenario: Scenario, strategy: str, store: RunningServer | None) -> list[RunRecord]:
+    """What ``Scheduler.history`` tells of each job of ``strategy``'s instances at the end of the run."""
+    assert store is not None, "a failover leaves the replica it promoted"
+    options: dict[str, Any] = {"strategy": scenario.strategy_option(strategy), "prefix": f"{strategy}:"}
+    backend: RedisBackend[Any] = (
+        ValkeyBackend(valkey=store.url(), **options) if store.is_valkey else RedisBackend(redis=store.url(), **options)
+    )
+    return await read_records(backend, scenario, strategy, SystemClock())
 
 
 def judge_live(live: Scenario, strategy: str, history: History, windows: list[FaultWindow]) -> Judgement:

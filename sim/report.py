@@ -44,6 +44,7 @@ CHECKER_NAMES = {
     "P4": "lease safety",
     "P5": "no lost acknowledged claim",
     "P6": "fencing order",
+    "P7": "true history",
     "lateness": "on time",
 }
 # What a violation of each checker means for a job's owner, in the guide's words.
@@ -54,6 +55,7 @@ CONSEQUENCES = {
     "P4": "two lease holders work at once (P4)",
     "P5": "wins a lost claim again (P5)",
     "P6": "fences out of order (P6)",
+    "P7": "keeps a history() that misreports runs (P7)",
     "lateness": "starts runs late",
 }
 # What each strategy is, whatever the scenarios show (the specification's table).
@@ -86,6 +88,10 @@ CHECKER_RULES = {
     "(claim-only strategies: scheduled runs only, as documented). Under lease a claim sent again after its "
     "answer was lost takes the next fence: it counts from the try answered. Each execution runs with the fence "
     "its claim was told.",
+    "P7": "What history() says at the end agrees with what ran: a run recorded ok ran to its end, by the "
+    "instance, attempt and fence its record names; a run recorded skipped ran nowhere; a run whose finish the "
+    "store acknowledged, or that its scheduler stopped short, has its record, unless a failover or restart lost "
+    "it or trimming dropped it; and a job keeps at least history_size records.",
     "lateness": "Each scheduled run starts no later than its job's jitter_ms + max_late_ms (catch_up_ms under lease, "
     "if larger) + 1 s after its slot (in scenario seconds: 61 s with the defaults, 6 s in late-claim, 11 s in "
     "lost-reply; a fifth of that live). Judged for the "
@@ -585,7 +591,7 @@ def render(results: Results, figure: Callable[[str, bytes], str]) -> str:
         "## How the runs were made",
         "",
         *how,
-        "Each run is judged by the checkers P1–P6 and lateness, each valid, invalid or not judged (the run gave it",
+        "Each run is judged by the checkers P1–P7 and lateness, each valid, invalid or not judged (the run gave it",
         "nothing to judge, or for P2 a run was still going at the end); a cell shows the checkers violated and in "
         "how many runs"
         + (

@@ -50,6 +50,7 @@ class Outcome:
             **self.judgement.as_json(),
             "executions": len(self.history.executions),
             "events": len(self.history.events),
+            "records": None if self.history.records is None else len(self.history.records),
             **({"server": self.target, "server_version": self.server_version} if self.target else {}),
         }
 

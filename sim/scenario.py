@@ -17,7 +17,7 @@ verdict each strategy is expected to get. The virtual and the live mode run the 
     kind = "crash"
     instance = "winner"             # an instance name, or "winner": the one running a job at that moment
     restart_after_s = 30
-    [expect.lease]                  # checker (P1..P6, lateness): valid | invalid | unknown
+    [expect.lease]                  # checker (P1..P7, lateness): valid | invalid | unknown
     P1 = "valid"
 """
 
@@ -34,7 +34,7 @@ from anarchon import AnarchonError, RedisBackend, RunContext, Scheduler
 
 SCENARIOS_DIR = Path(__file__).resolve().parent.parent / "scenarios"
 STRATEGIES = ("lease", "stream-id", "idmp", "script")
-CHECKERS = ("P1", "P2", "P3", "P4", "P5", "P6", "lateness")
+CHECKERS = ("P1", "P2", "P3", "P4", "P5", "P6", "P7", "lateness")
 VERDICTS = ("valid", "invalid", "unknown")
 LEASE_SCHEDULER_OPTIONS = ("lease_ms", "heartbeat_ms")
 LEASE_JOB_OPTIONS = ("overlap", "max_attempts", "catch_up_ms")

@@ -315,7 +315,9 @@ def run(
     and printed); ``examples``: schedules per checker (by default, as many as the budget's share would run);
     ``clock``: the seconds the budget is spent in (wall time by default)."""
     seed = random.randrange(2**32) if seed is None else seed
-    checkers = ["P1", "P2", "P3", "P4", "P5", "P6"] if strategy == "lease" else ["P1", "P2", "P3", "P5", "P6"]
+    checkers = (
+        ["P1", "P2", "P3", "P4", "P5", "P6", "P7"] if strategy == "lease" else ["P1", "P2", "P3", "P5", "P6", "P7"]
+    )
     began = clock()
     simulate(schedule_scenario([], strategy), strategy, 1)  # warm up, then measure one run
     probe = clock()

@@ -23,7 +23,7 @@ import fakeredis
 from anarchon import RedisBackend, RunContext, Scheduler, StoreError, StoreUnavailableError
 from anarchon._store import Connection
 from sim import fakestore, nemesis
-from sim.history import Event, Execution, History, RecordingStrategy
+from sim.history import Event, Execution, History, RecordingStrategy, read_records
 from sim.idmp import IdmpConnection, IdmpState
 from sim.links import Link
 from sim.replica import Dataset, Entry, KeyState, ReplicatedConnection, Replication
@@ -310,8 +310,10 @@ class SimInstance:
         await self.crash()
 
     def _stop_jobs(self, at: float) -> None:
+        """The process is killed: its jobs stop where they are, at ``at``."""
         for execution in self.running_jobs.values():
             execution.ended = at
+            execution.killed = True
         self.running_jobs.clear()
 
     async def crash(self) -> None:
@@ -437,6 +439,10 @@ class World:
                 instance.link.kill()
         for instance in self.instances.values():
             await instance.end()
+        backend: RedisBackend[Any] = RedisBackend(
+            redis=self.store.connection(), strategy=self.scenario.strategy_option(self.strategy)
+        )  # type: ignore[call-overload]
+        self.history.records = await read_records(backend, self.scenario, self.strategy, SimClock())
         return self.history
 
     def _target(self, fault: FaultSpec) -> SimInstance | None:

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from anarchon import RunRecord
 from sim import report
 from sim.checkers import Judgement, Verdict, _Clock, judge, percentile
 from sim.history import Event, Execution, History
@@ -63,9 +64,10 @@ def _ack(e: Execution, t: float, op: str = "claim", value: str = "") -> Event:
 def test_checkers_accept_a_clean_history() -> None:
     runs = [_fenced(e, i + 1) for i, e in enumerate(_every_slot())]
     verdicts = _judge(runs, [_ack(e, e.started) for e in runs]).verdicts
-    assert {name: verdict.status for name, verdict in verdicts.items()} == dict.fromkeys(
-        ["P1", "P2", "P3", "P4", "P5", "P6"], "valid"
-    )
+    assert {name: verdict.status for name, verdict in verdicts.items()} == {
+        **dict.fromkeys(["P1", "P2", "P3", "P4", "P5", "P6"], "valid"),
+        "P7": "unknown",  # the history holds no records read from the store
+    }
     # Without the claims' acknowledgements the fences cannot be ordered.
     assert _judge(runs).verdicts["P6"].status == "unknown"
 
@@ -578,6 +580,92 @@ def test_a_claim_whose_outcome_is_unknown_is_no_acceptance() -> None:
     unknown = Event(40.5, "info", "a", "claim", "tick", a.run, "t-other", "won attempt=1 fence=0")
     judgement = _judge([a], [_ack(a, 40.0), unknown])
     assert judgement.verdicts["P6"].status == "valid"
+
+
+# --- P7: the records history() gives against the ledger ------------------------------------------------------
+
+
+def _record(e: Execution, status: str = "ok", **changes: Any) -> RunRecord:
+    fields: dict[str, Any] = {
+        "job": e.job, "run": e.run, "slot": e.slot, "attempt": e.attempt, "status": status, "runner": e.instance,
+        "token": e.token, "fence": e.fence, "manual": e.manual, "started": e.slot, "ended": e.slot + 1000,
+    }  # fmt: skip
+    return RunRecord(**{**fields, **changes})
+
+
+def _true_history(executions: list[Execution], records: list[RunRecord], events: list[Event] | None = None,
+                  windows: list[FaultWindow] | None = None, **scheduler: Any) -> Verdict:  # fmt: skip
+    history = History(epoch_s=EPOCH_S, events=events or [], executions=executions, records=records)
+    scenario = replace(_scenario(), scheduler={"lease_ms": 3000, **scheduler})
+    return judge(scenario, "lease", history, windows or []).verdicts["P7"]
+
+
+def _finished(executions: list[Execution]) -> list[Event]:
+    return [_ack(e, e.ended or e.started, "finish", "True") for e in executions]
+
+
+def test_records_that_agree_with_the_ledger_are_a_true_history() -> None:
+    runs = _every_slot()
+    assert _true_history(runs, [_record(e) for e in runs], _finished(runs)).status == "valid"
+    assert _judge(runs).verdicts["P7"].status == "unknown"  # no records were read
+
+
+def test_a_run_recorded_skipped_beside_its_execution_is_a_false_history() -> None:
+    runs = _every_slot()
+    skipped = _record(runs[2], "skipped-late", runner="", token="")
+    verdict = _true_history(runs, [*map(_record, runs), skipped], _finished(runs))
+    assert verdict.status == "invalid"
+    assert "slot at 30 s: recorded skipped-late, but it ran (a attempt 1 [30.000 .. 31.000]" in verdict.witness
+
+
+@pytest.mark.parametrize(
+    ("record", "witness"),
+    [
+        (lambda e: _record(e, token="t-nobody"), "recorded ok by a, but no execution has its token"),
+        (lambda e: _record(e, runner="b"), "recorded ok by b attempt 1 fence 1, but that token's execution is a"),
+        (lambda e: _record(e, fence=7), "fence 7, but that token's execution is a attempt 1"),
+    ],
+)
+def test_a_record_that_names_no_execution_or_another_one_is_a_false_history(record: Any, witness: str) -> None:
+    run = _fenced(_execution("a", 30, 30, 31), 1)
+    verdict = _true_history([run], [record(run)])
+    assert verdict.status == "invalid"
+    assert witness in verdict.witness
+
+
+def test_a_run_recorded_ok_that_did_not_run_to_its_end_is_a_false_history() -> None:
+    run = replace(_execution("a", 30, 30, 31, completed=False), killed=True)
+    assert "did not run to its end" in _true_history([run], [_record(run)]).witness
+
+
+def test_an_acknowledged_finish_without_its_record_is_a_false_history_unless_lost_or_trimmed() -> None:
+    runs = _every_slot()
+    kept = [_record(e) for e in runs if e.slot != runs[4].slot]
+    verdict = _true_history(runs, kept, _finished(runs))
+    assert "slot at 50 s: its finish was acknowledged at 51.000 s, but no record of it is kept" in verdict.witness
+    # A store restart after the finish lost it; trimming drops the oldest records.
+    restart = FaultWindow(60.0, 60.0, "store-restart")
+    assert _true_history(runs, kept, _finished(runs), [restart]).status == "valid"
+    assert _true_history(runs, [_record(e) for e in runs[1:]], _finished(runs), history_size=8).status == "valid"
+    # The finish of a restart's store was not lost by the restart before it.
+    assert _true_history(runs, kept, _finished(runs), [FaultWindow(45.0, 45.0, "store-restart")]).status == "invalid"
+
+
+def test_a_run_its_scheduler_stopped_short_is_recorded_and_a_killed_one_need_not_be() -> None:
+    stopped = _execution("a", 30, 30, 31, completed=False)
+    verdict = _true_history([stopped], [])
+    assert "slot at 30 s: it was stopped short, but no record of it is kept" in verdict.witness
+    assert _true_history([stopped], [_record(stopped, "interrupted")]).status == "valid"
+    assert _true_history([replace(stopped, killed=True)], []).status == "valid"
+
+
+def test_a_history_keeps_at_least_history_size_records() -> None:
+    runs = _every_slot()  # nine runs
+    newest_four = [_record(e) for e in runs[-4:]]
+    verdict = _true_history(runs, newest_four, _finished(runs), history_size=5)
+    assert verdict.witness == "tick: 4 records kept of the 9 it was owed, with history_size 5"
+    assert _true_history(runs, [_record(e) for e in runs[-5:]], _finished(runs), history_size=5).status == "valid"
+    assert _true_history(runs, newest_four, _finished(runs), history_size=5, history_ttl_ms=30_000).status == "valid"
 
 
 # --- lateness --------------------------------------------------------------------------------------------------

@@ -293,7 +293,7 @@ def test_each_checker_is_searched_with_schedules_of_its_own(monkeypatch: pytest.
 
     monkeypatch.setattr(search, "search_checker", searched)
     search.run("lease", 6.0, tmp_path, report=lambda line: None, seed=3)
-    assert len(set(seeds.values())) == len(seeds) == 6
+    assert len(set(seeds.values())) == len(seeds) == 7
     assert seeds["P1"] == 3  # the first draws what the printed seed draws
     assert _drawn(seeds["P1"], 10) != _drawn(seeds["P2"], 10)
 

@@ -162,7 +162,7 @@ def test_the_command_line_replays_a_run_and_prints_json() -> None:
     assert first["digest"] == second["digest"]
     assert first["seed"] == 5
     assert first["verdicts"] == {"P1": "invalid", "P2": "valid", "P3": "valid", "P4": "invalid", "P5": "valid",
-                                 "P6": "valid", "lateness": "valid"}  # fmt: skip
+                                 "P6": "valid", "P7": "valid", "lateness": "valid"}  # fmt: skip
     assert "python -m sim run" in str(first["replay"])
     text = subprocess.run(
         [sys.executable, "-m", "sim", "run", "zombie", "--seed", "5"], cwd=REPO, capture_output=True, text=True,
