@@ -184,17 +184,18 @@ def test_a_backup_takes_a_run_over_after_max_late_ms() -> None:
 
 
 def test_script_keeps_claims_inside_its_window_past_history_size() -> None:
-    """history_size 5 with a job every second: trim keeps more than five claims while they are inside window_ms,
-    so b, 3 s behind, finds each slot's claim. Caught: a trim by history_size that deleted claims still inside the
-    window, which let b run slots again."""
+    """history_size 5 with a job every second: script's trim keeps more than five claims while they are inside
+    window_ms, so b, 3 s behind, finds each slot's claim; every strategy's history keeps five records (P7). Caught:
+    a trim by history_size that deleted claims still inside the window, which let b run slots again; a lease trim
+    that kept four records."""
     assert_verdicts(
         {
             "duration_s": 40, "scheduler": {**LEASE, "history_size": 5},
             "instances": [{"name": "a"}, {"name": "b", "offset_ms": -3000}],
             "jobs": [{"name": "tick", "cron": "* * * * * *", "work_s": 0.2}],
         },
-        ("script",),
-        {"P1": "valid"},
+        STRATEGIES,
+        {"P1": "valid", "P7": "valid"},
     )  # fmt: skip
 
 
@@ -227,4 +228,37 @@ def test_a_lease_claim_sent_again_takes_a_fence_above_those_granted_meanwhile() 
         },
         ("lease",),
         {"P1": "valid", "P6": "valid"},
+    )  # fmt: skip
+
+
+def test_an_instance_late_after_a_pause_records_no_skip_beside_a_run() -> None:
+    """Runs of 15 s every 10 s, a's clock 3 s ahead: a claims each slot 3 s before it is due, and at 40 s its run of
+    the slot at 30 s is still going while it has claimed the slot at 40 s. b, paused from 25 to 40 s, finds the
+    slot at 30 s late and records no skip beside that run (P7). Caught: a stream-id skip that looked for the slot's
+    entry at the stream's newest instead of at the slot, and a script skip's claim that looked for claims from the
+    slot on, not window_ms before it, missing a's early claim."""
+    assert_verdicts(
+        {
+            "duration_s": 80, "scheduler": LEASE, "instances": [{"name": "a", "offset_ms": 3000}, {"name": "b"}],
+            "jobs": [{"name": "tick", "cron": "*/10 * * * * *", "work_s": 15.0, "max_late_ms": 2000}],
+            "faults": [{"at_s": 25, "kind": "pause", "instance": "b", "duration_s": 15}],
+        },
+        STRATEGIES,
+        {"P1": "valid", "P7": "valid"},
+    )  # fmt: skip
+
+
+def test_a_run_now_cut_short_by_stop_is_recorded_interrupted() -> None:
+    """a's run_now (10 s of work) is cut short 3 s in by a stop with no timeout: the store records it interrupted,
+    as nobody takes a run_now over (P7). Caught: a cut-short run_now handed back like a slot's run, after which no
+    record of it was ever written."""
+    assert_verdicts(
+        {
+            "duration_s": 40, "scheduler": LEASE, "instances": [{"name": "a"}, {"name": "b"}],
+            "jobs": [{"name": "tick", "cron": "0 * * * * *", "work_s": 10.0}],
+            "faults": [{"at_s": 12, "kind": "manual", "instance": "a", "job": "tick"},
+                       {"at_s": 15, "kind": "stop", "instance": "a", "timeout_s": 0, "restart_after_s": 5}],
+        },
+        STRATEGIES,
+        {"P1": "valid", "P7": "valid"},
     )  # fmt: skip
