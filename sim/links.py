@@ -1,4 +1,4 @@
-"""A link between one instance and the store that the testbed can cut, heal, or make lose replies.
+"""A link between one instance and the store that the testbed can cut, heal, slow down, or make lose replies.
 
 It wraps any :class:`anarchon._store.Connection` and is one itself, so a backend built on it behaves exactly as
 with a real client until the link is cut: then every command fails as if the network were down.
@@ -6,6 +6,7 @@ with a real client until the link is cut: then every command fails as if the net
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 
 from anarchon import StoreUnavailableError
@@ -23,6 +24,7 @@ class Link:
 
     ``gate``, when given, is awaited before a command leaves and before its reply is handed over: the simulator
     uses it to hold a paused instance's traffic (a reply that arrives during the pause is seen after it).
+    ``reply_delay_s``: how long after the store ran a command its reply arrives (0: at once).
     """
 
     def __init__(
@@ -35,6 +37,7 @@ class Link:
         self.lose_replies = False
         self.lose_next_reply = False  # then cut
         self.dead = False
+        self.reply_delay_s = 0.0
 
     def cut(self, *, reply_lost: bool = False) -> None:
         """Cut the link; with ``reply_lost``, after the next command, which reaches the store while its reply is lost
@@ -66,6 +69,8 @@ class Link:
         return StoreUnavailableError(f"{self.name}: the reply was lost")
 
     async def _pass(self, *, sent: bool) -> None:
+        if sent and self.reply_delay_s:
+            await asyncio.sleep(self.reply_delay_s)  # on its way back: the store has run the command
         if self.gate is not None and not self.dead:
             await self.gate()
         self._check(sent=sent)

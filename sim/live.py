@@ -8,7 +8,7 @@ a scenario run side by side on one server, each with its own instances and key p
   `Scheduler.stop(timeout_s)` and exits (a deploy: a restart meanwhile starts the next process beside it);
   pause: SIGSTOP / SIGCONT;
 - partition: each instance reaches the server through its own TCP proxy, owned here, which drops the instance's
-  connections and refuses new ones while the partition lasts;
+  connections and refuses new ones while the partition lasts; slow: the proxy holds each reply back;
 - clock skew, drift and late claims: the instance's clock offset and rate, changed through its stdin and kept
   by a process restarted after a crash (the drift gathered so far included);
 - failover: the server has a replica; ``lag_ms`` before the failover the replica is detached (REPLICAOF NO ONE),
@@ -119,13 +119,15 @@ def scaled(scenario: Scenario, factor: float = SCALE) -> Scenario:
 
 
 class Proxy:
-    """A TCP proxy between one instance and the server: it can cut the instance off, or send it elsewhere."""
+    """A TCP proxy between one instance and the server: it can cut the instance off, hold the server's replies back
+    (a slow network, a busy server), or send the instance elsewhere."""
 
     def __init__(self, host: str, port: int) -> None:
         self.upstream = (host, port)
         self.cuts = 0  # partitions in force: overlapping ones end when the last does
         self.replies_to_lose = 0  # of those, the ones that begin when the next reply comes (and is lost)
         self.refused = 0  # connections refused while cut off
+        self.reply_delays: list[float] = []  # slow faults in force: each reply is held back the longest of them
         self._pairs: set[tuple[asyncio.StreamWriter, ...]] = set()
         self._server: asyncio.Server | None = None
 
@@ -151,7 +153,8 @@ class Proxy:
                     self.refused += self.cut_off
                     return
                 self._pairs.add(pair)
-                await asyncio.gather(_pump(reader, up_writer), _pump(up_reader, writer, self._reply_lost))
+                replies = _pump(up_reader, writer, self._reply_lost, lambda: max(self.reply_delays, default=0.0))
+                await asyncio.gather(_pump(reader, up_writer), replies)
         finally:
             self._pairs.discard(pair)
             for side in pair:
@@ -195,16 +198,37 @@ class Proxy:
 
 
 async def _pump(
-    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, lost: Callable[[], bool] = lambda: False
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    lost: Callable[[], bool] = lambda: False,
+    delay_s: Callable[[], float] = lambda: 0.0,
 ) -> None:
-    """Pass what ``reader`` reads on to ``writer``, unless ``lost()`` says to drop it (and the link with it)."""
-    with contextlib.suppress(OSError, asyncio.IncompleteReadError):
-        while data := await reader.read(65536):
-            if lost():
-                break
-            writer.write(data)
-            await writer.drain()
-    writer.transport.abort()
+    """Pass what ``reader`` reads on to ``writer``, unless ``lost()`` says to drop it (and the link with it), each
+    piece ``delay_s()`` after it came, in order: what came while a delay was in force keeps it."""
+    loop = asyncio.get_running_loop()
+    held: asyncio.Queue[tuple[float, bytes] | None] = asyncio.Queue()  # None: the reader's end
+
+    async def deliver() -> None:
+        with contextlib.suppress(OSError):
+            while (item := await held.get()) is not None:
+                due, data = item
+                await asyncio.sleep(max(0.0, due - loop.time()))
+                writer.write(data)
+                await writer.drain()
+
+    delivering = asyncio.ensure_future(deliver())
+    try:
+        with contextlib.suppress(OSError, asyncio.IncompleteReadError):
+            while data := await reader.read(65536):
+                if lost():
+                    break
+                held.put_nowait((loop.time() + delay_s(), data))
+            else:  # the other side closed: what is held back still arrives first
+                held.put_nowait(None)
+                await delivering
+    finally:
+        delivering.cancel()
+        writer.transport.abort()
 
 
 @dataclass
@@ -336,6 +360,12 @@ class Instance:
 
     def reconnect(self) -> None:
         self.proxy.heal()
+
+    def slow_down(self, delay_s: float) -> None:
+        self.proxy.reply_delays.append(delay_s)
+
+    def speed_up(self, delay_s: float) -> None:
+        self.proxy.reply_delays.remove(delay_s)
 
     async def clock_changed(self) -> None:
         for process in self._processes():

@@ -41,6 +41,8 @@ class Target(Protocol):
     def resume(self) -> None: ...
     def cut_off(self, reply_lost: bool = False) -> None: ...  # reply_lost: its next command's (see Link.cut)
     def reconnect(self) -> None: ...
+    def slow_down(self, delay_s: float) -> None: ...  # its replies come delay_s late, until speed_up(delay_s)
+    def speed_up(self, delay_s: float) -> None: ...
     async def clock_changed(self) -> None: ...
     def cannot_run_now(self) -> str | None: ...  # why run_now cannot be called on it now ("down", "starting")
     async def run_now(self, job: str) -> str | None: ...  # the error if the manual run's claim failed
@@ -99,6 +101,14 @@ async def strike(run: Run[T], fault: FaultSpec, target: T) -> None:
         await asyncio.sleep(fault.duration_s)
         (target.resume if pause else target.reconnect)()
         run.record_fault(fault, f"{detail} {'resumed' if pause else 'reconnected'}")
+    elif fault.kind == "slow":
+        delay_s = float(fault.settings["delay_ms"]) / 1000
+        run.record_fault(fault, f"{detail} hears the store {delay_s * 1000:.0f} ms late")
+        target.slow_down(delay_s)
+        run.fault_window(fault, start, start + fault.duration_s, target)
+        await asyncio.sleep(fault.duration_s)
+        target.speed_up(delay_s)
+        run.record_fault(fault, f"{detail} hears the store at once again")
     elif fault.kind == "skew":
         target.clock.offset_ms += float(fault.settings["offset_ms"])
         await target.clock_changed()

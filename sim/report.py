@@ -574,8 +574,8 @@ def render(results: Results, figure: Callable[[str, bytes], str]) -> str:
         how = [
             f"{len(results.scenarios)} scenarios × {len(STRATEGIES)} strategies on {', '.join(results.targets)}",
             f"(idmp where the server has IDMP: Redis 8.6), {results.seeds} run(s) each, in real time: instances are",
-            "OS processes, crashes SIGKILL, stops Scheduler.stop() told on stdin, pauses SIGSTOP, partitions and",
-            "failovers go through TCP proxies and a real replica. Durations are compressed "
+            "OS processes, crashes SIGKILL, stops Scheduler.stop() told on stdin, pauses SIGSTOP, partitions, slow",
+            "replies and failovers go through TCP proxies and a real replica. Durations are compressed "
             f"{1 / SCALE:g}x, the defaults of the time options a scenario",
             "leaves unset included (the library's own retry delays are not). A run ends at the scenario's end or",
             f"{SETTLE_AFTER_FAULTS_S} scenario s after its last fault heals, whichever is sooner (a scenario without",

@@ -47,6 +47,8 @@ FAULT_KINDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     # cut off; with reply_lost, its next command still reaches the store, and then its reply is lost (a partition
     # that begins while a command is on its way)
     "partition": (("instance", "duration_s"), ("reply_lost",)),
+    # every reply to the instance comes delay_ms after the store ran its command (a slow network, a busy store)
+    "slow": (("instance", "duration_s", "delay_ms"), ()),
     "skew": (("instance", "offset_ms"), ()),  # the clock jumps
     "drift": (("instance", "drift"), ()),  # the clock runs 1 + drift times as fast from here on
     "late": (("instance", "delay_ms", "duration_s"), ()),

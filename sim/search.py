@@ -67,6 +67,7 @@ FAULT_KINDS: dict[str, st.SearchStrategy[dict[str, Any]]] = {
     "stop": _fault("stop", {"restart_after_s": st.integers(1, 30)}, instance=_INSTANCE, timeout_s=st.integers(0, 5)),
     "pause": _fault("pause", instance=_INSTANCE, duration_s=st.integers(1, 20)),
     "partition": _fault("partition", {"reply_lost": st.booleans()}, instance=_INSTANCE, duration_s=st.integers(1, 20)),
+    "slow": _fault("slow", instance=_INSTANCE, duration_s=st.integers(1, 20), delay_ms=st.integers(100, 3_000)),
     "skew": _fault("skew", instance=_INSTANCE, offset_ms=st.integers(-15_000, 15_000)),
     "drift": _fault("drift", instance=_INSTANCE, drift=st.sampled_from([-0.05, -0.01, 0.01, 0.05])),
     "late": _fault("late", instance=_INSTANCE, delay_ms=st.integers(1_000, 30_000), duration_s=st.integers(5, 30)),

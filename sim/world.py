@@ -207,6 +207,7 @@ class SimInstance:
     pauses: int = 0
     paused_at: float | None = None  # true time the pauses in force began: its jobs did nothing since
     partitions: int = 0
+    reply_delays: list[float] = field(default_factory=list)  # slow faults in force: the longest one counts
     kills: int = 0  # processes killed so far: a restart gives up once the process it is starting is killed
     stopping: bool = False  # its process is stopping (a stop fault): down for new faults, but it can still crash
     stop_at_resume: Scheduler[Any] | None = None  # told to stop while paused: it acts on it at the resume
@@ -258,6 +259,7 @@ class SimInstance:
         self.link = Link(world.store.connection(), self.name, gate=self.clock.gate)
         if self.partitions:
             self.link.cut()
+        self._set_reply_delay()
         backend: RedisBackend[Any] = RedisBackend(
             redis=self.link, strategy=world.scenario.strategy_option(world.strategy)
         )  # type: ignore[call-overload]
@@ -394,6 +396,18 @@ class SimInstance:
         self.partitions += 1
         if self.link is not None:
             self.link.cut(reply_lost=reply_lost)
+
+    def slow_down(self, delay_s: float) -> None:
+        self.reply_delays.append(delay_s)
+        self._set_reply_delay()
+
+    def speed_up(self, delay_s: float) -> None:
+        self.reply_delays.remove(delay_s)
+        self._set_reply_delay()
+
+    def _set_reply_delay(self) -> None:
+        if self.link is not None:
+            self.link.reply_delay_s = max(self.reply_delays, default=0.0)
 
     def reconnect(self) -> None:
         self.partitions -= 1

@@ -363,6 +363,52 @@ async def test_a_connection_still_connecting_upstream_when_a_partition_begins_is
         await server.wait_closed()
 
 
+async def test_a_slow_proxy_holds_each_reply_back_while_the_server_runs_the_request_at_once() -> None:
+    """A slow fault: the request reaches the server when sent; the reply reaches the instance the delay later,
+    in order, also for a reply that came in pieces; once the fault ends replies pass at once again."""
+    received: list[tuple[float, bytes]] = []
+    served: list[asyncio.Task[None]] = []  # the server's side of each connection, awaited before the loop ends
+
+    async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        served.append(cast(asyncio.Task[None], asyncio.current_task()))
+        while data := await reader.read(100):
+            received.append((time.monotonic(), data))
+            for piece in (data[:3], data[3:]):
+                writer.write(piece)
+                await writer.drain()
+                await asyncio.sleep(0.01)
+        writer.close()
+        await writer.wait_closed()
+
+    server = await asyncio.start_server(echo, "127.0.0.1", 0)
+    proxy = Proxy(*server.sockets[0].getsockname()[:2])
+    port = await proxy.start()
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        proxy.reply_delays.append(0.3)
+        sent = time.monotonic()
+        writer.write(b"a claim\n")
+        await writer.drain()
+        reply = await asyncio.wait_for(reader.readexactly(8), 2)
+        heard = time.monotonic()
+        assert reply == b"a claim\n"
+        assert received[0][0] - sent < 0.1  # run at once
+        assert 0.3 <= heard - sent < 0.6  # heard the delay later
+        proxy.reply_delays.remove(0.3)
+        sent = time.monotonic()
+        writer.write(b"a beat\n")
+        await writer.drain()
+        assert await asyncio.wait_for(reader.readexactly(7), 2) == b"a beat\n"
+        assert time.monotonic() - sent < 0.2
+        writer.close()
+        await writer.wait_closed()
+    finally:
+        await proxy.close()
+        server.close()
+        await server.wait_closed()
+        await asyncio.gather(*served, return_exceptions=True)
+
+
 async def test_a_cut_with_the_reply_lost_lets_the_next_request_through_and_drops_its_reply() -> None:
     """A partition that begins while a command is on its way: the proxy passes the instance's request to the server
     and drops the server's reply, and with it the connection; then it refuses new ones until the partition heals."""

@@ -782,6 +782,51 @@ def test_a_cut_with_the_reply_lost_may_lose_an_error_reply() -> None:
     assert value is None  # the SET was never sent
 
 
+def test_a_slow_link_hands_each_reply_over_its_delay_after_the_store_ran_the_command() -> None:
+    """A slow fault: the store runs the command when it is sent (its clock reads the send time), the reply comes
+    ``reply_delay_s`` later; a link cut meanwhile loses the reply, as a partition would."""
+
+    async def main() -> tuple[list[tuple[float, Any]], type[BaseException] | None]:
+        loop = asyncio.get_running_loop()
+        link = Link(adapt(fakeredis.FakeAsyncRedis()), "a")
+        seen = []
+        for delay_s in (1.5, 0.0):
+            link.reply_delay_s = delay_s
+            reply = await link.execute(("TIME",))
+            seen.append((loop.time(), reply))
+        link.reply_delay_s = 1.0
+        sent = asyncio.ensure_future(link.execute(("SET", "k", "1")))
+        await asyncio.sleep(0.5)
+        link.cut()
+        try:
+            await sent
+        except StoreUnavailableError as error:
+            return seen, type(error)
+        return seen, None
+
+    seen, cut = run_virtual(main(), epoch_s=EPOCH_S, seed=1)
+    (first_at, first_time), (second_at, second_time) = seen
+    assert (first_at, int(first_time[0])) == (1.5, EPOCH_S)  # ran at 0 s, heard at 1.5 s
+    assert (second_at, int(second_time[0])) == (1.5, EPOCH_S + 1)  # no delay: heard as it ran
+    assert cut is StoreUnavailableError  # sent, then cut on its way back: its outcome is unknown
+
+
+def test_under_slow_replies_lease_keeps_its_runs_below_a_third_of_the_lease_and_claim_only_runs_late() -> None:
+    """slow-store with its delay changed: at 0.9 s of a 3 s lease every slot runs; at 1.2 s lease's holders give up
+    (P2, the scenario file's verdict) while stream-id's runs start 1.2 s late, and each slow reply is in the history
+    as the fault's window."""
+    base = scenarios.load("slow-store")
+    faster = dataclasses.replace(base, faults=[
+        dataclasses.replace(f, settings={**f.settings, "delay_ms": 900}) for f in base.faults
+    ])  # fmt: skip
+    assert simulate(faster, "lease", 1).judgement.verdict("P2").status == "valid"
+    outcome = simulate(base, "stream-id", 1)
+    slow_slots = [e for e in outcome.history.executions if 25 < true_s(e.slot, EPOCH_S) < 55]
+    assert slow_slots
+    assert {round(e.started - true_s(e.slot, EPOCH_S), 3) for e in slow_slots} == {1.2}
+    assert [(w.kind, w.start, w.end) for w in outcome.fault_windows if w.instance == "a"] == [("slow", 25.0, 55.0)]
+
+
 def test_the_zombie_resumes_and_ends_its_work_beside_its_backup() -> None:
     """The pause outlives the lease: a backup starts attempt 2 while the winner is stopped. The winner resumes
     where it stopped, still holding the lease as far as it knows: its work, due during the pause, ends at the
