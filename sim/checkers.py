@@ -28,11 +28,14 @@ P6 fencing: the fences of a job's executions grow in the order their claims were
    those of scheduled runs only). Under lease a claim sent again after its answer was lost takes the next fence,
    accepted by the try answered; under the others it is told its first fence, accepted by the first try applied.
 P7 true history: what ``Scheduler.history`` says at the end agrees with the ledger. A run recorded ok was executed
-   to its end by the attempt the record names (its token), and a record names that execution's instance, attempt
-   and fence; a run recorded skipped (late, or for overlap) was executed by nobody; a run whose finish the store
-   acknowledged, or that its scheduler stopped short (not a kill), is recorded, unless a store fault since lost it or
-   trimming dropped it (older than the oldest record the job keeps, or than history_ttl_ms); and trimming keeps at
-   least history_size records of a job that was owed more (without history_ttl_ms or a store fault).
+   to its end by the attempt the record names (its token), a record names that execution's instance, attempt and
+   fence, and no attempt is recorded twice; a run recorded skipped (late, or for overlap) was executed by nobody,
+   unless a store fault lost its claim. An execution whose end the store heard of (its finish acknowledged; a lease
+   attempt handed back, once a later claim of its run took it over or closed it, a run_now at once) is recorded, ok
+   if it ran to its end and interrupted if not, unless a store fault lost the record or trimming dropped it (older
+   than every record of a job that keeps history_size of them, or with history_ttl_ms). One that a kill, a cut or
+   the run's end kept from the store is owed nothing. A job keeps at least history_size records, or every one it was
+   owed if fewer (without history_ttl_ms, or a store fault that lost writes).
 At one true time, what happened first is what comes first in the history (P5, P6).
 Lateness: every scheduled run starts (its earliest execution, true time) within the job's allowance after its
    slot: jitter_ms + max_late_ms (or catch_up_ms under lease, if larger: a catch-up is not told apart from a late
@@ -52,6 +55,7 @@ from zoneinfo import ZoneInfo
 
 from anarchon._cron import CronSchedule
 from anarchon._job import JobOptions
+from anarchon._records import RunRecord
 from anarchon._scheduler import DEFAULT_HISTORY_SIZE, DEFAULT_LEASE_MS
 from anarchon._strategies import Outcome, run_id
 from sim.history import ClaimAnswer, Event, Execution, History
@@ -724,12 +728,32 @@ def _true_history(scenario: Scenario, history: History, fault_windows: list[Faul
     epoch = history.epoch_s
     by_token = {e.token: e for e in history.executions}
     ran = {(e.job, e.run): e for e in history.executions}
+    lossy = [w for w in fault_windows if w.kind in STORE_FAULTS and w.lost_writes]
+
+    def lost(at: float, token: str) -> bool:
+        """Whether a store fault lost what ``token``'s claim or finish wrote at ``at``: a restart everything
+        written before it, a failover what its replica had not received (the writes naming the token, where known:
+        a finish's record holds it inside the record)."""
+        return any(
+            at <= w.end
+            if w.kind == "store-restart"
+            else at <= w.end
+            and (w.start <= at if w.lost_words is None else any(token in word for word in w.lost_words))
+            for w in lossy
+        )
+
+    records: dict[str, list[RunRecord]] = defaultdict(list)  # by token; a claim-only skip has none
     bad = []
     for record in history.records:
         where = f"{record.job} {'manual run' if record.manual else 'slot'} at {true_s(record.slot, epoch):.0f} s"
         execution = by_token.get(record.token) if record.token else None
-        if record.status in SKIPPED and (record.job, record.run) in ran:
-            bad.append(f"{where}: recorded {record.status}, but it ran ({_describe(ran[(record.job, record.run)])})")
+        other = ran.get((record.job, record.run))
+        if record.token:
+            records[record.token].append(record)
+        if len(records[record.token]) == 2:
+            bad.append(f"{where}: attempt {record.attempt} of {record.runner or 'nobody'} recorded twice")
+        elif record.status in SKIPPED and other is not None and not lost(other.started, other.token):
+            bad.append(f"{where}: recorded {record.status}, but it ran ({_describe(other)})")
         elif record.status in ("ok", "error") and execution is None:
             bad.append(f"{where}: recorded {record.status} by {record.runner}, but no execution has its token")
         elif record.status == "ok" and execution is not None and not execution.completed:
@@ -740,34 +764,57 @@ def _true_history(scenario: Scenario, history: History, fault_windows: list[Faul
             bad.append(f"{where}: recorded {record.status} by {record.runner} attempt {record.attempt} fence "
                        f"{record.fence}, but that token's execution is {_describe(execution)} with fence "
                        f"{execution.fence}")  # fmt: skip
-    # The executions the store must have recorded: those whose finish it acknowledged, and those stopped short by
-    # their scheduler (a stop(), a lost lease), not by a kill, which the store hears of as an interrupted attempt.
-    acknowledged = {e.token: e.t for e in history.events if e.op == "finish" and e.kind == "ok" and e.value == "True"}
-    owed = [
-        (e, acknowledged[e.token] if e.completed else e.ended or 0.0)
-        for e in history.executions
-        if (e.completed and e.token in acknowledged) or not (e.completed or e.killed or e.cut_by_end)
-    ]
-    recorded = {record.token for record in history.records}
-    oldest = {job: min(r.slot for r in history.records if r.job == job) for job in {r.job for r in history.records}}
-    ttl_ms = scenario.scheduler.get("history_ttl_ms")
-    struck = [w.end for w in fault_windows if w.kind in STORE_FAULTS]  # when each store fault struck
-    for execution, since in owed:
-        if execution.token in recorded:
-            continue
-        trimmed = execution.slot < oldest.get(execution.job, math.inf) and (
-            execution.job in oldest or ttl_ms is not None
-        )
-        if not (trimmed or any(at >= since for at in struck)):
-            what = f"its finish was acknowledged at {since:.3f} s" if execution.completed else "it was stopped short"
-            bad.append(f"{execution.job} {_run(execution, epoch)}: {what}, but no record of it is kept "
-                       f"({_describe(execution)})")  # fmt: skip
-    # Trimming keeps history_size records of a job (more while runs are in progress); history_ttl_ms may keep fewer.
+    owed = _owed_records(history)
     history_size = int(scenario.scheduler.get("history_size", DEFAULT_HISTORY_SIZE))
-    if ttl_ms is None and not struck:
-        for job in sorted({e.job for e, _ in owed}):
-            kept = sum(record.job == job for record in history.records)
+    trims_by_age = scenario.scheduler.get("history_ttl_ms") is not None
+    kept = {job: [r for r in history.records if r.job == job] for job in {e.job for e, _ in owed}}
+    for execution, since in owed:
+        status = "ok" if execution.completed else "interrupted"
+        mine = records.get(execution.token, [])
+        if any(record.status == status for record in mine):
+            continue
+        job_kept = kept[execution.job]
+        trimmed = (len(job_kept) >= history_size or trims_by_age) and execution.slot < min(
+            (r.slot for r in job_kept), default=math.inf
+        )
+        if lost(since, execution.token) or trimmed:  # a lost finish leaves a takeover to record it interrupted
+            continue
+        what = f"{execution.job} {_run(execution, epoch)} ({_describe(execution)})"
+        if mine:
+            bad.append(f"{what}: recorded {mine[0].status}, not {status}")
+        else:
+            bad.append(f"{what}: the store heard of its end at {since:.3f} s, but no record of it is kept")
+    if not (trims_by_age or lossy):  # trimming keeps history_size records of a job
+        for job, job_kept in sorted(kept.items()):
             written = sum(e.job == job for e, _ in owed)
-            if kept < min(history_size, written):
-                bad.append(f"{job}: {kept} records kept of the {written} it was owed, with history_size {history_size}")
+            if len(job_kept) < min(history_size, written):
+                bad.append(f"{job}: {len(job_kept)} records kept of the {written} it was owed, with history_size "
+                           f"{history_size}")  # fmt: skip
     return Verdict("P7", "invalid" if bad else "valid", bad[0] if bad else "", len(bad))
+
+
+def _owed_records(history: History) -> list[tuple[Execution, float]]:
+    """The executions the store must have recorded, each with the moment it heard of their end: those whose finish
+    it acknowledged (ok, or interrupted for one its scheduler stopped short), and the lease attempts handed back
+    that a later claim of their run took over or closed (the takeover records them), or at once for a run_now,
+    which nobody takes over. One that a kill, a partition or the run's end kept from the store is owed nothing."""
+    finished: dict[str, float] = {}  # token -> when its finish was acknowledged
+    handed_back: dict[str, float] = {}  # token -> when its hand-back was acknowledged
+    closed_by_claims: dict[tuple[str, str], list[tuple[float, str]]] = defaultdict(list)  # run -> (when, by whom)
+    for event in history.events:
+        if event.kind != "ok":
+            continue
+        if event.op in ("finish", "release") and event.value == "True":
+            (finished if event.op == "finish" else handed_back)[event.token] = event.t
+        elif (answer := ClaimAnswer.of(event)) and answer.outcome in (Outcome.WON.value, Outcome.DONE.value):
+            closed_by_claims[(event.job, event.run)].append((event.t, event.token))
+    owed = []
+    for e in history.executions:
+        if e.token in finished:
+            owed.append((e, finished[e.token]))
+        elif not e.completed and e.token in handed_back:
+            back = handed_back[e.token]
+            later = [t for t, token in closed_by_claims[(e.job, e.run)] if t >= back and token != e.token]
+            if e.manual or later:
+                owed.append((e, back if e.manual else min(later)))
+    return owed

@@ -89,9 +89,11 @@ CHECKER_RULES = {
     "answer was lost takes the next fence: it counts from the try answered. Each execution runs with the fence "
     "its claim was told.",
     "P7": "What history() says at the end agrees with what ran: a run recorded ok ran to its end, by the "
-    "instance, attempt and fence its record names; a run recorded skipped ran nowhere; a run whose finish the "
-    "store acknowledged, or that its scheduler stopped short, has its record, unless a failover or restart lost "
-    "it or trimming dropped it; and a job keeps at least history_size records.",
+    "instance, attempt and fence its record names, and no attempt is recorded twice; a run recorded skipped ran "
+    "nowhere (unless a failover or restart lost its claim); a run whose end the store heard of (its finish, or "
+    "its hand-back once a backup took it over) is recorded, ok or interrupted as it ended, unless a failover or "
+    "restart lost the record or trimming dropped it; and a job keeps history_size records, or all it was owed if "
+    "fewer.",
     "lateness": "Each scheduled run starts no later than its job's jitter_ms + max_late_ms (catch_up_ms under lease, "
     "if larger) + 1 s after its slot (in scenario seconds: 61 s with the defaults, 6 s in late-claim, 11 s in "
     "lost-reply; a fifth of that live). Judged for the "

@@ -600,22 +600,32 @@ def _true_history(executions: list[Execution], records: list[RunRecord], events:
     return judge(scenario, "lease", history, windows or []).verdicts["P7"]
 
 
-def _finished(executions: list[Execution]) -> list[Event]:
-    return [_ack(e, e.ended or e.started, "finish", "True") for e in executions]
+def _finished(executions: list[Execution], op: str = "finish") -> list[Event]:
+    """The store's acknowledgements of each execution's finish (or, with op "release", of its hand-back)."""
+    return [_ack(e, e.ended or e.started, op, "True") for e in executions]
 
 
 def test_records_that_agree_with_the_ledger_are_a_true_history() -> None:
     runs = _every_slot()
     assert _true_history(runs, [_record(e) for e in runs], _finished(runs)).status == "valid"
     assert _judge(runs).verdicts["P7"].status == "unknown"  # no records were read
+    # A claim-only skip has no token (every instance that finds the run late writes the same record): it names
+    # nobody; a takeover records the attempt it took over, whose holder never ran it.
+    late = _record(_execution("a", 100, 100, 101), "skipped-late", runner="", token="", fence=0)
+    holder = _execution("b", 30, 30, None, completed=False)  # its claim won, then it crashed before it began
+    taken_over = _record(replace(holder, attempt=1), "interrupted", token="t-crashed")
+    assert _true_history(runs, [*map(_record, runs), late, taken_over], _finished(runs)).status == "valid"
 
 
-def test_a_run_recorded_skipped_beside_its_execution_is_a_false_history() -> None:
+def test_a_run_recorded_skipped_beside_its_execution_is_a_false_history_unless_a_store_fault_lost_its_claim() -> None:
     runs = _every_slot()
     skipped = _record(runs[2], "skipped-late", runner="", token="")
     verdict = _true_history(runs, [*map(_record, runs), skipped], _finished(runs))
     assert verdict.status == "invalid"
     assert "slot at 30 s: recorded skipped-late, but it ran (a attempt 1 [30.000 .. 31.000]" in verdict.witness
+    # A restart forgot the run's claim: a later instance that found it late could not tell.
+    restart = [FaultWindow(35.0, 35.0, "store-restart")]
+    assert _true_history(runs, [*map(_record, runs), skipped], _finished(runs), restart).status == "valid"
 
 
 @pytest.mark.parametrize(
@@ -638,34 +648,63 @@ def test_a_run_recorded_ok_that_did_not_run_to_its_end_is_a_false_history() -> N
     assert "did not run to its end" in _true_history([run], [_record(run)]).witness
 
 
+def test_a_run_recorded_twice_or_with_another_status_than_its_end_is_a_false_history() -> None:
+    runs = _every_slot()
+    twice = _true_history(runs, [*map(_record, runs), _record(runs[0], "interrupted")], _finished(runs))
+    assert twice.witness == "tick slot at 10 s: attempt 1 of a recorded twice"
+    records = [_record(e, "interrupted" if e is runs[3] else "ok") for e in runs]
+    assert "slot at 40 s (a attempt 1 [40.000 .. 41.000] ran to the end): recorded interrupted, not ok" in (
+        _true_history(runs, records, _finished(runs)).witness
+    )
+    # A failover lost its finish: a backup took the attempt over, which the store still saw running.
+    failover = FaultWindow(40.5, 42.0, "failover")
+    assert _true_history(runs, records, _finished(runs), [failover]).status == "valid"
+
+
 def test_an_acknowledged_finish_without_its_record_is_a_false_history_unless_lost_or_trimmed() -> None:
     runs = _every_slot()
     kept = [_record(e) for e in runs if e.slot != runs[4].slot]
     verdict = _true_history(runs, kept, _finished(runs))
-    assert "slot at 50 s: its finish was acknowledged at 51.000 s, but no record of it is kept" in verdict.witness
-    # A store restart after the finish lost it; trimming drops the oldest records.
-    restart = FaultWindow(60.0, 60.0, "store-restart")
-    assert _true_history(runs, kept, _finished(runs), [restart]).status == "valid"
-    assert _true_history(runs, [_record(e) for e in runs[1:]], _finished(runs), history_size=8).status == "valid"
-    # The finish of a restart's store was not lost by the restart before it.
-    assert _true_history(runs, kept, _finished(runs), [FaultWindow(45.0, 45.0, "store-restart")]).status == "invalid"
+    assert "slot at 50 s (a attempt 1 [50.000 .. 51.000] ran to the end): the store heard of its end at 51.000 s, " \
+        "but no record of it is kept" in verdict.witness  # fmt: skip
+    # A store restart after the finish lost it, and so did a failover whose replica lacked it; not a failover
+    # whose replica had every write, nor a restart before the finish.
+    for window, status in [
+        (FaultWindow(60.0, 60.0, "store-restart"), "valid"),
+        (FaultWindow(50.5, 52.0, "failover"), "valid"),
+        (FaultWindow(50.5, 52.0, "failover", lost_writes=False), "invalid"),
+        (FaultWindow(45.0, 45.0, "store-restart"), "invalid"),
+    ]:
+        assert _true_history(runs, kept, _finished(runs), [window]).status == status, window
+    # Trimming drops the oldest records of a job that keeps history_size of them, not fewer.
+    newest = [_record(e) for e in runs[1:]]
+    assert _true_history(runs, newest, _finished(runs), history_size=8).status == "valid"
+    assert _true_history(runs, newest, _finished(runs)).status == "invalid"
 
 
-def test_a_run_its_scheduler_stopped_short_is_recorded_and_a_killed_one_need_not_be() -> None:
+def test_a_run_its_scheduler_ended_early_is_owed_a_record_once_the_store_heard_of_its_end() -> None:
     stopped = _execution("a", 30, 30, 31, completed=False)
-    verdict = _true_history([stopped], [])
-    assert "slot at 30 s: it was stopped short, but no record of it is kept" in verdict.witness
-    assert _true_history([stopped], [_record(stopped, "interrupted")]).status == "valid"
-    assert _true_history([replace(stopped, killed=True)], []).status == "valid"
+    # Its interrupted record, acknowledged: owed. Cut off or killed before its scheduler told the store: not.
+    verdict = _true_history([stopped], [], _finished([stopped]))
+    assert "slot at 30 s (a attempt 1 [30.000 .. 31.000] stopped early): the store heard of its end" in verdict.witness
+    assert _true_history([stopped], [_record(stopped, "interrupted")], _finished([stopped])).status == "valid"
+    assert _true_history([stopped], []).status == "valid"
+    # A lease run handed back is recorded when a backup's claim takes it over; a run_now (never taken over) at once.
+    handed_back = _finished([stopped], "release")
+    assert _true_history([stopped], [], handed_back).status == "valid"  # nobody claimed it again before the end
+    takeover = Event(34.0, "ok", "b", "claim", "tick", stopped.run, "t-b", "won attempt=2 fence=2")
+    assert _true_history([stopped], [], [*handed_back, takeover]).status == "invalid"
+    run_now = replace(stopped, manual=True, run=f"m{stopped.slot}-t")
+    assert "manual run at 30 s" in _true_history([run_now], [], _finished([run_now], "release")).witness
 
 
 def test_a_history_keeps_at_least_history_size_records() -> None:
     runs = _every_slot()  # nine runs
-    newest_four = [_record(e) for e in runs[-4:]]
-    verdict = _true_history(runs, newest_four, _finished(runs), history_size=5)
-    assert verdict.witness == "tick: 4 records kept of the 9 it was owed, with history_size 5"
     assert _true_history(runs, [_record(e) for e in runs[-5:]], _finished(runs), history_size=5).status == "valid"
-    assert _true_history(runs, newest_four, _finished(runs), history_size=5, history_ttl_ms=30_000).status == "valid"
+    four = _true_history(runs, [_record(e) for e in runs[-4:]], _finished(runs), history_size=5)
+    assert (four.status, four.count) == ("invalid", 6)  # the five it should have kept, and the count
+    ttl = _true_history(runs, [_record(e) for e in runs[-4:]], _finished(runs), history_size=5, history_ttl_ms=1)
+    assert ttl.status == "valid"  # history_ttl_ms may drop more
 
 
 # --- lateness --------------------------------------------------------------------------------------------------

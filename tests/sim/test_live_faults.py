@@ -9,6 +9,7 @@ import gc
 import json
 import socket
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -363,9 +364,11 @@ async def test_a_connection_still_connecting_upstream_when_a_partition_begins_is
         await server.wait_closed()
 
 
-async def test_a_slow_proxy_holds_each_reply_back_while_the_server_runs_the_request_at_once() -> None:
-    """A slow fault: the request reaches the server when sent; the reply reaches the instance the delay later,
-    in order, also for a reply that came in pieces; once the fault ends replies pass at once again."""
+@contextlib.asynccontextmanager
+async def _echo_behind_a_proxy(in_pieces: bool = False) -> AsyncIterator[tuple[Proxy, int, list[tuple[float, bytes]]]]:
+    """A server that echoes what it receives, behind a proxy: yields the proxy, its port, and what the server
+    received (when, what). ``in_pieces``: each echo goes back in two writes, 10 ms apart. At the end every side of
+    every connection is closed, the server's too."""
     received: list[tuple[float, bytes]] = []
     served: list[asyncio.Task[None]] = []  # the server's side of each connection, awaited before the loop ends
 
@@ -373,10 +376,10 @@ async def test_a_slow_proxy_holds_each_reply_back_while_the_server_runs_the_requ
         served.append(cast(asyncio.Task[None], asyncio.current_task()))
         while data := await reader.read(100):
             received.append((time.monotonic(), data))
-            for piece in (data[:3], data[3:]):
+            for piece in (data[:3], data[3:]) if in_pieces else (data,):
                 writer.write(piece)
                 await writer.drain()
-                await asyncio.sleep(0.01)
+                await asyncio.sleep(0.01 if in_pieces else 0)
         writer.close()
         await writer.wait_closed()
 
@@ -384,6 +387,24 @@ async def test_a_slow_proxy_holds_each_reply_back_while_the_server_runs_the_requ
     proxy = Proxy(*server.sockets[0].getsockname()[:2])
     port = await proxy.start()
     try:
+        yield proxy, port, received
+    finally:
+        await proxy.close()
+        server.close()
+        await server.wait_closed()
+        await asyncio.wait_for(asyncio.gather(*served, return_exceptions=True), 1)
+
+
+async def _closed(writer: asyncio.StreamWriter) -> None:
+    writer.close()
+    with contextlib.suppress(ConnectionError):
+        await writer.wait_closed()
+
+
+async def test_a_slow_proxy_holds_each_reply_back_while_the_server_runs_the_request_at_once() -> None:
+    """A slow fault: the request reaches the server when sent; the reply reaches the instance the delay later,
+    in order, also for a reply that came in pieces; once the fault ends replies pass at once again."""
+    async with _echo_behind_a_proxy(in_pieces=True) as (proxy, port, received):
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         proxy.reply_delays.append(0.3)
         sent = time.monotonic()
@@ -400,61 +421,30 @@ async def test_a_slow_proxy_holds_each_reply_back_while_the_server_runs_the_requ
         await writer.drain()
         assert await asyncio.wait_for(reader.readexactly(7), 2) == b"a beat\n"
         assert time.monotonic() - sent < 0.2
-        writer.close()
-        await writer.wait_closed()
-    finally:
-        await proxy.close()
-        server.close()
-        await server.wait_closed()
-        await asyncio.gather(*served, return_exceptions=True)
+        await _closed(writer)
 
 
 async def test_a_cut_with_the_reply_lost_lets_the_next_request_through_and_drops_its_reply() -> None:
     """A partition that begins while a command is on its way: the proxy passes the instance's request to the server
     and drops the server's reply, and with it the connection; then it refuses new ones until the partition heals."""
-    received: list[bytes] = []
-    served: list[asyncio.Task[None]] = []  # the server's side of each connection, awaited before the loop ends
-
-    async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        served.append(cast(asyncio.Task[None], asyncio.current_task()))
-        while data := await reader.read(100):
-            received.append(data)
-            writer.write(data)
-            await writer.drain()
-        writer.close()
-        await writer.wait_closed()
-
-    async def closed(writer: asyncio.StreamWriter) -> None:
-        writer.close()
-        with contextlib.suppress(ConnectionError):
-            await writer.wait_closed()
-
-    server = await asyncio.start_server(echo, "127.0.0.1", 0)
-    proxy = Proxy(*server.sockets[0].getsockname()[:2])
-    port = await proxy.start()
-    try:
+    async with _echo_behind_a_proxy() as (proxy, port, received):
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         proxy.cut(reply_lost=True)
         assert not proxy.cut_off  # until the reply comes
         writer.write(b"a claim\n")
         await writer.drain()
         assert await asyncio.wait_for(reader.read(100), 1) == b""  # closed, not echoed
-        await closed(writer)
-        assert received == [b"a claim\n"]  # the server ran it
+        await _closed(writer)
+        assert [data for _, data in received] == [b"a claim\n"]  # the server ran it
         assert proxy.cut_off
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         assert await asyncio.wait_for(reader.read(100), 1) == b""  # refused while cut off
-        await closed(writer)
+        await _closed(writer)
         proxy.heal()
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(b"healed\n")
         assert await asyncio.wait_for(reader.readline(), 1) == b"healed\n"
-        await closed(writer)
-    finally:
-        await proxy.close()
-        server.close()
-        await server.wait_closed()
-        await asyncio.wait_for(asyncio.gather(*served, return_exceptions=True), 1)
+        await _closed(writer)
 
 
 async def test_a_restarted_process_reads_the_time_its_instance_clock_reads(
