@@ -811,6 +811,26 @@ def test_a_slow_link_hands_each_reply_over_its_delay_after_the_store_ran_the_com
     assert cut is StoreUnavailableError  # sent, then cut on its way back: its outcome is unknown
 
 
+def test_overlapping_slow_faults_delay_replies_by_the_longest_in_force_and_a_restarted_process_too() -> None:
+    """Replies 1 s late from 15 to 45 s and 2 s late from 25 to 35 s: each run starts the delay in force at its slot
+    late. A process started again at 37 s, within the faults, is as slow as the one it replaced: its start-up's
+    round trips take a second each, and it claims the slot at 40 s later than that second."""
+    scenario = parse({
+        "name": "slower", "duration_s": 60, "instances": [{"name": "a"}],
+        "jobs": [{"name": "tick", "cron": "*/10 * * * * *", "work_s": 1.0}],
+        "faults": [{"at_s": 15, "kind": "slow", "instance": "a", "duration_s": 30, "delay_ms": 1000},
+                   {"at_s": 25, "kind": "slow", "instance": "a", "duration_s": 10, "delay_ms": 2000},
+                   {"at_s": 36, "kind": "crash", "instance": "a", "restart_after_s": 1}],
+    })  # fmt: skip
+    outcome = simulate(scenario, "stream-id", 1)
+    late = {
+        round(true_s(e.slot, EPOCH_S)): round(e.started - true_s(e.slot, EPOCH_S), 3)
+        for e in outcome.history.executions
+    }
+    assert late.pop(40) > 1.0
+    assert late == {10: 0.0, 20: 1.0, 30: 2.0, 50: 0.0}
+
+
 def test_under_slow_replies_lease_keeps_its_runs_below_a_third_of_the_lease_and_claim_only_runs_late() -> None:
     """slow-store with its delay changed: at 0.9 s of a 3 s lease every slot runs; at 1.2 s lease's holders give up
     (P2, the scenario file's verdict) while stream-id's runs start 1.2 s late, and each slow reply is in the history
