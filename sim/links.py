@@ -69,7 +69,7 @@ class Link:
         return StoreUnavailableError(f"{self.name}: the reply was lost")
 
     async def _pass(self, *, sent: bool) -> None:
-        if sent and self.reply_delay_s:
+        if sent and self.reply_delay_s and not self.dead:
             await asyncio.sleep(self.reply_delay_s)  # on its way back: the store has run the command
         if self.gate is not None and not self.dead:
             await self.gate()
