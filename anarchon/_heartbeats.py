@@ -6,7 +6,10 @@ a lost lease through the callback the run registered with.
 
 Each run's heartbeat is answered on its own: a beat that hangs (a stale connection, a cluster node that stopped
 answering) holds up neither the beats of the other runs nor the next pass. Nor does it hold its own run until the
-client gives up on it: a beat unanswered halfway to the run's deadline is given up on, and sent again. It is
+client gives up on it: a beat unanswered halfway to the run's deadline is given up on, and sent again, unless the
+store took longer than that to answer the run's last claim or beat (a store slow to answer, not a connection that
+hangs): then it is given 1.5 times that round trip, for its answer would come in time where a beat sent again
+would not. It is
 cancelled, with the other beats on their way to the same node (they wait on the same connection): redis-py and
 valkey-py then drop it, and the retries go on another. GLIDE keeps its connection (its request timeout bounds the
 wait), and a sync client's thread waits on until its socket timeout. Where the keeper shares the scheduler's
@@ -41,9 +44,11 @@ T = TypeVar("T")
 IDLE_S = 60.0
 # After a failed heartbeat the next try comes RETRY_S later, or halfway to the deadline if that is sooner (so a
 # short lease gets its retries too), and no sooner than RETRY_MIN_S. A heartbeat unanswered for half the time its
-# run had left when it was sent (at least RETRY_MIN_S) has failed.
+# run had left when it was sent (at least RETRY_MIN_S), and for SLOW_STORE_PATIENCE times the run's last round trip,
+# has failed.
 RETRY_S = 1.0
 RETRY_MIN_S = 0.01
+SLOW_STORE_PATIENCE = 1.5
 # Why a run's lease is lost.
 LEASE_RAN_OUT = "the lease ran out before a heartbeat reached the store"
 HEARTBEAT_REFUSED = (
@@ -63,6 +68,7 @@ class _Held:
     beat: asyncio.Future[int] | None = None  # the heartbeat on its way
     sent: float = 0.0  # when it was sent
     give_up: float = 0.0  # when it has failed if still unanswered
+    round_trip: float = 0.0  # how long the store took to answer the run's claim, then its last beat answered
 
     def next_moment(self) -> float:
         """When the keeper must next look at the run: its deadline, or before it its beat's give-up time or (with
@@ -112,6 +118,7 @@ class LeaseKeeper:
             # its first beat comes halfway to the deadline, or none would be sent before the lease runs out.
             first_beat = sent + (deadline - sent) / 2
         held = _Held(request, policy, deadline, first_beat, lose, self.lane_of(request.job))
+        held.round_trip = max(0.0, self.clock.monotonic() - sent)
         with self._lock:
             self._held[request.token] = held
             if held.next_moment() < self._sleeping_until:
@@ -194,7 +201,7 @@ class LeaseKeeper:
         self._beats[beat] = run.lane
         beat.add_done_callback(self._beat_ended)
         run.beat, run.sent = beat, now
-        run.give_up = now + max(RETRY_MIN_S, (run.deadline - now) / 2)
+        run.give_up = now + max(RETRY_MIN_S, (run.deadline - now) / 2, SLOW_STORE_PATIENCE * run.round_trip)
 
     def _beat_ended(self, beat: asyncio.Future[int]) -> None:
         self._beats.pop(beat, None)
@@ -248,6 +255,7 @@ class LeaseKeeper:
                 run.lose(HEARTBEAT_REFUSED)
         else:
             self._answered(run.request.token)
+            run.round_trip = now - run.sent
             run.deadline = run.sent + answer / 1000 - self.margin_s
             run.next_beat = run.sent + self.heartbeat_s
 

@@ -479,3 +479,47 @@ def test_a_heartbeat_answered_late_extends_the_lease_from_when_it_was_sent() -> 
     # The later beats, unanswered, are given up on and sent again until the deadline.
     beats, lost = run_virtual(main(), epoch_s=1_700_000_000, seed=1)
     assert (beats > 2, lost) == (True, {"job": 1.25})
+
+
+class AnsweredLate:
+    """Every heartbeat is answered ``delay_s`` after it is sent: a store slow to answer, not one that hangs."""
+
+    def __init__(self, clock: SimClock, delay_s: float) -> None:
+        self.clock = clock
+        self.delay_s = delay_s
+        self.beats: list[float] = []
+
+    async def heartbeat(self, store: Store, request: RunRequest, policy: JobPolicy) -> int:
+        self.beats.append(round(self.clock.monotonic(), 4))
+        await asyncio.sleep(self.delay_s)
+        return policy.lease_ms
+
+
+@pytest.mark.parametrize(("delay_s", "kept"), [(1.2, True), (1.4, True), (1.5, False)])
+def test_a_store_slow_to_answer_keeps_the_lease_while_a_beat_can_come_back_before_the_deadline(
+    delay_s: float, kept: bool
+) -> None:
+    # Lease 3 s, heartbeat 1 s, 150 ms of margin; the claim, sent at 0 s, was answered delay_s later, and so is
+    # every beat. Given up on halfway to the deadline (at 2.025 s for the first beat, sent at 1.2 s), each answer
+    # would come too late and the one sent again after the deadline (2.85 s). The store's round trip says it is
+    # slow, not hung: the beat is waited for, and answered before the deadline while the delay is under half of
+    # what the deadline leaves (1.425 s).
+    async def main() -> tuple[list[float], dict[str, float]]:
+        clock = SimClock()
+        strategy = AnsweredLate(clock, delay_s)
+        keeper = LeaseKeeper(cast(Strategy, strategy), cast(Store, None), clock, heartbeat_ms=1000, margin_ms=150)
+        lost: dict[str, float] = {}
+        async with serving(keeper):
+            await asyncio.sleep(delay_s)  # the claim's answer
+            keeper.hold(
+                REQUEST, JobPolicy(lease_ms=3000), 0.0, 3000, lambda _: lost.setdefault("job", clock.monotonic())
+            )
+            await asyncio.sleep(10)
+        return strategy.beats, lost
+
+    beats, lost = run_virtual(main(), epoch_s=1_700_000_000, seed=1)
+    if kept:
+        assert (lost, len(beats)) == ({}, len(set(beats)))  # no beat sent twice: none given up on
+        assert len(beats) >= 6
+    else:
+        assert lost == {"job": 2.85}

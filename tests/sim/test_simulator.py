@@ -831,19 +831,19 @@ def test_overlapping_slow_faults_delay_replies_by_the_longest_in_force_and_a_res
     assert late == {10: 0.0, 20: 1.0, 30: 2.0, 50: 0.0}
 
 
-def test_under_slow_replies_lease_keeps_its_runs_below_a_third_of_the_lease_and_claim_only_runs_late() -> None:
-    """slow-store with its delay changed: at 0.9 s of a 3 s lease every slot runs; at 1.2 s lease's holders give up
-    (P2, the scenario file's verdict) while stream-id's runs start 1.2 s late, and each slow reply is in the history
-    as the fault's window."""
+def test_under_slow_replies_lease_keeps_its_runs_below_half_the_lease_and_claim_only_runs_late() -> None:
+    """slow-store with its delay changed: at 1.4 s of a 3 s lease every slot runs; at 1.6 s lease's holders give up
+    (P2, the scenario file's verdict) while stream-id's runs start 1.6 s late, and the slow fault is in the
+    history as its window."""
     base = scenarios.load("slow-store")
     faster = dataclasses.replace(base, faults=[
-        dataclasses.replace(f, settings={**f.settings, "delay_ms": 900}) for f in base.faults
+        dataclasses.replace(f, settings={**f.settings, "delay_ms": 1400}) for f in base.faults
     ])  # fmt: skip
     assert simulate(faster, "lease", 1).judgement.verdict("P2").status == "valid"
     outcome = simulate(base, "stream-id", 1)
     slow_slots = [e for e in outcome.history.executions if 25 < true_s(e.slot, EPOCH_S) < 55]
     assert slow_slots
-    assert {round(e.started - true_s(e.slot, EPOCH_S), 3) for e in slow_slots} == {1.2}
+    assert {round(e.started - true_s(e.slot, EPOCH_S), 3) for e in slow_slots} == {1.6}
     assert [(w.kind, w.start, w.end) for w in outcome.fault_windows if w.instance == "a"] == [("slow", 25.0, 55.0)]
 
 
