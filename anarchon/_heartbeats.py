@@ -117,8 +117,8 @@ class LeaseKeeper:
             # A claim retried with its own token may win with less of the lease left than a heartbeat period:
             # its first beat comes halfway to the deadline, or none would be sent before the lease runs out.
             first_beat = sent + (deadline - sent) / 2
-        held = _Held(request, policy, deadline, first_beat, lose, self.lane_of(request.job))
-        held.round_trip = max(0.0, self.clock.monotonic() - sent)
+        round_trip = max(0.0, self.clock.monotonic() - sent)  # the claim's, as far as the keeper can tell
+        held = _Held(request, policy, deadline, first_beat, lose, self.lane_of(request.job), round_trip=round_trip)
         with self._lock:
             self._held[request.token] = held
             if held.next_moment() < self._sleeping_until:

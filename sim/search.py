@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import Flaky
 
 from sim.run import Outcome, simulate
-from sim.scenario import Scenario, parse, toml_value
+from sim.scenario import CHECKERS, Scenario, parse, toml_value
 
 PERIOD_S = 10  # the job's slots: every 10 s
 WORK_S = 2.0
@@ -316,9 +316,8 @@ def run(
     and printed); ``examples``: schedules per checker (by default, as many as the budget's share would run);
     ``clock``: the seconds the budget is spent in (wall time by default)."""
     seed = random.randrange(2**32) if seed is None else seed
-    checkers = (
-        ["P1", "P2", "P3", "P4", "P5", "P6", "P7"] if strategy == "lease" else ["P1", "P2", "P3", "P5", "P6", "P7"]
-    )
+    # The checkers P1-P7 (not lateness); P4 judges leases only.
+    checkers = [c for c in CHECKERS if c != "lateness" and (c != "P4" or strategy == "lease")]
     began = clock()
     simulate(schedule_scenario([], strategy), strategy, 1)  # warm up, then measure one run
     probe = clock()

@@ -55,11 +55,12 @@ def second_from_now(seconds: int) -> str:
     return f"{(int(time.time()) + seconds) % 60} * * * * *"
 
 
-async def eventually(condition: Callable[[], bool], cap_s: float) -> None:
-    """Poll until ``condition()`` holds, for at most ``cap_s`` seconds; the assertions after it say what was
-    missing if it never did."""
+async def eventually(condition: Callable[[], bool | Awaitable[bool]], cap_s: float) -> None:
+    """Poll until ``condition()`` holds (awaited, if it is a coroutine function), for at most ``cap_s`` seconds; the
+    assertions after it say what was missing if it never did."""
     for _ in range(int(cap_s * 10)):
-        if condition():
+        holds = condition()
+        if await holds if inspect.isawaitable(holds) else holds:
             return
         await asyncio.sleep(0.1)
 

@@ -2991,12 +2991,13 @@ async def test_a_claim_later_than_max_late_ms_is_skipped_and_recorded(fake_targe
         time.sleep(2.6)  # the event loop is stuck past a slot and its max_late_ms  # noqa: ASYNC251
         # The skip is written once the loop runs again, a few commands later: on a loaded machine that takes a
         # while. Read until it is there (the assertion below says if it never came).
-        history = await scheduler.history("tick", limit=20)
-        for _ in range(50):
-            if any(r.status == "skipped-late" for r in history):
-                break
-            await asyncio.sleep(0.1)
-            history = await scheduler.history("tick", limit=20)
+        history: list[RunRecord] = []
+
+        async def skip_recorded() -> bool:
+            history[:] = await scheduler.history("tick", limit=20)
+            return any(r.status == "skipped-late" for r in history)
+
+        await eventually(skip_recorded, cap_s=5)
     skipped = [r for r in history if r.status == "skipped-late"]
     assert skipped
     assert skipped[0].message is not None
