@@ -72,6 +72,7 @@ class Verdict:
     witness: str = ""
     count: int = 0  # how many violations
     figures: dict[str, float] = field(default_factory=dict)  # what the checker measured, e.g. P4's lease margins
+    slots: tuple[tuple[str, int], ...] = ()  # (job, slot ms) of each violation that is a slot: P2's missed ones
 
 
 @dataclass
@@ -423,7 +424,7 @@ def _no_missed(
     missed = [key for key in unfinished if key not in undecided]
     if missed:
         skipped = sum(1 for job, slot in missed if (job, run_id(slot)) in overlapped)
-        return Verdict("P2", "invalid", witness(*missed[0]), len(missed), {"skipped_overlap": skipped})
+        return Verdict("P2", "invalid", witness(*missed[0]), len(missed), {"skipped_overlap": skipped}, tuple(missed))
     if undecided:
         return Verdict("P2", "unknown", f"still going at the end: {witness(*undecided[0])}")
     return Verdict("P2", "valid")

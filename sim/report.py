@@ -305,12 +305,19 @@ def timeline_figure(outcome: Outcome, checker: str) -> bytes:
         answered = "^" if event.value.startswith("won") else "o" if event.value.startswith("overlap") else "."
         marker = {"ok": answered, "fail": "x", "info": "$?$"}[event.kind]
         axis.plot(event.t, lanes[event.process] - 0.42, marker=marker, color="black", markersize=5, linestyle="")
+    # A slot no instance ran has no bar: P2's missed slots are marked on the store's lane, which decided them.
+    several_jobs = len(outcome.scenario.jobs) > 1
+    for job, slot in outcome.judgement.verdict(checker).slots:
+        at = true_s(slot, history.epoch_s)
+        if low <= at <= high:
+            axis.plot(at, 0, marker="X", color="#c1121f", markersize=7, linestyle="", zorder=3)
+            axis.text(at, 0.18, f" {job} missed" if several_jobs else " missed", fontsize=6, zorder=3, clip_on=True)
     axis.set_yticks(list(lanes.values()), list(lanes.keys()))
     axis.set_ylim(-0.6, len(instances) + 0.6)
     axis.set_xlim(low, high)
     axis.set_xlabel(
         "true time (s); bars: runs (green: ran to the end, red: stopped); claims: ^ won, . lost, o skipped-overlap, "
-        "x failed, ? unknown"
+        "x failed, ? unknown; X: a slot missed"
     )
     run = f"on {outcome.target}" if outcome.target else f"seed {outcome.seed}"  # a live run has no seed
     axis.set_title(f"{outcome.scenario.name} / {outcome.strategy} / {run}: {checker} violated")

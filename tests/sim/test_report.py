@@ -12,7 +12,7 @@ import pytest
 
 from sim import report
 from sim.__main__ import main as sim_main
-from sim.checkers import Verdict
+from sim.checkers import Verdict, true_s
 from sim.history import Execution
 from sim.live import SCALE, scaled
 from sim.run import simulate
@@ -194,9 +194,26 @@ def test_a_timeline_labels_a_crash_and_the_live_restart_after_it_once_and_marks_
         unittest.mock.patch.object(report.plt.Axes, "plot") as plot,
     ):
         report.timeline_figure(replace(outcome, fault_windows=windows), "P2")
-    labels = [call.args[2] for call in text.call_args_list if not call.args[2].startswith(" slot")]
+    labels = [call.args[2] for call in text.call_args_list if not call.args[2].startswith((" slot", " missed"))]
     assert labels == [" crash", " pause"]
     assert "o" in {call.kwargs["marker"] for call in plot.call_args_list}
+
+
+def test_a_missed_slot_is_marked_on_the_store_lane_of_its_timeline() -> None:
+    """A slot no instance ran has no bar of its own: the figure marks it where the witness says it was due."""
+    outcome = simulate(load("slow-store"), "lease", 1)
+    verdict = outcome.judgement.verdict("P2")
+    assert verdict.status == "invalid"
+    assert len(verdict.slots) == verdict.count == 2
+    with unittest.mock.patch.object(report.plt.Axes, "plot") as plot:
+        report.timeline_figure(outcome, "P2")
+    marked = [call.args[:2] for call in plot.call_args_list if call.kwargs["marker"] == "X"]
+    due = [true_s(slot, outcome.history.epoch_s) for _, slot in verdict.slots]
+    assert marked == [(at, 0) for at in due]
+    assert f"slot at {due[0]:.0f} s" in verdict.witness
+    with unittest.mock.patch.object(report.plt.Axes, "plot") as plot:
+        report.timeline_figure(outcome, "P4")  # another checker names no slot: none is marked
+    assert not [call for call in plot.call_args_list if call.kwargs["marker"] == "X"]
 
 
 def test_the_page_renders_the_markdown_paragraphs_lists_and_tables_as_html() -> None:
