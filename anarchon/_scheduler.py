@@ -1617,7 +1617,10 @@ class Scheduler(Generic[M]):
                             claim.attempt, type(error).__name__, error, extra=extra)  # fmt: skip
             else:
                 status, message = "error", _failure(error)
-                log.exception("job %s slot %d attempt %d failed", job.name, request.slot, claim.attempt, extra=extra)
+                # A job's SystemExit or KeyboardInterrupt is logged as raised, without the wrapper that carried it.
+                shown = (error.__cause__ or error) if isinstance(error, _JobExit) else error
+                log.error("job %s slot %d attempt %d failed", job.name, request.slot, claim.attempt, exc_info=shown,
+                          extra=extra)  # fmt: skip
                 if isinstance(error, _JobExit) and error.ends_the_app:
                     leaving = error.__cause__
         finally:
@@ -2221,8 +2224,12 @@ async def _exits_as_errors(job: Awaitable[object]) -> object:
 
 
 def _failure(error: BaseException) -> str:
-    """How a job's exception is recorded: its type and message (a SystemExit from a job as itself)."""
-    return str(error) if isinstance(error, _JobExit) else f"{type(error).__name__}: {error}"
+    """How a job's exception is recorded: its type and message, or its type alone when it has none (a bare
+    ``raise KeyboardInterrupt``); a SystemExit from a job as itself."""
+    if isinstance(error, _JobExit):
+        return str(error)
+    message = str(error)
+    return f"{type(error).__name__}: {message}" if message else type(error).__name__
 
 
 @contextlib.contextmanager

@@ -4888,13 +4888,15 @@ def _raise_keyboard_interrupt() -> None:
     [
         (lambda: sys.exit(2), "SystemExit: 2"),
         (lambda: sys.exit("no input files"), "SystemExit: no input files"),
-        (_raise_keyboard_interrupt, "KeyboardInterrupt: "),
+        (_raise_keyboard_interrupt, "KeyboardInterrupt"),  # no message: no ": " after its name
     ],
 )
-async def test_a_sync_job_that_exits_fails_and_the_app_runs_on(leave: Callable[[], None], message: str) -> None:
+async def test_a_sync_job_that_exits_fails_and_the_app_runs_on(
+    leave: Callable[[], None], message: str, caplog: pytest.LogCaptureFixture
+) -> None:
     """sys.exit() in a sync job (a command-line entry point reused as a job) ends the job's thread, as in any
     Python thread: the run is an error, instead of SystemExit leaving the event loop and ending the app, and then
-    each instance that took the run over."""
+    each instance that took the run over. The error's log line shows the exception the job raised."""
     scheduler = Scheduler(RedisBackend(redis=fakeredis.FakeAsyncRedis()))
     scheduler.add_job("cli", "0 0 1 1 *", lambda: leave())
     scheduler.add_job("next", "0 0 1 1 *", lambda: None)
@@ -4904,6 +4906,9 @@ async def test_a_sync_job_that_exits_fails_and_the_app_runs_on(leave: Callable[[
         assert (await scheduler.run_now("next")).status == "ok"
         [stored] = await scheduler.history("cli")
         assert (stored.status, stored.message) == ("error", message)
+    [failed] = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert failed.exc_info is not None
+    assert failed.exc_info[0] is (KeyboardInterrupt if message.startswith("Keyboard") else SystemExit)
 
 
 async def test_a_job_whose_parameters_all_have_defaults_is_called_without_the_context() -> None:
