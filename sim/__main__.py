@@ -45,9 +45,10 @@ def run(args: argparse.Namespace) -> int:
     else:
         outcome = simulate(scenario, args.strategy, args.seed)
     elapsed = time.perf_counter() - began
+    # Exit status 1: the run did not get a verdict its scenario declares for the strategy.
     if args.json:
         print(json.dumps(outcome.as_json()))
-        return 0
+        return 1 if outcome.departures() else 0
     if args.server:
         print(f"{scenario.name} / {args.strategy} / {args.server} {outcome.server_version}: a live run of "
               f"{outcome.scenario.duration_s:.0f} s (the scenario compressed) in {elapsed:.0f} s")  # fmt: skip
@@ -66,6 +67,11 @@ def run(args: argparse.Namespace) -> int:
             print(f"    {', '.join(f'{key} {value:g}' for key, value in verdict.figures.items())}")
     if any(v.status == "invalid" for v in checks.values()):
         print(f"replay: {outcome.replay_command()}")
+    if departures := outcome.departures():
+        print(f"not as {scenario.name} declares for {args.strategy}:", *departures, sep="\n  ")
+        return 1
+    if declared := scenario.expect.get(args.strategy):
+        print(f"as {scenario.name} declares for {args.strategy} ({len(declared)} verdicts)")
     return 0
 
 
@@ -77,8 +83,12 @@ def _run_live(scenario: Scenario, strategy: str, server: str) -> Outcome | None:
     from sim.live import has_idmp, run_live
     from sim.servers._targets import SPECS
 
+    if server not in SPECS:
+        print(f"--server: {server!r} is not a target (targets: {', '.join(SPECS)})", file=sys.stderr)
+        return None
     if server not in available_targets():
-        print(f"--server: {server!r} is not provisioned here ({', '.join(available_targets())})", file=sys.stderr)
+        print(f"--server: {server!r} is not provisioned here (provisioned: {', '.join(available_targets())}); "
+              f"python -m sim.servers provision {server}", file=sys.stderr)  # fmt: skip
         return None
     spec = SPECS[server]
     series = [int(part) for part in spec.series.strip(".").split(".")]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,20 @@ class Outcome:
     def digest(self) -> str:
         return self.history.digest()
 
+    def departures(self, expected: Mapping[str, str] | None = None) -> list[str]:
+        """Each verdict this run did not get, with its witness, of those ``expected`` (checker: verdict), by default
+        those its scenario declares for its strategy."""
+        if expected is None:
+            expected = self.scenario.expect.get(self.strategy, {})
+        departures = []
+        for checker, verdict in expected.items():
+            got = self.judgement.verdict(checker)
+            if got.status != verdict:
+                departures.append(
+                    f"{checker} is {got.status}, expected {verdict}{': ' if got.witness else ''}{got.witness}"
+                )
+        return departures
+
     def replay_command(self) -> str:
         """The command that replays this run, the scenario's file named from the working directory if it is in
         there (reports are made at the repository's root, and read on other machines)."""
@@ -51,6 +66,7 @@ class Outcome:
             "executions": len(self.history.executions),
             "events": len(self.history.events),
             "records": None if self.history.records is None else len(self.history.records),
+            "departures": self.departures(),
             **({"server": self.target, "server_version": self.server_version} if self.target else {}),
         }
 

@@ -136,9 +136,14 @@ class Scenario:
 
 
 def load(path: Path | str) -> Scenario:
+    """A scenario file, or one of ``scenarios/`` by its name."""
+    given = path
     path = Path(path)
     if not path.exists() and not path.suffix:
         path = SCENARIOS_DIR / f"{path}.toml"
+    if not path.exists():
+        names = ", ".join(p.stem for p in sorted(SCENARIOS_DIR.glob("*.toml")))
+        raise ScenarioError(f"no scenario {str(given)!r}: a .toml file, or one of {names}")
     try:
         data = tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as error:

@@ -34,11 +34,8 @@ def assert_virtual_verdicts(scenario: Scenario, strategy: str, expected: Mapping
     """``scenario`` under ``strategy`` in virtual time, with each of VIRTUAL_SEEDS: each checker gets its verdict."""
     for seed in VIRTUAL_SEEDS:
         outcome = simulate(scenario, strategy, seed)
-        for checker, verdict in expected.items():
-            got = outcome.judgement.verdict(checker)
-            assert got.status == verdict, (
-                f"{checker} is {got.status}, expected {verdict}: {got.witness}\nreplay: {outcome.replay_command()}"
-            )
+        departures = outcome.departures(expected)
+        assert not departures, "\n".join([*departures, f"replay: {outcome.replay_command()}"])
 
 
 def runs_script(command: Sequence[Any], script: Script) -> bool:

@@ -172,6 +172,32 @@ def test_the_command_line_replays_a_run_and_prints_json() -> None:
     assert "replay: python -m sim run" in text  # printed because the run found a violation
 
 
+def test_the_command_line_fails_a_run_that_does_not_get_its_declared_verdicts(tmp_path: Path) -> None:
+    """Exit status 0 when every verdict the scenario declares for the strategy holds, 1 when one does not (said,
+    with its witness), 2 for a scenario or server it cannot run."""
+    declared = (REPO / "scenarios" / "zombie.toml").read_text()
+    wrong = tmp_path / "zombie.toml"
+    wrong.write_text(declared.replace('[expect.lease]\nP1 = "invalid"', '[expect.lease]\nP1 = "valid"'))
+
+    def run(path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "sim", "run", str(path), "--strategy", "lease", "--seed", "1", *args]
+        return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
+
+    held = run(REPO / "scenarios" / "zombie.toml")
+    assert held.returncode == 0, held.stdout
+    assert "as zombie declares for lease (4 verdicts)" in held.stdout
+    departed = run(wrong)
+    assert departed.returncode == 1
+    assert "not as zombie declares for lease:\n  P1 is invalid, expected valid: tick slot at" in departed.stdout
+    as_json = run(wrong, "--json")
+    assert as_json.returncode == 1
+    assert [d.split(":")[0] for d in json.loads(as_json.stdout)["departures"]] == ["P1 is invalid, expected valid"]
+    unknown = run(tmp_path / "no-such-scenario")
+    assert unknown.returncode == 2
+    assert "no scenario" in unknown.stderr
+    assert "or one of failover, " in unknown.stderr  # the scenarios it knows by name
+
+
 def test_faults_are_history_entries() -> None:
     outcome = simulate(scenarios.load("winner-crash"), "lease", 1)
     faults = [e for e in outcome.history.events if e.kind == "fault"]
