@@ -237,6 +237,9 @@ def test_a_command_is_packed_as_resp_bulk_strings_whatever_its_arguments() -> No
     assert pack(("SET", "\u00e9", b"\xff\r\n", 1.5, True)) == (
         b"*5\r\n$3\r\nSET\r\n$2\r\n\xc3\xa9\r\n$3\r\n\xff\r\n\r\n$3\r\n1.5\r\n$4\r\nTrue\r\n"
     )
+    assert (
+        pack(("SET", "k", "\u00e9t\u00e9")) == b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$5\r\n\xc3\xa9t\xc3\xa9\r\n"
+    )  # text only
     assert pack(("PING",)) == b"*1\r\n$4\r\nPING\r\n"
 
 

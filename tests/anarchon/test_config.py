@@ -104,6 +104,8 @@ def _zone_read_from_file() -> zoneinfo.ZoneInfo:
         ("a", "* * * * *", noop, {"timezone": "posixrules"}, "timezone"),
         ("a", "* * * * *", noop, {"timezone": _zone_read_from_file()}, "timezone"),  # no name
         ("a", "* * * * *", noop, {"timezone": datetime.UTC}, "timezone"),  # not a ZoneInfo
+        ("a", "* * * * *", noop, {"timezone": "Europe"}, "timezone"),  # a directory of zones, not a zone
+        ("a", "* * * * *", noop, {"timezone": "x" * 300}, "timezone"),  # longer than a file name may be
         ("a", "* * * * *", noop, {"jitter_ms": -1}, "jitter_ms"),
         ("a", "* * * * *", noop, {"max_late_ms": 10**12}, "max_late_ms"),
         ("a", "* * * * *", noop, {"max_late_ms": 0}, "max_late_ms"),
@@ -391,6 +393,18 @@ def test_strategy_settings_keep_their_defaults() -> None:
     config = RedisBackend(strategy={"name": "idmp", "duration_sec": 900, "max_size": 5_000}).config
     assert (config.duration_sec, config.max_size) == (900, 5_000)  # type: ignore[union-attr]
     assert RedisBackend(strategy="script").config.window_ms == 300_000  # type: ignore[union-attr]
+
+
+def test_scheduler_defaults_heartbeat_a_third_of_the_lease_and_keep_runs_as_long_as_a_claim_may_come() -> None:
+    """heartbeat_ms defaults to lease_ms // 3. The store keeps a finished run for as long as an instance may still
+    claim it: max(jitter_ms + max_late_ms, catch_up_ms) + lease_ms × max_attempts, and 60 s for clock differences
+    (shorter, and a late backup would find the run gone and run it again)."""
+    scheduler = Scheduler(lease_ms=2_000)
+    assert scheduler.heartbeat_ms == 666
+    scheduler.add_job("late", "* * * * * *", noop, jitter_ms=1_000, max_late_ms=5_000, max_attempts=3)
+    scheduler.add_job("catching-up", "* * * * * *", noop, catch_up_ms=600_000, max_attempts=2)
+    assert scheduler._policies["late"].keep_ms == 1_000 + 5_000 + 2_000 * 3 + 60_000
+    assert scheduler._policies["catching-up"].keep_ms == 600_000 + 2_000 * 2 + 60_000
 
 
 def test_recognised_clients_are_adapted() -> None:

@@ -11,10 +11,12 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+import fakeredis
 import pytest
 from redis.crc import key_slot
 
 from anarchon import (
+    RedisBackend,
     StoreFormatError,
     StoreReplyError,
     StoreUnavailableError,
@@ -679,6 +681,9 @@ async def test_lease_a_late_retry_of_a_won_claim_hands_the_run_back_to_its_backu
     backup = RunRequest("sync", run_id(slot), slot, "backup", "b")
     assert (await claim_one(backend, backup, policy)).outcome is Outcome.RUNNING
     assert not await backend.strategy.skip(backend.store, backup, policy, "skipped-late", "too late")
+    # Another token's skip left the run to its holder: its lease goes on, and the backup still stands by.
+    assert await backend.strategy.heartbeat(backend.store, req, policy) > 0
+    assert (await claim_one(backend, backup, policy)).outcome is Outcome.RUNNING
     retry = req._replace(retry=True)
     assert not await backend.strategy.skip(backend.store, retry, policy, "skipped-late", "too late")
     assert not await backend.strategy.heartbeat(backend.store, retry, policy)  # handed back: no longer its run
@@ -996,6 +1001,8 @@ async def test_history_is_trimmed_but_never_a_running_or_claimable_run(target: S
         req = request(now - 3_600_000 + i * 1000, "a")
         c = await claim_one(backend, req, keep_none)
         await backend.strategy.finish(backend.store, req, c, keep_none, record(req, c))
+    newest = await backend.strategy.history(backend.store, "sync", 3)  # no more than asked for, newest first
+    assert [r.slot for r in newest] == [now - 3_600_000 + i * 1000 for i in (129, 128, 127)]
     results = "{cron:sync}:results" if strategy == "lease" else "cron:sync:results"
     runs = "{cron:sync}:runs" if strategy == "lease" else "cron:sync:runs"
     # XADD / XTRIM MAXLEN ~ n removes whole macro nodes only: the server leaves at least n entries, and fewer
@@ -1315,6 +1322,20 @@ async def test_idmp_refuses_to_start_where_unsupported(target: StoreTarget) -> N
     for other in ("'lease'", "'stream-id'", "'script'"):
         assert other in str(caught.value)
     assert await target.raw("KEYS", "*") == []  # refused before writing anything
+
+
+@pytest.mark.parametrize("version", [(8, 0, 0), (8, 4, 2), (8, 5, 9)])
+async def test_idmp_refuses_to_start_on_a_redis_8_before_8_6(version: tuple[int, ...]) -> None:
+    """Redis 8.0 to 8.5 know XADD, not its IDMP option: refused by name at start, not failing at the first claim."""
+    client = fakeredis.FakeAsyncRedis(server=fakeredis.FakeServer(version=version), protocol=2)
+    with pytest.raises(UnsupportedStrategyError) as caught:
+        await RedisBackend(redis=client, strategy="idmp").start(["sync"])
+    assert f"Redis {'.'.join(map(str, version))}" in str(caught.value)
+    for other in ("'lease'", "'stream-id'", "'script'"):
+        assert other in str(caught.value)
+    assert await client.keys("*") == []
+    assert ServerInfo("redis", (8, 6, 0)).has_idmp
+    assert not ServerInfo("valkey", (9, 1, 2)).has_idmp
 
 
 CLAIM_ONLY_SIDE_BY_SIDE = [

@@ -4988,7 +4988,7 @@ def _next_past_the_end() -> None:
 
 @pytest.mark.parametrize(
     ("job", "message"),
-    [(_abort, "_Abort: given up"), (_abort_async, "_Abort: given up"), (_next_past_the_end, "StopIteration: ")],
+    [(_abort, "_Abort: given up"), (_abort_async, "_Abort: given up"), (_next_past_the_end, "StopIteration")],
     ids=["sync", "async", "sync-stop-iteration"],
 )
 async def test_a_job_that_raises_another_base_exception_fails_once(job: Callable[..., object], message: str) -> None:
