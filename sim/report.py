@@ -147,6 +147,7 @@ class Results:
     late_runs: dict[str, int] = field(default_factory=lambda: defaultdict(int))  # runs judged late, per strategy
     runs: dict[str, int] = field(default_factory=lambda: defaultdict(int))  # per strategy
     margins: list[float] = field(default_factory=list)
+    latest: dict[str, tuple[float, str]] = field(default_factory=dict)  # per strategy: the latest start, its scenario
     seconds: float = 0.0
     simulations: int = 0  # simulations run; in live mode each runs every strategy side by side
     simulated_s: float = 0.0  # of scenario time (live mode: of live time, compressed)
@@ -173,6 +174,9 @@ class Results:
             elif verdict.status == "unknown":
                 cell.unknown[name] += 1
         self.lateness[outcome.strategy].extend(outcome.judgement.lateness_ms)
+        if outcome.judgement.lateness_ms:
+            latest = (max(outcome.judgement.lateness_ms), outcome.scenario.name)
+            self.latest[outcome.strategy] = max(self.latest.get(outcome.strategy, latest), latest)
         self.runs[outcome.strategy] += 1
         if outcome.judgement.lateness.status == "invalid":
             self.late_runs[outcome.strategy] += 1
@@ -445,10 +449,10 @@ def _rates_by_scenario(results: Results) -> list[str]:
 def _lateness_row(results: Results, strategy: str) -> str:
     values = results.lateness.get(strategy, [])
     if not values:
-        return _row(strategy, 0, "–", "–", "–", "–", 0, f"0/{results.runs.get(strategy, 0)}")
+        return _row(strategy, 0, "–", "–", "–", "–", "–", 0, f"0/{results.runs.get(strategy, 0)}")
     figures = (min(values), percentile(values, 50), percentile(values, 99), max(values))
     early = sum(1 for v in values if v < 0)
-    return _row(strategy, len(values), *(f"{v:.0f}" for v in figures), early,
+    return _row(strategy, len(values), *(f"{v:.0f}" for v in figures), results.latest[strategy][1], early,
                 _rate(results.late_runs.get(strategy, 0), results.runs[strategy], results.mode == "live"))  # fmt: skip
 
 
@@ -461,6 +465,10 @@ def _margin_summary(margins: list[float], unit: str) -> str:
             f"still going at the end has none). {len(margins)} attempts, "
             f"{past} worked past their lease; min {min(margins):.0f} {unit}, "
             f"p50 {percentile(margins, 50):.0f} {unit}.")  # fmt: skip
+
+
+def _seeds(n: int) -> str:
+    return f"{n} seed" if n == 1 else f"{n} seeds"
 
 
 def _verdict_cell(cell: Cell, strategy: str, interval: bool) -> str:
@@ -492,7 +500,8 @@ def _overlap_skips(cell: Cell) -> str:
         return ""
     if cell.missed_only_by_overlap:
         return " (every missed slot skipped-overlap, by design)"
-    return f" ({cell.skipped_overlap} of {missed} missed slots skipped-overlap, by design)"
+    # Some were lost to the fault: those skipped were skipped behind a run (a retry) it held up, not by design.
+    return f" ({cell.skipped_overlap} of {missed} missed slots skipped-overlap, behind a run still holding its lease)"
 
 
 def _guide(results: Results) -> list[str]:
@@ -504,11 +513,17 @@ def _guide(results: Results) -> list[str]:
         "Use **lease**, the default, unless you have a reason not to: it is the only strategy with backups, retries,",
         "overlap protection and catch-up. What it can get wrong is running a run twice: a winner frozen for longer",
         "than what is left of its lease (zombie), or whose finish never reaches the store (finish-lost); pass",
-        "`run.fence` downstream to refuse the stale writer. The others only decide who runs each time: a run whose",
-        "winner crashes, is stopped or never hears its claim's answer is lost, runs of a job may overlap, and script",
-        "and idmp forget a run after their window. Under every strategy a store that loses acknowledged writes (a",
-        "failover to a replica that had not received them, a restart without persistence) can run a slot twice:",
-        "keep jobs safe to run twice.",
+        "`run.fence` downstream to refuse the stale writer. And a store slower to answer than about half a lease",
+        "costs it runs (slow-store): keep `lease_ms` over twice the slowest answer you expect.",
+        "",
+        "The others only decide who runs each time: a run whose winner crashes, is stopped or never hears its",
+        "claim's answer is lost, and runs of a job may overlap. Choose one where a lost run is better than a second",
+        "one and nothing downstream can refuse a stale writer: **stream-id**, one XADD, the cheapest claim, never",
+        "runs a slot twice while the store keeps its data; **script** and **idmp** forget a run after their window",
+        "(`window_ms`, `duration_sec`), and run it again for a claim that comes later (a clock behind, a pause);",
+        "idmp needs Redis 8.6 and two round trips a claim. Under every strategy a store that loses acknowledged",
+        "writes can run a slot twice (failover: to a replica that had not received them; store-restart: a restart",
+        "without persistence): keep jobs safe to run twice.",
         "",
         "Each scenario strikes at the worst moment on purpose: a scenario named below shows that a failure can",
         "happen, not how often it happens in production.",
@@ -572,7 +587,7 @@ def render(results: Results, figure: Callable[[str, bytes], str]) -> str:
     """The report in Markdown; ``figure(name, png)`` stores a figure and returns how to reference it."""
     if results.mode == "virtual":
         how = [
-            f"{len(results.scenarios)} scenarios × {len(STRATEGIES)} strategies × {results.seeds} seeds, virtual",
+            f"{len(results.scenarios)} scenarios × {len(STRATEGIES)} strategies × {_seeds(results.seeds)}, virtual",
             "time on the embedded store (fakeredis running the real Lua scripts; for idmp, Redis 8.6's idempotent",
             "XADD emulated as in its source, since fakeredis's own is incomplete). A scenario's faults come at fixed",
             "moments and virtual time is exact: a seed changes only what is drawn at random (tokens, the order of",
@@ -613,6 +628,14 @@ def render(results: Results, figure: Callable[[str, bytes], str]) -> str:
         *[_row(f"{name}: {CHECKER_NAMES[name]}", rule) for name, rule in CHECKER_RULES.items()],
         "",
         "## Verdicts",
+        "",
+        (
+            f"Each cell: the checkers violated, in how many of the strategy's live runs ({results.seeds} on each server"
+            " that ran it: idmp on Redis 8.6 only), and on which servers. The faults are staged at fixed moments:"
+            " n/n says the failure came every time it was staged, not how often it comes in production."
+            if results.mode == "live"
+            else f"Each cell: the checkers violated, in how many of the {_seeds(results.seeds)} (replays of a timing)."
+        ),
         "",
         *_head("scenario", *STRATEGIES),
     ]
@@ -671,14 +694,17 @@ def render(results: Results, figure: Callable[[str, bytes], str]) -> str:
         + " Below 0, a run started before its slot: an instance whose clock runs ahead claimed it early.",
         "A slot no instance ran (P2) has no start and is not judged here: fewer late runs may mean more missed",
         "slots (stream-id misses the late slot of late-claim that the others run late).",
-        "Which scenarios the late runs are in: the Verdicts table (lateness) and the counterexamples. The spread",
-        "comes mostly from the scenarios whose instances' clocks are off (skew, late-claim, lost-reply): such an",
-        "instance starts its runs early or late by its clock's offset.",
+        "Which scenarios the late runs are in: the Verdicts table (lateness) and the counterexamples; the latest",
+        "start of each strategy is named below. An instance whose clock is off (skew, late-claim) starts its runs",
+        "early or late by its clock's offset; a run whose claim's answer was lost (lost-reply) starts when the",
+        "claim is sent again; under lease, a catch-up runs late the slots that came due while no instance ran",
+        "(fleet-down), which the other strategies never run.",
         "",
         *_head(
             "strategy",
             "job runs",
             *(f"{p} ({_ms(results)})" for p in ("min", "p50", "p99", "max")),
+            "max in",
             "runs started early",
             "simulations with a late run",
         ),
