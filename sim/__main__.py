@@ -47,8 +47,9 @@ def run(args: argparse.Namespace) -> int:
     elapsed = time.perf_counter() - began
     # Exit status 1: the run did not get a verdict its scenario declares for the strategy.
     if args.json:
-        print(json.dumps(outcome.as_json()))
-        return 1 if outcome.departures() else 0
+        judged = outcome.as_json()
+        print(json.dumps(judged))
+        return 1 if judged["departures"] else 0
     if args.server:
         print(f"{scenario.name} / {args.strategy} / {args.server} {outcome.server_version}: a live run of "
               f"{outcome.scenario.duration_s:.0f} s (the scenario compressed) in {elapsed:.0f} s")  # fmt: skip
