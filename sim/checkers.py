@@ -32,10 +32,11 @@ P7 true history: what ``Scheduler.history`` says at the end agrees with the ledg
    fence, and no attempt is recorded twice; a run recorded skipped (late, or for overlap) was executed by nobody,
    unless a store fault lost its claim. An execution whose end the store heard of (its finish acknowledged; a lease
    attempt handed back, once a later claim of its run took it over or closed it, a run_now at once) is recorded, ok
-   if it ran to its end and interrupted if not, unless a store fault lost the record or trimming dropped it (older
-   than every record of a job that keeps history_size of them, or with history_ttl_ms). One that a kill, a cut or
-   the run's end kept from the store is owed nothing. A job keeps at least history_size records, or every one it was
-   owed if fewer (without history_ttl_ms, or a store fault that lost writes).
+   if it ran to its end and interrupted if not, unless a store fault lost the record (or may have: the try that told
+   the store was sent before the fault ended and answered after it began) or trimming dropped it (older than every
+   record of a job that keeps history_size of them, or with history_ttl_ms). One that a kill, a cut or the run's
+   end kept from the store is owed nothing. A job keeps at least history_size records, or every one it was owed if
+   fewer (without history_ttl_ms, or a store fault that lost writes).
 At one true time, what happened first is what comes first in the history (P5, P6).
 Lateness: every scheduled run starts (its earliest execution, true time) within the job's allowance after its
    slot: jitter_ms + max_late_ms (or catch_up_ms under lease, if larger: a catch-up is not told apart from a late
@@ -731,15 +732,18 @@ def _true_history(scenario: Scenario, history: History, fault_windows: list[Faul
     ran = {(e.job, e.run): e for e in history.executions}
     lossy = [w for w in fault_windows if w.kind in STORE_FAULTS and w.lost_writes]
 
-    def lost(at: float, token: str) -> bool:
-        """Whether a store fault lost what ``token``'s claim or finish wrote at ``at``: a restart everything
-        written before it, a failover what its replica had not received (the writes naming the token, where known:
-        a finish's record holds it inside the record)."""
+    def lost(sent: float, at: float, token: str) -> bool:
+        """Whether a store fault may have lost what ``token``'s claim or finish wrote, by a try sent at ``sent`` and
+        answered at ``at``: a restart everything written before it, a failover what its replica had not received
+        (the writes naming the token, where known: a finish's record holds it inside the record). A try sent
+        before the fault ended and answered after it may have been applied by the store that lost it, its answer
+        read late (as a live instance reads it, or a paused one): the benefit of that doubt goes to the strategy."""
         return any(
-            at <= w.end
-            if w.kind == "store-restart"
-            else at <= w.end
-            and (w.start <= at if w.lost_words is None else any(token in word for word in w.lost_words))
+            sent <= w.end
+            and (
+                w.kind == "store-restart"
+                or (w.start <= at if w.lost_words is None else any(token in word for word in w.lost_words))
+            )
             for w in lossy
         )
 
@@ -753,7 +757,7 @@ def _true_history(scenario: Scenario, history: History, fault_windows: list[Faul
             records[record.token].append(record)
         if len(records[record.token]) == 2:
             bad.append(f"{where}: attempt {record.attempt} of {record.runner or 'nobody'} recorded twice")
-        elif record.status in SKIPPED and other is not None and not lost(other.started, other.token):
+        elif record.status in SKIPPED and other is not None and not lost(other.started, other.started, other.token):
             bad.append(f"{where}: recorded {record.status}, but it ran ({_describe(other)})")
         elif record.status in ("ok", "error") and execution is None:
             bad.append(f"{where}: recorded {record.status} by {record.runner}, but no execution has its token")
@@ -768,8 +772,8 @@ def _true_history(scenario: Scenario, history: History, fault_windows: list[Faul
     owed = _owed_records(history)
     history_size = int(scenario.scheduler.get("history_size", DEFAULT_HISTORY_SIZE))
     trims_by_age = scenario.scheduler.get("history_ttl_ms") is not None
-    kept = {job: [r for r in history.records if r.job == job] for job in {e.job for e, _ in owed}}
-    for execution, since in owed:
+    kept = {job: [r for r in history.records if r.job == job] for job in {e.job for e, *_ in owed}}
+    for execution, sent, since in owed:
         status = "ok" if execution.completed else "interrupted"
         mine = records.get(execution.token, [])
         if any(record.status == status for record in mine):
@@ -778,7 +782,7 @@ def _true_history(scenario: Scenario, history: History, fault_windows: list[Faul
         trimmed = (len(job_kept) >= history_size or trims_by_age) and execution.slot < min(
             (r.slot for r in job_kept), default=math.inf
         )
-        if lost(since, execution.token) or trimmed:  # a lost finish leaves a takeover to record it interrupted
+        if lost(sent, since, execution.token) or trimmed:  # a lost finish leaves a takeover to record it interrupted
             continue
         what = f"{execution.job} {_run(execution, epoch)} ({_describe(execution)})"
         if mine:
@@ -787,35 +791,44 @@ def _true_history(scenario: Scenario, history: History, fault_windows: list[Faul
             bad.append(f"{what}: the store heard of its end at {since:.3f} s, but no record of it is kept")
     if not (trims_by_age or lossy):  # trimming keeps history_size records of a job
         for job, job_kept in sorted(kept.items()):
-            written = sum(e.job == job for e, _ in owed)
+            written = sum(e.job == job for e, *_ in owed)
             if len(job_kept) < min(history_size, written):
                 bad.append(f"{job}: {len(job_kept)} records kept of the {written} it was owed, with history_size "
                            f"{history_size}")  # fmt: skip
     return Verdict("P7", "invalid" if bad else "valid", bad[0] if bad else "", len(bad))
 
 
-def _owed_records(history: History) -> list[tuple[Execution, float]]:
-    """The executions the store must have recorded, each with the moment it heard of their end: those whose finish
-    it acknowledged (ok, or interrupted for one its scheduler stopped short), and the lease attempts handed back
-    that a later claim of their run took over or closed (the takeover records them), or at once for a run_now,
-    which nobody takes over. One that a kill, a partition or the run's end kept from the store is owed nothing."""
-    finished: dict[str, float] = {}  # token -> when its finish was acknowledged
-    handed_back: dict[str, float] = {}  # token -> when its hand-back was acknowledged
-    closed_by_claims: dict[tuple[str, str], list[tuple[float, str]]] = defaultdict(list)  # run -> (when, by whom)
+def _owed_records(history: History) -> list[tuple[Execution, float, float]]:
+    """The executions the store must have recorded, each with the try that told it their end: when that try was
+    sent and when it was answered. Those are the executions whose finish it acknowledged (ok, or interrupted for one
+    its scheduler stopped short), and the lease attempts handed back that a later claim of their run took over or
+    closed (the takeover records them), or at once for a run_now, which nobody takes over. One that a kill, a
+    partition or the run's end kept from the store is owed nothing."""
+    sending: dict[tuple[str, str], float] = {}  # (op, token) -> when its try in flight was sent
+    finished: dict[str, tuple[float, float]] = {}  # token -> its acknowledged finish (sent, answered)
+    handed_back: dict[str, tuple[float, float]] = {}  # token -> its acknowledged hand-back (sent, answered)
+    closed_by_claims: dict[tuple[str, str], list[tuple[float, float, str]]] = defaultdict(list)  # run -> (answered,
+    # sent, by whom)
     for event in history.events:
+        if event.kind == "invoke":
+            sending[(event.op, event.token)] = event.t
         if event.kind != "ok":
             continue
+        sent = sending.get((event.op, event.token), event.t)
         if event.op in ("finish", "release") and event.value == "True":
-            (finished if event.op == "finish" else handed_back)[event.token] = event.t
+            (finished if event.op == "finish" else handed_back)[event.token] = sent, event.t
         elif (answer := ClaimAnswer.of(event)) and answer.outcome in (Outcome.WON.value, Outcome.DONE.value):
-            closed_by_claims[(event.job, event.run)].append((event.t, event.token))
+            closed_by_claims[(event.job, event.run)].append((event.t, sent, event.token))
     owed = []
     for e in history.executions:
         if e.token in finished:
-            owed.append((e, finished[e.token]))
+            owed.append((e, *finished[e.token]))
         elif not e.completed and e.token in handed_back:
-            back = handed_back[e.token]
-            later = [t for t, token in closed_by_claims[(e.job, e.run)] if t >= back and token != e.token]
-            if e.manual or later:
-                owed.append((e, back if e.manual else min(later)))
+            sent, back = handed_back[e.token]
+            later = [(t, by_sent) for t, by_sent, by in closed_by_claims[(e.job, e.run)] if t >= back and by != e.token]
+            if e.manual:
+                owed.append((e, sent, back))
+            elif later:
+                closed, closing_sent = min(later)
+                owed.append((e, closing_sent, closed))
     return owed

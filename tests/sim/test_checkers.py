@@ -676,6 +676,15 @@ def test_an_acknowledged_finish_without_its_record_is_a_false_history_unless_los
         (FaultWindow(45.0, 45.0, "store-restart"), "invalid"),
     ]:
         assert _true_history(runs, kept, _finished(runs), [window]).status == status, window
+    # A finish sent before the fault ended and answered after it may have been applied by the store that lost it,
+    # its answer read late (a live instance's clock reads the answer after the server sent it); one sent after the
+    # fault reached the store that followed, which must keep its record.
+    e = runs[4]
+    for window in [FaultWindow(50.2, 50.8, "failover"), FaultWindow(50.5, 50.8, "store-restart")]:
+        for sent, status in [(50.7, "valid"), (50.9, "invalid")]:
+            invoke = Event(sent, "invoke", e.instance, "finish", e.job, e.run, e.token)
+            events = sorted([*_finished(runs), invoke], key=lambda event: event.t)
+            assert _true_history(runs, kept, events, [window]).status == status, (window, sent)
     # Trimming drops the oldest records of a job that keeps history_size of them, not fewer.
     newest = [_record(e) for e in runs[1:]]
     assert _true_history(runs, newest, _finished(runs), history_size=8).status == "valid"
