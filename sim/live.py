@@ -542,6 +542,15 @@ class LiveRun:
             replica = self.server.replica
             assert replica is not None, "a failover scenario needs a server with a replica"
             detached = self.now()
+            # Every write the primary acknowledged before ``detached`` reaches the replica before it is detached:
+            # they precede this one in the replication stream, and WAIT returns once the replica has it.
+            primary = self.server.async_client()
+            try:
+                await primary.set("anarchon-sim:detached", detached)
+                if await primary.wait(1, 5000) < 1:
+                    raise RuntimeError("the replica did not acknowledge the primary's writes within 5 s")
+            finally:
+                await primary.aclose()
             with contextlib.closing(replica.client()) as client:
                 client.replicaof("NO", "ONE")  # from now on it misses the primary's writes
             await asyncio.sleep(max(0.0, fault.at_s - self.now()))
