@@ -8,6 +8,7 @@ Records: what ``Scheduler.history`` tells of each job at the end, read from the 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Awaitable, Sequence
@@ -53,10 +54,17 @@ class ClaimAnswer(NamedTuple):
         """The answer an ``ok`` claim event records; None for any other event."""
         if event.kind != "ok" or event.op != "claim":
             return None
-        outcome, *fields = event.value.split()
-        values = dict(field.split("=", 1) for field in fields)
-        lease_ms = values.get("lease_ms")
-        return cls(outcome, int(values["attempt"]), int(values["fence"]), None if lease_ms is None else int(lease_ms))
+        return _claim_answer(event.value)
+
+
+@functools.lru_cache(maxsize=1 << 16)  # every checker asks for the answers of one history
+def _claim_answer(value: str) -> ClaimAnswer:
+    outcome, *fields = value.split()
+    values = dict(field.split("=", 1) for field in fields)
+    lease_ms = values.get("lease_ms")
+    return ClaimAnswer(
+        outcome, int(values["attempt"]), int(values["fence"]), None if lease_ms is None else int(lease_ms)
+    )
 
 
 @dataclass(slots=True)
