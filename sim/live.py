@@ -14,7 +14,7 @@ a scenario run side by side on one server, each with its own instances and key p
 - failover: the server has a replica; ``lag_ms`` before the failover the replica is detached (REPLICAOF NO ONE),
   so it deterministically misses what the primary acknowledges meanwhile; then the primary is killed and every
   proxy sends its instance to the former replica;
-- store restart: the server restarts without persistence, empty;
+- store restart: the server is killed and started again without persistence, empty;
 - run_now: sent to the instance's stdin (recorded as not made when its process is down, stopping or starting).
 
 The history comes from the processes' JSON lines and the faults recorded here, on the machine's monotonic clock,
@@ -563,7 +563,10 @@ class LiveRun:
             return
         await asyncio.sleep(max(0.0, fault.at_s - self.now()))
         if fault.kind == "store-restart":
-            down = self.now()  # everything acknowledged so far is lost from here
+            # Killed, not stopped: a server told to shut down answers on until its next cron tick (up to 100 ms),
+            # late enough for a claim meant for the empty store to reach the old one.
+            await asyncio.to_thread(self.server.kill)
+            down = self.now()  # everything it acknowledged is lost
             await asyncio.to_thread(self.server.restart)
             self.record_fault(fault, "store restarted empty")
             self.fault_window(fault, down, self.now())

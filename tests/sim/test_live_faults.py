@@ -1,5 +1,6 @@
 """Live mode strikes faults as virtual mode does: the same scenario, the same faults. Processes are stand-ins
-here; the live matrix (scenarios/test_live.py) runs the real ones."""
+here, servers real where a fault strikes the store; the live matrix (scenarios/test_live.py) runs the real
+processes."""
 
 from __future__ import annotations
 
@@ -8,17 +9,20 @@ import contextlib
 import gc
 import json
 import socket
+import threading
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, cast
 
 import pytest
+import redis
 
 from sim import live
 from sim.live import Instance, LiveRun, Proxy
 from sim.live_instance import SkewedClock
 from sim.scenario import FaultSpec, ScenarioError, parse
+from sim.servers import start_server
 
 SCENARIO = parse({
     "name": "live-faults", "duration_s": 1.0, "instances": [{"name": "a"}, {"name": "b"}, {"name": "c"}],
@@ -288,6 +292,38 @@ async def test_a_stop_that_strikes_a_process_as_it_starts_leaves_the_instance_do
     await a.stop(0.0)
     assert await restarting is False
     assert not a.up
+
+
+async def test_a_store_restart_strikes_at_once_the_old_server_answers_nothing_sent_after_it(
+    real_target: str, tmp_path: Path
+) -> None:
+    """The old server is killed before the fault's window begins. One told to shut down answers on until its
+    next cron tick, up to 100 ms, and a claim sent as the store restarts, meant for the empty store, could reach
+    it: the scenario would not happen."""
+    answers: list[tuple[float, int]] = []  # (sent, the pid of the server that answered)
+    asking = True
+
+    def ask(client: redis.Redis) -> None:
+        while asking:
+            sent = time.monotonic() - run.t0
+            with contextlib.suppress(redis.RedisError):
+                answers.append((sent, int(client.info("server")["process_id"])))
+
+    with start_server(real_target) as server, contextlib.closing(server.client(socket_timeout=2)) as client:
+        run = LiveRun(SCENARIO, server=server, strategies=["lease"], workdir=tmp_path)
+        run.t0 = time.monotonic()
+        old = int(client.info("server")["process_id"])
+        asker = threading.Thread(target=ask, args=(client,))
+        asker.start()
+        try:
+            await run._strike(FaultSpec(0.1, "store-restart", {}))
+            await asyncio.sleep(0.05)
+        finally:
+            asking = False
+            await asyncio.to_thread(asker.join)
+    (window,) = run.windows["lease"]
+    assert [sent for sent, pid in answers if pid == old and sent >= window.start] == []
+    assert {pid == old for _, pid in answers} == {True, False}  # asked before the fault, and of the new server
 
 
 def test_a_late_instance_is_back_on_time_in_the_history(tmp_path: Path) -> None:
