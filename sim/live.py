@@ -319,7 +319,11 @@ class Instance:
             self.process = None
             await starting.wait()
             if self.proxy.refused == refused:
-                raise RuntimeError(f"instance {self.strategy}/{self.name} exited as it started; see {self.log}")
+                said = self.log.with_suffix(".stderr").read_text(errors="replace").strip().splitlines()[-20:]
+                raise RuntimeError(  # its stderr quoted: the run's directory goes with the run
+                    f"instance {self.strategy}/{self.name} exited as it started (status {starting.returncode}); "
+                    "its stderr ends:\n" + "\n".join(said)
+                )
             await asyncio.sleep(START_RETRY_S * SCALE)
         return False
 
