@@ -649,17 +649,22 @@ _Place = tuple[float, int]
 _Acceptance = tuple[_Place, _Place, int]
 
 
-def _claim_answers(history: History) -> Iterator[tuple[Event, _Place, _Place]]:
-    """Each claim's answer (ok, fail or info) with its place and the place of the try it answers."""
-    sending: dict[str, _Place] = {}  # token -> the place of its try in flight
+def _answers(history: History) -> Iterator[tuple[Event, _Place, _Place]]:
+    """Each answer (ok, fail or info) to a store operation, with its place and the place of the try it answers."""
+    sending: dict[tuple[str, str], _Place] = {}  # (op, token) -> the place of its try in flight
     for index, event in enumerate(history.events):
-        if event.op != "claim":
+        if event.kind == "fault":
             continue
         place = (event.t, index)
         if event.kind == "invoke":
-            sending[event.token] = place
+            sending[(event.op, event.token)] = place
         else:
-            yield event, place, sending.pop(event.token, place)
+            yield event, place, sending.pop((event.op, event.token), place)
+
+
+def _claim_answers(history: History) -> Iterator[tuple[Event, _Place, _Place]]:
+    """Each claim's answer, as ``_answers`` gives it."""
+    return (answer for answer in _answers(history) if answer[0].op == "claim")
 
 
 def _fencing(history: History, lease: bool) -> Verdict:
@@ -804,17 +809,13 @@ def _owed_records(history: History) -> list[tuple[Execution, float, float]]:
     its scheduler stopped short), and the lease attempts handed back that a later claim of their run took over or
     closed (the takeover records them), or at once for a run_now, which nobody takes over. One that a kill, a
     partition or the run's end kept from the store is owed nothing."""
-    sending: dict[tuple[str, str], float] = {}  # (op, token) -> when its try in flight was sent
     finished: dict[str, tuple[float, float]] = {}  # token -> its acknowledged finish (sent, answered)
     handed_back: dict[str, tuple[float, float]] = {}  # token -> its acknowledged hand-back (sent, answered)
-    closed_by_claims: dict[tuple[str, str], list[tuple[float, float, str]]] = defaultdict(list)  # run -> (answered,
-    # sent, by whom)
-    for event in history.events:
-        if event.kind == "invoke":
-            sending[(event.op, event.token)] = event.t
+    # run -> the claims that took it over or closed it: (answered, sent, by whom)
+    closed_by_claims: dict[tuple[str, str], list[tuple[float, float, str]]] = defaultdict(list)
+    for event, _, (sent, _) in _answers(history):
         if event.kind != "ok":
             continue
-        sent = sending.get((event.op, event.token), event.t)
         if event.op in ("finish", "release") and event.value == "True":
             (finished if event.op == "finish" else handed_back)[event.token] = sent, event.t
         elif (answer := ClaimAnswer.of(event)) and answer.outcome in (Outcome.WON.value, Outcome.DONE.value):
