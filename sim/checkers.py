@@ -341,7 +341,17 @@ def _expected_slots(scenario: Scenario, epoch: float, start_s: float, end_s: flo
 
 
 def _run(e: Execution, epoch: float) -> str:
-    return f"{'manual run' if e.manual else 'slot'} at {true_s(e.slot, epoch):.0f} s"
+    return _run_at(e.slot, e.manual, epoch)
+
+
+def _run_at(slot: int, manual: bool, epoch: float) -> str:
+    """A run as witnesses name it: its slot (a run_now's moment) in true seconds, as the scenarios give times."""
+    return f"{'manual run' if manual else 'slot'} at {true_s(slot, epoch):.0f} s"
+
+
+def _run_named(run: str, epoch: float) -> str:
+    """A run id of the store (the slot's epoch ms, or "m<ms>-<tag>" for a run_now) named as witnesses name runs."""
+    return _run_at(int(run.removeprefix("m").split("-")[0]), run.startswith("m"), epoch)
 
 
 def _describe(e: Execution) -> str:
@@ -578,6 +588,7 @@ def _no_lost_ack(strategy: str, history: History, fault_windows: list[FaultWindo
     bad, doubtful = [], []
     for (job, run), acks in sorted(wins.items()):
         acks.sort()
+        named = f"{job} {_run_named(run, history.epoch_s)}"
         for earlier, later in itertools.permutations(acks, 2):  # either answer may have been read first
             answered, sent, token1, attempt1, first = earlier
             (t2, at2), _, token2, attempt2, again = later
@@ -589,12 +600,12 @@ def _no_lost_ack(strategy: str, history: History, fault_windows: list[FaultWindo
             lost = [loss.lost(sent, answered, token1) for loss in losses if loss.struck_before(t2, at2)]
             by = f"by {again}" if again != first else f"by {again} (a new claim)"
             if True in lost:
-                bad.append(f"{job} run {run}: won by {first} at {t1:.3f} s, won again {by} at {t2:.3f} s after "
-                           "the store lost it")  # fmt: skip
+                bad.append(f"{named}: won by {first} at {t1:.3f} s, won again {by} at {t2:.3f} s "
+                           "after the store lost it")  # fmt: skip
                 break
             if None in lost:
-                doubtful.append(f"{job} run {run}: won by {first}, sent at {sent[0]:.3f} s and answered at {t1:.3f} "
-                                f"s, across a store fault; won again {by} at {t2:.3f} s")  # fmt: skip
+                doubtful.append(f"{named}: won by {first}, sent at {sent[0]:.3f} s and answered at {t1:.3f} s, "
+                                f"across a store fault; won again {by} at {t2:.3f} s")  # fmt: skip
     if bad:
         return Verdict("P5", "invalid", bad[0], len(bad))
     if doubtful:  # each such claim may have reached the store that followed the fault, held on its way
@@ -755,7 +766,7 @@ def _true_history(scenario: Scenario, history: History, fault_windows: list[Faul
     records: dict[str, list[RunRecord]] = defaultdict(list)  # by token; a claim-only skip has none
     bad = []
     for record in history.records:
-        where = f"{record.job} {'manual run' if record.manual else 'slot'} at {true_s(record.slot, epoch):.0f} s"
+        where = f"{record.job} {_run_at(record.slot, record.manual, epoch)}"
         execution = by_token.get(record.token) if record.token else None
         other = ran.get((record.job, record.run))
         if record.token:

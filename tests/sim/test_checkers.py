@@ -405,12 +405,12 @@ def test_a_failover_loses_only_the_claims_the_replica_had_not_received() -> None
     lost = _p5([_won("a", 21.95), _won("b", 25.0)], failover, "script")
     assert lost.status == "invalid"
     assert lost.witness == (
-        "tick run 1800000040000: won by a at 21.950 s, won again by b at 25.000 s after the store lost it"
+        "tick slot at 40 s: won by a at 21.950 s, won again by b at 25.000 s after the store lost it"
     )
     # The same instance winning it again with a claim of its own (a restart: a new token) is named as such.
     again = replace(_won("b", 25.0), process="a")
     assert _p5([_won("a", 21.95), again], failover, "script").witness == (
-        "tick run 1800000040000: won by a at 21.950 s, won again by a (a new claim) at 25.000 s after the store lost it"
+        "tick slot at 40 s: won by a at 21.950 s, won again by a (a new claim) at 25.000 s after the store lost it"
     )
     # A claim it had received long before was not lost by the failover: won again, it is a duplicate (P1) that
     # the strategy made on its own (here: it had forgotten the run).
@@ -423,7 +423,7 @@ def test_under_lease_a_lost_takeover_granted_again_is_a_lost_claim_and_a_later_a
     first, takeover = _won("a", 40.0), _won("b", 43.001, attempt=2)
     granted_again = _p5([first, takeover, _won("c", 46.002, attempt=2)], failover)
     assert granted_again.status == "invalid"
-    assert granted_again.witness.startswith("tick run 1800000040000: won by b at 43.001 s, won again by c at "
+    assert granted_again.witness.startswith("tick slot at 40 s: won by b at 43.001 s, won again by c at "
                                             "46.002 s")  # fmt: skip
     # Attempt 3: the store still knew attempt 2, so c took over a lease that had run out; nothing was lost.
     assert _p5([first, takeover, _won("c", 46.002, attempt=3)], failover).status == "valid"
@@ -434,7 +434,7 @@ def test_a_claim_won_at_the_instant_of_a_store_restart_but_before_it_was_lost() 
     windows = [FaultWindow(40.0, 40.0, "store-restart")]
     before = _p5([_won("a", 40.0), restart, _won("b", 41.0)], windows)
     assert before.status == "invalid"
-    assert before.witness.startswith("tick run 1800000040000: won by a at 40.000 s, won again by b at 41")
+    assert before.witness.startswith("tick slot at 40 s: won by a at 40.000 s, won again by b at 41")
     # Won on the empty store just after the restart, at the same instant: nothing lost.
     assert _p5([restart, _won("a", 40.0), _won("b", 41.0)], windows).status == "valid"
 
@@ -463,7 +463,7 @@ def test_a_failover_that_knows_the_tokens_it_lost_blames_those_claims_only() -> 
     lost_b = frozenset({"t-b-40-1", "tick"})
     verdict = _p5(events, [FaultWindow(19.0, 22.0, "failover", lost_words=lost_b)], "script")
     assert (verdict.status, verdict.count) == ("invalid", 1)
-    assert verdict.witness.startswith("tick run 1800000040000: won by b at 21.000 s")
+    assert verdict.witness.startswith("tick slot at 40 s: won by b at 21.000 s")
     # Without the tokens, every claim acknowledged within the window counts as lost.
     assert _p5(events, [FaultWindow(19.0, 22.0, "failover")], "script").count == 2
 
@@ -500,13 +500,13 @@ def test_a_claim_sent_before_a_store_fault_and_answered_after_it() -> None:
     failed_over = _p5([sent, Event(45.0, "fault", "nemesis", "failover", value=""), won_late, _won("b", 51.0)],
                       [failover])  # fmt: skip
     assert failed_over.witness == (
-        "tick run 1800000040000: won by a at 50.000 s, won again by b at 51.000 s after the store lost it"
+        "tick slot at 40 s: won by a at 50.000 s, won again by b at 51.000 s after the store lost it"
     )
     held = _p5([sent, Event(45.0, "fault", "nemesis", "store-restart", value=""), _won("b", 46.0), won_late],
                [FaultWindow(45.0, 45.0, "store-restart")])  # fmt: skip
     assert (held.status, held.witness) == (
         "unknown",
-        "tick run 1800000040000: won by a, sent at 40.000 s and answered at 50.000 s, across a store fault; won again "
+        "tick slot at 40 s: won by a, sent at 40.000 s and answered at 50.000 s, across a store fault; won again "
         "by b at 46.000 s (may have been lost)",
     )
 
@@ -1012,7 +1012,7 @@ def test_a_claim_won_just_after_a_restart_at_the_same_instant_won_a_lost_claim_a
     restart = Event(40.0, "fault", "nemesis", "store-restart", value="store restarted empty")
     verdict = _p5([_won("a", 39.0), restart, _won("b", 40.0)], [FaultWindow(40.0, 40.0, "store-restart")])
     assert verdict.status == "invalid"
-    assert verdict.witness.startswith("tick run 1800000040000: won by a at 39.000 s, won again by b at 40.000 s")
+    assert verdict.witness.startswith("tick slot at 40 s: won by a at 39.000 s, won again by b at 40.000 s")
 
 
 def test_a_claim_acknowledged_again_with_its_own_token_after_a_failover_is_not_a_lost_claim() -> None:

@@ -558,7 +558,7 @@ def test_a_failover_is_blamed_only_for_the_claims_its_replica_lacked() -> None:
     assert [(w.kind, w.start, w.end, w.lost_writes) for w in outcome.fault_windows] == [("failover", 20.0, 22.0, True)]
     verdict = outcome.judgement.verdicts["P5"]
     assert (verdict.status, verdict.count) == ("invalid", 1)
-    assert verdict.witness.startswith("tick run 1800000020000: won by on-time at 20.000 s, won again by late at 35")
+    assert verdict.witness.startswith("tick slot at 20 s: won by on-time at 20.000 s, won again by late at 35")
 
 
 def test_a_held_write_is_lost_only_if_the_failover_comes_before_the_hold_ends() -> None:
@@ -575,7 +575,7 @@ def test_a_held_write_is_lost_only_if_the_failover_comes_before_the_hold_ends() 
                                                                  "duration_s": 5.0}])  # fmt: skip
     verdict = outcome.judgement.verdicts["P5"]
     assert (verdict.status, verdict.count) == ("invalid", 1)
-    assert verdict.witness.startswith("tick run 1800000020000: won by on-time at 20.000 s, won again by late at 35")
+    assert verdict.witness.startswith("tick slot at 20 s: won by on-time at 20.000 s, won again by late at 35")
 
 
 def test_a_manual_run_is_recorded_under_its_own_run_id_and_overlaps_the_slot_it_shares_a_moment_with() -> None:
