@@ -268,12 +268,13 @@ def margin_figure(results: Results) -> bytes:
     return _png(figure)
 
 
-def timeline_figure(outcome: Outcome, checker: str) -> bytes:
-    """Lanes per instance and for the store: fault bands, claims, and runs as bars, around the violation. Runs of
-    one instance that execute at once (P3's overlaps) are stacked in its lane, not drawn over each other."""
+def timeline_figure(outcome: Outcome, *checkers: str) -> bytes:
+    """Lanes per instance and for the store: fault bands, claims, and runs as bars, around the first checker's
+    violation. Runs of one instance that execute at once (P3's overlaps) are stacked in its lane, not drawn over
+    each other."""
     history = outcome.history
     instances = [spec.name for spec in outcome.scenario.instances]
-    focus = _focus_time(outcome, checker)
+    focus = _focus_time(outcome, checkers[0])
     span = 25 * _scale(outcome)  # the same 50 scenario seconds, live or not
     low = max(0.0, focus - span)
     high = focus + span
@@ -311,7 +312,7 @@ def timeline_figure(outcome: Outcome, checker: str) -> bytes:
         axis.plot(event.t, lanes[event.process] - 0.42, marker=marker, color="black", markersize=5, linestyle="")
     # A slot no instance ran has no bar: P2's missed slots are marked on the store's lane, which decided them.
     several_jobs = len(outcome.scenario.jobs) > 1
-    for job, slot in outcome.judgement.verdict(checker).slots:
+    for job, slot in sorted({s for checker in checkers for s in outcome.judgement.verdict(checker).slots}):
         at = true_s(slot, history.epoch_s)
         if low <= at <= high:
             axis.plot(at, 0, marker="X", color="#c1121f", markersize=7, linestyle="", zorder=3)
@@ -324,7 +325,7 @@ def timeline_figure(outcome: Outcome, checker: str) -> bytes:
         "x failed, ? unknown; X: a slot missed"
     )
     run = f"on {outcome.target}" if outcome.target else f"seed {outcome.seed}"  # a live run has no seed
-    axis.set_title(f"{outcome.scenario.name} / {outcome.strategy} / {run}: {checker} violated")
+    axis.set_title(f"{outcome.scenario.name} / {outcome.strategy} / {run}: {', '.join(checkers)} violated")
     return _png(figure)
 
 
@@ -346,6 +347,14 @@ def _stacked(executions: Sequence[Execution]) -> list[tuple[Execution, int, int]
 def _scale(outcome: Outcome) -> float:
     """Its times per scenario second: live runs are compressed."""
     return SCALE if outcome.target else 1.0
+
+
+def _by_run(first_violation: dict[str, Outcome]) -> list[tuple[Outcome, list[str]]]:
+    """The counterexamples of one cell, one per run: the checkers whose smallest run is the same one together."""
+    runs: dict[int, tuple[Outcome, list[str]]] = {}
+    for checker, outcome in sorted(first_violation.items()):
+        runs.setdefault(id(outcome), (outcome, []))[1].append(checker)
+    return list(runs.values())
 
 
 def _focus_time(outcome: Outcome, checker: str) -> float:
@@ -718,20 +727,19 @@ def render(results: Results, figure: Callable[[str, bytes], str]) -> str:
         "",
         "## Counterexamples",
         "",
-        "For each strategy and checker violated, the smallest run that shows it (fewest history events); its",
-        "scenario is described under Verdicts.",
+        "For each strategy and checker violated, the smallest run that shows it (fewest history events); the",
+        "checkers one run shows share its section and its timeline. Its scenario is described under Verdicts.",
         "",
     ]
     commit = results.commit
     for (name, strategy), cell in sorted(results.cells.items()):
-        for checker, outcome in sorted(cell.first_violation.items()):
-            verdict = outcome.judgement.verdict(checker)
+        for outcome, checkers in _by_run(cell.first_violation):
             lines += [
-                f"### {strategy}: {checker} ({CHECKER_NAMES[checker]}) in {name}",
+                f"### {strategy} in {name}: " + ", ".join(f"{c} ({CHECKER_NAMES[c]})" for c in checkers),
                 "",
-                f"Witness: {verdict.witness}",
+                *(f"- {c} witness: {outcome.judgement.verdict(c).witness}" for c in checkers),
                 "",
-                figure(f"timeline-{name}-{strategy}-{checker}.png", timeline_figure(outcome, checker)),
+                figure(f"timeline-{name}-{strategy}-{'-'.join(checkers)}.png", timeline_figure(outcome, *checkers)),
                 "",
                 "```",
                 _replay(outcome, commit),

@@ -35,9 +35,9 @@ def test_a_report_names_every_scenario_and_shows_each_violation(tmp_path: Path) 
     text = markdown.read_text()
     for scenario in ("steady", "zombie", "failover", "late-claim"):
         assert f"**{scenario}**" in text
-    assert "### lease: P1 (no duplicate) in zombie" in text
-    assert "### script: P1 (no duplicate) in late-claim" in text
-    assert "### stream-id: P2 (no missed slot) in late-claim" in text
+    assert "### lease in zombie: P1 (no duplicate), P4 (lease safety)" in text
+    assert "### script in late-claim: P1 (no duplicate)" in text
+    assert "### stream-id in late-claim: P2 (no missed slot)" in text
     assert "python -m sim run" in text
     html = page.read_text()
     assert html.count("data:image/png;base64,") == text.count("![")  # every figure embedded
@@ -170,7 +170,7 @@ def test_late_runs_and_counted_violations_are_traced_to_their_scenarios() -> Non
     lines = _render(results)
     [late_claim] = [line for line in lines if line.startswith("| **late-claim**")]
     assert "lateness 1/1" in late_claim
-    assert "### lease: lateness (on time) in late-claim" in lines
+    assert "### lease in late-claim: lateness (on time)" in lines
     long_job_p2 = results.cells[("long-job", "lease")].counts["P2"]
     assert long_job_p2 > 0
     assert f"- lease: P2 in long-job {long_job_p2}" in lines
@@ -185,6 +185,37 @@ def test_missed_slots_skipped_for_overlap_among_others_lost_are_not_said_to_be_b
     assert report._overlap_skips(some) == " (1 of 3 missed slots skipped-overlap, behind a run still holding its lease)"
     every = report.Cell(skipped_overlap=3, counts={"P2": 3})
     assert report._overlap_skips(every) == " (every missed slot skipped-overlap, by design)"
+
+
+def test_the_checkers_one_run_violates_share_its_counterexample() -> None:
+    """A failover's duplicate and its lost claim are one run's: one section names both, with both witnesses and
+    one timeline, titled with both."""
+    failover = load("failover")
+    results = report.Results("virtual", 1, [], [failover])
+    outcome = simulate(failover, "lease", 1)
+    results.add(outcome)
+    names: list[str] = []
+
+    def figure(name: str, png: bytes) -> str:
+        names.append(name)
+        return f"![{name}]({name})"
+
+    with unittest.mock.patch.object(report.plt.Axes, "set_title") as title:
+        lines = report.render(results, figure).splitlines()
+    start = lines.index("### lease in failover: P1 (no duplicate), P5 (no lost acknowledged claim)")
+    section = lines[start : lines.index("```", start)]
+    assert f"- P1 witness: {outcome.judgement.verdict('P1').witness}" in section
+    assert f"- P5 witness: {outcome.judgement.verdict('P5').witness}" in section
+    figures = [n for n in names if n.startswith("timeline-")]
+    assert figures == ["timeline-failover-lease-P1-P5.png"]
+    assert [line for line in section if line.startswith("![")] == [f"![{figures[0]}]({figures[0]})"]
+    assert title.call_args.args[0] == "failover / lease / seed 1: P1, P5 violated"
+    assert "tick slot at 40 s: won by" in outcome.judgement.verdict("P5").witness  # a slot, not the store's run id
+
+
+def test_checkers_whose_smallest_runs_differ_get_a_counterexample_each() -> None:
+    one, other = simulate(load("zombie"), "lease", 1), simulate(load("zombie"), "lease", 2)
+    assert report._by_run({"P1": one, "P2": other, "P4": one}) == [(one, ["P1", "P4"]), (other, ["P2"])]
 
 
 def test_a_live_runs_timeline_names_its_server_not_a_seed() -> None:
