@@ -259,12 +259,17 @@ class Instance:
     # what the one before it left (a process up, or killed while it started).
     starting: asyncio.Lock = field(default_factory=asyncio.Lock)
 
+    @property
+    def stderr_log(self) -> Path:
+        """Where its processes' stderr goes, beside the log of their records."""
+        return self.log.with_suffix(".stderr")
+
     async def spawn(self, *, held: bool = False) -> None:
         """Start a process of the instance; ``held``: one of the run's first, whose scheduler starts when told."""
         clock = self.clock.state()
         number = len(self.incarnation) + 1
         self.config["clock"], self.config["incarnation"], self.config["held"] = clock, number, held
-        stderr = await asyncio.to_thread(open, self.log.with_suffix(".stderr"), "ab")  # its own log records
+        stderr = await asyncio.to_thread(open, self.stderr_log, "ab")
         with stderr:
             self.process = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "sim.live_instance", "--config", json.dumps(self.config),
@@ -319,7 +324,7 @@ class Instance:
             self.process = None
             await starting.wait()
             if self.proxy.refused == refused:
-                said = self.log.with_suffix(".stderr").read_text(errors="replace").strip().splitlines()[-20:]
+                said = self.stderr_log.read_text(errors="replace").strip().splitlines()[-20:]
                 raise RuntimeError(  # its stderr quoted: the run's directory goes with the run
                     f"instance {self.strategy}/{self.name} exited as it started (status {starting.returncode}); "
                     "its stderr ends:\n" + "\n".join(said)

@@ -9,6 +9,7 @@ import contextlib
 import gc
 import json
 import socket
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -515,6 +516,25 @@ async def test_a_restarted_process_reads_the_time_its_instance_clock_reads(
     # What the drift gained is kept: the process clock reads 2 s ahead plus the gain, at a moment between the reads.
     assert process_wall_ms - wall_before_ms >= 2000 + gained_before_ms - 2
     assert process_wall_ms - wall_after_ms <= 2000 + gained_after_ms + 2
+
+
+async def test_an_instance_that_exits_as_it_starts_is_reported_with_its_status_and_the_end_of_its_stderr(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run's directory, and the instance's logs in it, go with the run: the error quotes what the process said."""
+    instance = Instance("a", "lease", Proxy("127.0.0.1", 1), tmp_path / "a.jsonl", {}, SkewedClock())
+    exec_ = asyncio.create_subprocess_exec
+    said = "; ".join(f"print('line {n}', file=sys.stderr)" for n in range(25))
+
+    async def start(*_: str, **options: Any) -> asyncio.subprocess.Process:
+        return await exec_(sys.executable, "-c", f"import sys; {said}; sys.exit(3)", **options)
+
+    monkeypatch.setattr(asyncio, "create_subprocess_exec", start)
+    with pytest.raises(RuntimeError) as raised:
+        await instance.restart()
+    message = str(raised.value)
+    assert message.startswith("instance lease/a exited as it started (status 3); its stderr ends:\nline 5\n")
+    assert message.endswith("\nline 24")
 
 
 @pytest.mark.parametrize(("seconds", "drift"), [(1.0, -0.5), (3.0, 9.0)], ids=["slower", "faster"])
